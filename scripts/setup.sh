@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Sets up everything rebalancer-spark needs on a fresh Debian/Ubuntu machine with Python 3.11+:
+# checks (and, as root, installs) Java 17 for Spark, creates .venv and installs the package with
+# its test extras. Safe to run again: it skips what is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '[setup] %s\n' "$*"; }
+PY=${PYTHON:-python3}
+
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    say "Python 3.11 or newer is needed; '$PY' is $("$PY" --version 2>&1 || echo missing)."
+    say "Install it (apt-get install python3.11 python3.11-venv) or set PYTHON=/path/to/python3.11."
+    exit 1
+fi
+
+apt_install() {
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        say "installing $* from Debian's packages"
+        if [ ! -f /tmp/.rebalancer-apt-updated ]; then
+            DEBIAN_FRONTEND=noninteractive apt-get update -qq && touch /tmp/.rebalancer-apt-updated
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+        return 0
+    fi
+    return 1
+}
+
+java_major() {
+    java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
+}
+if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+    apt_install openjdk-17-jre-headless || {
+        say "Java 17 is needed by Spark and was not found (java -version: $(java -version 2>&1 | head -n 1))."
+        say "Install it: sudo apt-get install -y openjdk-17-jre-headless   (or set JAVA_HOME to a JDK 17)"
+        exit 1
+    }
+fi
+say "java $(java_major) at $(command -v java)"
+
+# Servers the tests start on free ports: ZooKeeper (Debian's package) and redis-server.
+if [ ! -f /usr/share/java/zookeeper.jar ]; then
+    apt_install zookeeper || {
+        say "ZooKeeper is needed by the ZooKeeper backend's tests: sudo apt-get install -y zookeeper"
+        exit 1
+    }
+fi
+if ! command -v redis-server >/dev/null; then
+    apt_install redis-server || {
+        say "redis-server is needed by the Redis backend's tests: sudo apt-get install -y redis-server"
+        exit 1
+    }
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.rebalancer-installed
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing Python packages into .venv (pyspark is large: a few minutes the first time)"
+    .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+    .venv/bin/python -m pip install -q -e ".[test]"
+    echo "$want" > "$stamp"
+fi
+say "ready: $(.venv/bin/python --version), rebalancer-spark installed in .venv"
