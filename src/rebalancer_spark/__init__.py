@@ -1,0 +1,60 @@
+"""rebalancer-spark: Kafka-style consumer groups for anything a Spark job reads.
+
+The public surface is small and pinned by a test; see the README for a tour.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rebalancer_spark.core.config import MemberConfig, ProtocolName
+from rebalancer_spark.core.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    CorruptStateError,
+    FencedError,
+    MemberIdInUse,
+    RebalancerError,
+    SessionExpired,
+    SourceError,
+)
+from rebalancer_spark.core.events import EventKind, OwnershipEvent
+from rebalancer_spark.core.model import Resource
+from rebalancer_spark.member import Member, MemberState, OwnedResource, join
+
+if TYPE_CHECKING:
+    from rebalancer_spark.spark.source import AssignedSource
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailable",
+    "ConfigurationError",
+    "CorruptStateError",
+    "EventKind",
+    "FencedError",
+    "Member",
+    "MemberConfig",
+    "MemberIdInUse",
+    "MemberState",
+    "OwnedResource",
+    "OwnershipEvent",
+    "ProtocolName",
+    "RebalancerError",
+    "Resource",
+    "SessionExpired",
+    "SourceError",
+    "assigned_sources",
+    "join",
+]
+
+__version__ = "0.1.0"
+
+
+def assigned_sources() -> list[AssignedSource]:
+    """What this Spark driver's job owns now, answered from memory: one source per resource,
+    each with its epoch, ``read(spark)`` and a fenced ``commit()``. The node must have been
+    started with :func:`rebalancer_spark.spark.session.start` (the jobs in ``jobs/`` do)."""
+    from rebalancer_spark.spark.session import assigned_sources as current
+
+    return current()

@@ -1,0 +1,145 @@
+"""Proof from the trail: turn ownership events into intervals, then look for overlaps and gaps.
+
+An *interval* is one ownership of one resource by one member session at one epoch: it opens
+with an ``acquired`` event and closes with the ``released`` or ``lost`` event of the same
+session and epoch (``at``, not ``observed_at``: a paused member's ownership ended when its
+lease did). An interval whose end was never recorded (a process killed with -9) ends when the
+next owner's begins *if* the store granted the resource again, which the next epoch proves;
+otherwise it stays open.
+
+:func:`overlaps` reports every pair of intervals of the same resource that intersect by more
+than ``tolerance`` seconds (clock skew between hosts); :func:`gaps` reports the time each
+resource spent without an owner between two owners.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["Gap", "Interval", "Overlap", "gaps", "intervals", "overlaps"]
+
+_OPENING = "acquired"
+_CLOSING = frozenset({"released", "lost"})
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """One member session's ownership of one resource at one epoch."""
+
+    resource: str
+    member_id: str
+    session_id: str
+    epoch: int
+    start: float
+    end: float
+    """``math.inf`` while open; for a crashed owner, the next owner's start."""
+    closed_by: str
+    """``released``, ``lost``, ``superseded`` (crash, inferred from the next epoch) or ``open``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """Two owners of one resource at once: a violation of the product's first promise."""
+
+    resource: str
+    first: Interval
+    second: Interval
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Time a resource spent without an owner between two ownerships."""
+
+    resource: str
+    after: Interval
+    before: Interval
+    seconds: float
+
+
+def intervals(events: Iterable[Mapping[str, object]]) -> dict[str, list[Interval]]:
+    """Group events (as dicts with kind, resource, member_id, session_id, epoch, at) into
+    intervals per resource, sorted by epoch then start."""
+    opened: dict[tuple[str, str, int], tuple[str, float]] = {}
+    closed: dict[tuple[str, str, int], tuple[float, str]] = {}
+    for e in events:
+        kind = str(e["kind"])
+        key = (str(e["resource"]), str(e["session_id"]), _int(e["epoch"]))
+        at = _float(e["at"])
+        if kind == _OPENING:
+            opened.setdefault(key, (str(e["member_id"]), at))
+        elif kind in _CLOSING:
+            closed.setdefault(key, (at, kind))
+    by_resource: dict[str, list[Interval]] = defaultdict(list)
+    for (resource, session, epoch), (member, start) in opened.items():
+        end, how = closed.get((resource, session, epoch), (math.inf, "open"))
+        by_resource[resource].append(Interval(resource, member, session, epoch, start, end, how))
+    out: dict[str, list[Interval]] = {}
+    for resource, items in by_resource.items():
+        items.sort(key=lambda i: (i.epoch, i.start))
+        fixed: list[Interval] = []
+        for i, original in enumerate(items):
+            item = original
+            later = items[i + 1] if i + 1 < len(items) else None
+            if item.closed_by == "open" and later is not None and later.epoch > item.epoch:
+                # The store granted a higher epoch, so this session's claim had ended by then.
+                item = Interval(
+                    item.resource,
+                    item.member_id,
+                    item.session_id,
+                    item.epoch,
+                    item.start,
+                    later.start,
+                    "superseded",
+                )
+            fixed.append(item)
+        out[resource] = fixed
+    return out
+
+
+def overlaps(by_resource: Mapping[str, list[Interval]], *, tolerance: float = 0.0) -> list[Overlap]:
+    """Every pair of intervals of one resource that share more than ``tolerance`` seconds."""
+    found: list[Overlap] = []
+    for resource, items in by_resource.items():
+        ordered = sorted(items, key=lambda i: i.start)
+        for i, a in enumerate(ordered):
+            for b in ordered[i + 1 :]:
+                if b.start >= a.end:
+                    break
+                shared = min(a.end, b.end) - b.start
+                if shared > tolerance:
+                    found.append(Overlap(resource, a, b, shared))
+    return found
+
+
+def gaps(by_resource: Mapping[str, list[Interval]]) -> list[Gap]:
+    """The unowned time between consecutive ownerships of each resource."""
+    found: list[Gap] = []
+    for resource, items in by_resource.items():
+        ordered = sorted(items, key=lambda i: i.start)
+        if not ordered:
+            continue
+        # The latest-ending ownership so far: time it covers is not a gap, even when a
+        # shorter ownership overlapping it ended earlier.
+        covering = ordered[0]
+        for b in ordered[1:]:
+            if b.start > covering.end:
+                found.append(Gap(resource, covering, b, b.start - covering.end))
+            if b.end > covering.end:
+                covering = b
+    return found
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise ValueError(f"epoch {value!r} is not an integer")
+    return int(value)
+
+
+def _float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise ValueError(f"time {value!r} is not a number")
+    return float(value)

@@ -1,0 +1,45 @@
+"""Ownership events: the trail every member leaves, one event per change of ownership.
+
+The member node emits an :class:`OwnershipEvent` to each configured sink when it acquires,
+releases or loses a resource, and when a commit of its is fenced. The Delta audit table and
+the test suite's member logs are both sinks. ``at`` is when ownership really began or ended:
+for a ``lost`` event found late (a process paused past its lease), it is the moment the lease
+ran out, not the moment the member noticed; ``observed_at`` is when the member noticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = ["EventKind", "EventSink", "OwnershipEvent"]
+
+
+class EventKind(StrEnum):
+    """What happened to a member's ownership of a resource."""
+
+    ACQUIRED = "acquired"
+    RELEASED = "released"
+    LOST = "lost"
+    FENCED = "fenced"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipEvent:
+    """One change of ownership, as seen by the member it happened to."""
+
+    kind: EventKind
+    group: str
+    resource: str
+    member_id: str
+    session_id: str
+    epoch: int
+    at: float
+    observed_at: float
+    reason: str
+    info: Mapping[str, str] = field(default_factory=dict)
+
+
+EventSink = Callable[[OwnershipEvent], None]
+"""Receives events on the member's thread: return quickly, never raise."""

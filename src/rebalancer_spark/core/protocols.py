@@ -1,0 +1,85 @@
+"""The three rebalance protocols, as pure decisions a member takes from what the store says.
+
+A member sees its :class:`MemberView` (the target generation and phase, the resources the
+target gives it, the claims the store says it holds) and the claims it believes it holds.
+:func:`plan` says what to do next, in this order: report ``lost`` resources (the store no longer
+has our claim: stop at once), stop work on and release ``revoke``, acknowledge ``ack``, then
+try to ``claim``. The store grants a claim only when the resource is free (released, or its
+holder's session expired) and the current target gives it to us, so a resource is never owned
+twice whatever the protocol; protocols differ only in what they stop.
+
+================  ===========================================================================
+cooperative       (default, after Kafka's KIP-848) release only what the target moved away;
+                  everything else keeps running through a rebalance.
+resource_barrier  (the original Rebalanser ZooKeeper algorithm) on every new generation release
+                  everything, then claim the new target resource by resource as each is freed.
+global_barrier    (the original Rebalanser RDBMS algorithm) the coordinator publishes a
+                  ``stopping`` phase; every member releases everything and acknowledges; once
+                  all acknowledged (or a deadline passed) the coordinator publishes the new
+                  target in the ``running`` phase and members claim it.
+================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rebalancer_spark.core.config import ProtocolName
+from rebalancer_spark.core.model import Phase
+
+__all__ = ["MemberView", "Plan", "plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    """One member's part of the group, read from the store in one consistent read."""
+
+    generation: int
+    phase: Phase
+    target: frozenset[str]
+    owned: Mapping[str, int]
+    """Resource id → epoch of every claim the store holds for this member's session."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a member must do now; empty sets mean nothing to do."""
+
+    lost: frozenset[str]
+    revoke: frozenset[str]
+    claim: frozenset[str]
+    ack: int | None
+    generation: int
+
+
+def plan(
+    protocol: ProtocolName,
+    view: MemberView,
+    held: Mapping[str, int],
+    handled_generation: int,
+) -> Plan:
+    """Decide the next step of a member that holds ``held`` (resource → epoch) and has fully
+    handled target generation ``handled_generation`` (its eager release done)."""
+    # Claims we believe we hold but the store does not (or holds at another epoch) are lost.
+    still = frozenset(r for r, e in held.items() if view.owned.get(r) == e)
+    lost = frozenset(held) - still
+    # Claims the store holds for our session that we do not know of (a reply lost on the way,
+    # or a re-grant at another epoch): adopt them if the target agrees (claiming a resource we
+    # already hold returns it with its epoch), release them otherwise.
+    unknown = frozenset(view.owned) - still
+    new_generation = view.generation > handled_generation
+    ack: int | None
+    if view.phase is Phase.STOPPING:
+        revoke = still | unknown
+        claim: frozenset[str] = frozenset()
+        ack = view.generation
+    elif protocol is ProtocolName.RESOURCE_BARRIER and new_generation:
+        revoke = still | unknown
+        claim = view.target
+        ack = view.generation
+    else:
+        revoke = (still | unknown) - view.target
+        claim = view.target - still
+        ack = view.generation if new_generation else None
+    return Plan(lost=lost, revoke=revoke, claim=claim, ack=ack, generation=view.generation)
