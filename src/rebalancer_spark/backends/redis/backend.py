@@ -1,0 +1,333 @@
+"""``redis://[user:password@]host:port/db`` and ``rediss://``: the Redis backend (redis-py).
+
+Use it for members on several hosts sharing one Redis (or one Redis Cluster shard). Every
+change is one Lua script (:mod:`.scripts`) that checks what it depends on (lease, coordinator
+epoch, resource epoch) before writing; leases are keys with a PX time-to-live, so Redis
+decides when a session has expired; every state change is PUBLISHed so watchers react at once
+(:mod:`.watch`); and epochs never go backwards even when Redis loses its data
+(:mod:`.memory`). The design, the key layout and each script's contract are in
+``docs/backends/redis.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import uuid
+import weakref
+from collections.abc import Collection, Mapping
+from typing import ClassVar
+
+import redis
+from redis.client import Pipeline
+
+from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.redis import messages
+from rebalancer_spark.backends.redis.connection import OPTIONS
+from rebalancer_spark.backends.redis.decode import (
+    decode_member_view,
+    decode_progress_record,
+    decode_state,
+    encode_progress_record,
+)
+from rebalancer_spark.backends.redis.errors import Refusal
+from rebalancer_spark.backends.redis.handoff import Handoff
+from rebalancer_spark.backends.redis.keys import check_session_id, prefix
+from rebalancer_spark.backends.redis.memory import Memory
+from rebalancer_spark.backends.redis.runner import ScriptRunner
+from rebalancer_spark.backends.redis.staging import chunks, stage_resources, stage_target
+from rebalancer_spark.backends.redis.watch import RedisWatch
+from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.model import (
+    CoordinatorRecord,
+    GroupState,
+    JsonValue,
+    Phase,
+    Progress,
+    Resource,
+    Target,
+    encode_progress,
+    validate_member_id,
+    validate_resource_id,
+)
+from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.urls import BackendUrl
+
+__all__ = ["RedisBackend"]
+
+log = logging.getLogger("rebalancer_spark.backends.redis")
+
+
+class RedisBackend(Backend):
+    """The Redis backend; see the module docstring."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.PUSH_NOTIFICATIONS,
+            Capability.MULTI_HOST,
+            Capability.AUTHENTICATION,
+            Capability.PAUSE_TOLERANT,
+        }
+    )
+    options: ClassVar[Mapping[str, str]] = OPTIONS
+
+    def __init__(self, url: BackendUrl, *, clock: Clock | None = None) -> None:
+        super().__init__(url)
+        self._clock: Clock = clock or SystemClock()
+        self._runner = ScriptRunner(url)
+        self.client: redis.Redis = self._runner.client
+        """The redis-py client (for tests and operators; the backend goes through scripts)."""
+        self.run = self._runner.run
+        self._memory = Memory()
+        self._handoff = Handoff()
+        self._lock = threading.Lock()
+        self._watches: weakref.WeakSet[RedisWatch] = weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({self.url.redacted()!r})"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._runner.closed:
+                return
+            watches = list(self._watches)
+        for watch in watches:
+            watch.close()
+        self._runner.close()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def join(
+        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    ) -> Session:
+        validate_member_id(member_id)
+        if not (isinstance(ttl, int | float) and 0 < ttl < math.inf):
+            raise ConfigurationError(f"session ttl {ttl!r} for group {group!r}: use seconds > 0")
+        ttl_ms = max(1, math.ceil(ttl * 1000))
+        session_id = uuid.uuid4().hex
+        known = self._memory.snapshot(group)
+        remembers = known.high > 0 or known.incarnation != ""
+        uptime = self._runner.server_uptime() if remembers else -1
+        quarantine = max(ttl_ms, known.max_ttl_ms)
+        args = [member_id, session_id, ttl_ms, json.dumps(dict(info), sort_keys=True)]
+        args += ["1" if static else "0", known.high, known.incarnation, quarantine, uptime]
+        try:
+            incarnation, evidence = self._runner.run("JOIN", group, args, "joining")
+        except Refusal as exc:
+            raise messages.in_use(group, member_id, exc) from None
+        self._memory.joined(group, str(incarnation), ttl_ms)
+        if int(evidence):
+            since = (
+                f"the restart of the Redis server about {uptime} s ago (it started after this "
+                "member last heard from the one before)"
+                if uptime >= 0
+                else "when the loss was first noticed (at the latest now)"
+            )
+            log.warning(
+                "group %s: Redis lost the group's data or went back to an older copy of it "
+                "(incarnation %s is new to this member): epochs continue above all handed out "
+                "before (this member saw up to %d) and nothing is granted for %.1f s (the "
+                "longest lease known) from %s",
+                group,
+                incarnation,
+                known.high,
+                quarantine / 1000,
+                since,
+            )
+            if known.resources:
+                self._update(group, "restore", known.resources, [], known.max_ttl_ms)
+        return Session(group=group, member_id=member_id, session_id=session_id, ttl=ttl)
+
+    def _sid(self, session: Session) -> str:
+        return check_session_id(session.group, session.member_id, session.session_id)
+
+    def renew(self, session: Session) -> None:
+        ttl_ms = max(1, math.ceil(session.ttl * 1000))
+        args = [self._sid(session), ttl_ms, self._memory.high(session.group)]
+        try:
+            self._runner.run("RENEW", session.group, args, "renewing a lease")
+        except Refusal:
+            raise messages.expired(session, "lease renewal") from None
+
+    def set_leaving(self, session: Session) -> None:
+        try:
+            self._runner.run("SET_LEAVING", session.group, [self._sid(session)], "marking a drain")
+        except Refusal:
+            raise messages.expired(session, "announcing the drain") from None
+
+    def leave(self, session: Session) -> None:
+        self._runner.run("LEAVE", session.group, [self._sid(session)], "leaving")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def state(self, group: str) -> GroupState:
+        decoded = decode_state(group, self._runner.run("STATE", group, [], "reading the group"))
+        self._memory.see(group, decoded.numbers)
+        self._memory.saw_ttls(group, decoded.ttls_ms)
+        joined = self._memory.snapshot(group).incarnation
+        if decoded.incarnation and joined in ("", decoded.incarnation):
+            self._memory.saw_resources(group, decoded.resources)
+        return decoded.state
+
+    def member_view(self, session: Session) -> MemberView:
+        try:
+            reply = self._runner.run("MEMBER_VIEW", session.group, [self._sid(session)], "reading")
+        except Refusal:
+            raise messages.expired(session, "reading the member's view") from None
+        view, _ = decode_member_view(session.group, reply)
+        self._memory.see(session.group, [view.generation, *view.owned.values()])
+        return view
+
+    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+        self._runner.check_open()
+        texts, ids = self._handoff.take(group, dict.fromkeys(resources))
+        key = prefix(group) + "progress"
+
+        def fill(pipe: Pipeline) -> None:
+            for chunk in chunks(ids):
+                pipe.hmget(key, list(chunk))
+
+        if ids:
+            replies = self._runner.pipeline_read(fill, "reading progress")
+            values = [v for reply in replies for v in reply]
+            texts.update({rid: v or "" for rid, v in zip(ids, values, strict=True)})
+        return {
+            rid: decode_progress_record(group, rid, str(text))
+            for rid, text in texts.items()
+            if text
+        }
+
+    def watch(self, group: str) -> RedisWatch:
+        self._runner.check_open()
+        watch = RedisWatch(self, group, self._clock)
+        with self._lock:
+            self._watches.add(watch)
+        return watch
+
+    # -- coordinator ---------------------------------------------------------------------------
+
+    def elect(self, session: Session) -> CoordinatorRecord | None:
+        reply = self._runner.run("ELECT", session.group, [self._sid(session)], "electing")
+        if reply is None:
+            return None
+        member, sid, epoch = (str(v) for v in reply)
+        self._memory.see(session.group, [int(epoch)])
+        return CoordinatorRecord(member, sid, int(epoch))
+
+    def publish(
+        self,
+        session: Session,
+        epoch: int,
+        assignment: Mapping[str, Collection[str]],
+        *,
+        phase: Phase,
+        resources_version: int,
+    ) -> Target:
+        group, sid = session.group, self._sid(session)
+        members = [validate_member_id(m) for m in assignment]
+        nonce = uuid.uuid4().hex
+        wanted = {m: list(dict.fromkeys(assignment[m])) for m in members}
+        fill = stage_target(group, nonce, wanted)
+        args = [sid, epoch, phase.value, resources_version, nonce, len(members), *members]
+        try:
+            generation = int(self._runner.run_staged("PUBLISH", group, fill, args, "publishing"))
+        except Refusal as exc:
+            raise messages.fenced_coordinator(session, epoch, exc) from None
+        self._memory.see(group, [epoch, generation])
+        return Target(
+            generation=generation,
+            coordinator_epoch=epoch,
+            assignment={m: frozenset(rs) for m, rs in wanted.items()},
+            phase=phase,
+            resources_version=resources_version,
+        )
+
+    def resign(self, session: Session, epoch: int) -> None:
+        self._runner.run("RESIGN", session.group, [self._sid(session), epoch], "resigning")
+
+    # -- resources -------------------------------------------------------------------------
+
+    def update_resources(
+        self,
+        group: str,
+        *,
+        replace: Collection[Resource] | None = None,
+        add: Collection[Resource] = (),
+        remove: Collection[str] = (),
+    ) -> int:
+        added = {r.id: repr(float(r.weight)) for r in add}
+        removed = [validate_resource_id(r) for r in remove]
+        ttl_ms = self._memory.snapshot(group).max_ttl_ms
+        if replace is None:
+            version = self._update(group, "delta", added, removed, ttl_ms)
+            self._memory.changed_resources(group, added, removed)
+            return version
+        wanted = {r.id: repr(float(r.weight)) for r in replace}
+        wanted.update(added)
+        for rid in removed:
+            wanted.pop(rid, None)
+        version = self._update(group, "replace", wanted, [], ttl_ms)
+        self._memory.saw_resources(group, wanted)
+        return version
+
+    def _update(
+        self, group: str, mode: str, staged: Mapping[str, str], removed: list[str], ttl_ms: int
+    ) -> int:
+        known = self._memory.snapshot(group)
+        remembers = known.high > 0 or known.incarnation != ""
+        uptime = self._runner.server_uptime() if remembers and ttl_ms else -1
+        nonce = uuid.uuid4().hex
+        fill = stage_resources(group, nonce, staged)
+        args = [mode, nonce, known.high, known.incarnation, ttl_ms, uptime, *removed]
+        version = int(
+            self._runner.run_staged("UPDATE_RESOURCES", group, fill, args, "updating resources")
+        )
+        self._memory.see(group, [version])
+        return version
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def claim(
+        self, session: Session, resources: Collection[str], generation: int
+    ) -> dict[str, int]:
+        args = [self._sid(session), generation, *dict.fromkeys(resources)]
+        try:
+            flat = self._runner.run("CLAIM", session.group, args, "claiming")
+        except Refusal:
+            raise messages.expired(session, "claiming resources") from None
+        rows = [flat[i : i + 4] for i in range(0, len(flat) - 3, 4)]
+        granted = {str(rid): int(epoch) for rid, epoch, _, _ in rows}
+        handed = {str(rid): str(record) for rid, _, kind, record in rows if kind == "new"}
+        self._handoff.granted(session.group, handed)
+        self._memory.see(session.group, granted.values())
+        return granted
+
+    def release(self, session: Session, claims: Mapping[str, int]) -> None:
+        if not claims:
+            return
+        args: list[object] = [self._sid(session)]
+        for rid, epoch in claims.items():
+            args += [rid, epoch]
+        self._memory.see(session.group, claims.values())
+        self._handoff.forget(session.group, claims)
+        self._runner.run("RELEASE", session.group, args, "releasing")
+
+    def acknowledge(self, session: Session, generation: int) -> None:
+        args = [self._sid(session), generation]
+        self._runner.run("ACKNOWLEDGE", session.group, args, "acknowledging")
+
+    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
+        text = encode_progress(resource, progress)
+        record = encode_progress_record(epoch, session.member_id, text)
+        self._handoff.forget(session.group, [resource])
+        args = [self._sid(session), resource, epoch, record]
+        try:
+            self._runner.run("COMMIT", session.group, args, "committing progress")
+        except Refusal as exc:
+            raise messages.fenced_commit(session, resource, epoch, exc) from None
+        # Only once Redis confirmed it: an epoch the store never handed out must not look
+        # like evidence that Redis went back (see Memory and ensure() in the prelude).
+        self._memory.see(session.group, [epoch])

@@ -1,0 +1,157 @@
+"""Turning the read scripts' replies into the model's values, refusing what we never wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rebalancer_spark.backends.records import parse_member_info, parse_phase
+from rebalancer_spark.core.errors import CorruptStateError
+from rebalancer_spark.core.model import (
+    Claim,
+    CoordinatorRecord,
+    GroupState,
+    MemberRecord,
+    Progress,
+    Resource,
+    Target,
+    decode_progress,
+)
+from rebalancer_spark.core.protocols import MemberView
+
+__all__ = [
+    "DecodedState",
+    "decode_member_view",
+    "decode_progress_record",
+    "decode_state",
+    "encode_progress_record",
+    "pairs",
+]
+
+_MEMBER_ROW = 7
+
+
+def pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """A flat ``[k1, v1, k2, v2 ...]`` reply (HGETALL) as a dict."""
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+def number(group: str, what: str, text: object) -> int:
+    try:
+        return int(str(text))
+    except ValueError:
+        raise CorruptStateError(
+            f"group {group!r} has {what} = {str(text)[:40]!r} in Redis, expected an integer: "
+            "the key was not written by rebalancer-spark; inspect the rb:{GROUP}: keys"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedState:
+    """A :class:`GroupState` plus what the backend remembers from it."""
+
+    state: GroupState
+    numbers: list[int]
+    ttls_ms: list[int]
+    resources: dict[str, str]
+    incarnation: str
+
+
+def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
+    """The STATE script's reply (see :mod:`.reads`) as a snapshot of live members only."""
+    if not reply:
+        return DecodedState(GroupState(group, {}, None, {}, 0, None, {}), [], [], {}, "")
+    meta = pairs(reply[0])
+    rows = list(reply[1])
+    members: dict[str, MemberRecord] = {}
+    ttls: list[int] = []
+    for i in range(0, len(rows) - _MEMBER_ROW + 1, _MEMBER_ROW):
+        mid, sid, info, acked, leaving, static, ttl = (str(v) for v in rows[i : i + _MEMBER_ROW])
+        members[mid] = MemberRecord(
+            member_id=mid,
+            session_id=sid,
+            info=parse_member_info(group, mid, info, store="Redis"),
+            acked_generation=number(group, f"acked generation of {mid!r}", acked),
+            leaving=leaving == "1",
+            static=static == "1",
+        )
+        ttls.append(number(group, f"lease ttl of {mid!r}", ttl))
+    live = {m.session_id: m.member_id for m in members.values()}
+    coord_sid = meta.get("coord_sid")
+    coord_epoch = number(group, "coord_epoch", meta.get("coord_epoch", "0"))
+    coordinator = (
+        CoordinatorRecord(live[coord_sid], coord_sid, coord_epoch) if coord_sid in live else None
+    )
+    weights = pairs(reply[2])
+    resources: dict[str, Resource] = {}
+    for rid, weight in weights.items():
+        try:
+            resources[rid] = Resource(rid, float(weight))
+        except ValueError:
+            raise CorruptStateError(
+                f"resource {rid[:60]!r} of group {group!r} has weight {weight[:40]!r} in Redis: "
+                "it was not written by rebalancer-spark"
+            ) from None
+    generation = number(group, "generation", meta.get("generation", "0"))
+    target = None
+    if meta.get("has_target") == "1":
+        flat = list(reply[3])
+        assignment = {
+            str(flat[i]): frozenset(str(r) for r in flat[i + 1]) for i in range(0, len(flat), 2)
+        }
+        target = Target(
+            generation=generation,
+            coordinator_epoch=number(group, "target_epoch", meta.get("target_epoch", "0")),
+            assignment=assignment,
+            phase=parse_phase(group, meta.get("phase", "running"), store="Redis"),
+            resources_version=number(group, "target_rv", meta.get("target_rv", "0")),
+        )
+    epochs = pairs(reply[5])
+    claims = {
+        rid: Claim(rid, live[sid], sid, number(group, f"epoch of {rid[:60]!r}", epochs.get(rid)))
+        for rid, sid in pairs(reply[4]).items()
+        if sid in live
+    }
+    version = number(group, "resources_version", meta.get("resources_version", "0"))
+    state = GroupState(group, members, coordinator, resources, version, target, claims)
+    numbers = [coord_epoch, generation, version, *(c.epoch for c in claims.values())]
+    numbers += [m.acked_generation for m in members.values()]
+    return DecodedState(state, numbers, ttls, weights, meta.get("inc", ""))
+
+
+def decode_member_view(group: str, reply: Sequence[Any]) -> tuple[MemberView, str]:
+    """The MEMBER_VIEW script's reply as a view, and the group's incarnation id."""
+    generation, phase_text, target, owned, incarnation = reply
+    flat = list(owned)
+    view = MemberView(
+        generation=number(group, "generation", generation),
+        phase=parse_phase(group, str(phase_text), store="Redis"),
+        target=frozenset(str(r) for r in target),
+        owned={
+            str(flat[i]): number(group, f"epoch of {str(flat[i])[:60]!r}", flat[i + 1])
+            for i in range(0, len(flat) - 1, 2)
+        },
+    )
+    return view, str(incarnation)
+
+
+def encode_progress_record(epoch: int, member_id: str, progress_json: str) -> str:
+    """What COMMIT stores per resource: ``<epoch>\\n<member>\\n<progress JSON>``."""
+    return f"{epoch}\n{member_id}\n{progress_json}"
+
+
+def decode_progress_record(group: str, resource: str, text: str) -> Progress:
+    epoch, sep, rest = text.partition("\n")
+    member, sep2, value = rest.partition("\n")
+    if not (sep and sep2):
+        raise CorruptStateError(
+            f"stored progress of resource {resource[:60]!r} in group {group!r} is not in the "
+            "form this library writes (epoch, member, JSON): clear that resource's progress"
+        )
+    return Progress(
+        resource,
+        decode_progress(resource, value),
+        number(group, "progress epoch", epoch),
+        member,
+    )

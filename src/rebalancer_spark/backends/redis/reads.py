@@ -1,0 +1,91 @@
+"""The reading Lua scripts: one consistent snapshot per call, liveness judged by Redis.
+
+Same conventions as :mod:`.scripts` (``KEYS[1]`` is ``rb:{G}:meta``, numbers are decimal
+strings). They write nothing, except MEMBER_VIEW noting when a lost group was first seen.
+"""
+
+from __future__ import annotations
+
+from rebalancer_spark.backends.redis.prelude import PRELUDE
+
+__all__ = ["LEASES", "MEMBER_VIEW", "STATE"]
+
+# STATE -- the whole group in one atomic read; only members whose lease key exists appear.
+# KEYS[1] meta
+# ARGV    (none)
+# Returns {} if the group does not exist, else
+#         {meta (HGETALL), members {member, session id, info, acked, leaving, static, ttl ms,
+#         ...} (live only), resources (HGETALL id -> weight), target {member, {ids}, ...},
+#         owner (HGETALL id -> session id), epochs (HGETALL id -> epoch)}
+STATE = (
+    PRELUDE
+    + """
+local meta = redis.call('HGETALL', META)
+if #meta == 0 then return {} end
+local members = {}
+local ms = redis.call('HGETALL', P .. 'members')
+for i = 1, #ms, 2 do
+  local m, sid = ms[i], ms[i + 1]
+  if alive(sid) then
+    local row = {m, sid, redis.call('HGET', P .. 'info', m) or '{}',
+      redis.call('HGET', P .. 'acked', m) or '0', redis.call('HGET', P .. 'leaving', m) or '0',
+      redis.call('HGET', P .. 'static', m) or '0', redis.call('HGET', P .. 'ttl', m) or '0'}
+    for _, v in ipairs(row) do members[#members + 1] = v end
+  end
+end
+local target = {}
+for _, m in ipairs(redis.call('SMEMBERS', P .. 'tmembers')) do
+  target[#target + 1] = m
+  target[#target + 1] = redis.call('SMEMBERS', P .. 't:' .. m)
+end
+return {meta, members, redis.call('HGETALL', P .. 'resources'), target,
+  redis.call('HGETALL', P .. 'owner'), redis.call('HGETALL', P .. 'epochs')}
+"""
+)
+
+# MEMBER_VIEW -- one member's part of the target and its claims. Its only write: when the
+# session and the whole group are gone, it notes when that was first seen (lost_since).
+# KEYS[1] meta
+# ARGV    session id
+# Returns {generation, phase, {target ids}, {resource, epoch, ...} held, incarnation}
+# Errors  EXPIRED {} if the session is not alive
+MEMBER_VIEW = (
+    PRELUDE
+    + """
+local sid = ARGV[1]
+if not alive(sid) then
+  note_if_lost()
+  return refuse('EXPIRED', {})
+end
+local m = redis.call('HGET', P .. 'sessions', sid) or ''
+local g, phase, inc = unpack(redis.call('HMGET', META, 'generation', 'phase', 'inc'))
+local owned = {}
+for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
+  if redis.call('HGET', P .. 'owner', r) == sid then
+    owned[#owned + 1] = r
+    owned[#owned + 1] = redis.call('HGET', P .. 'epochs', r)
+  end
+end
+return {g or '0', phase or 'running', redis.call('SMEMBERS', P .. 't:' .. m), owned, inc or ''}
+"""
+)
+
+# LEASES -- what a watch needs to wake at the next expiry: the remaining time of every
+# member's lease key and of the quarantine key (PTTL: -2 when gone).
+# KEYS[1] meta
+# ARGV    (none)
+# Returns {session id, pttl ms, ..., '', quarantine pttl ms}
+LEASES = (
+    PRELUDE
+    + """
+local out = {}
+local ms = redis.call('HGETALL', P .. 'members')
+for i = 2, #ms, 2 do
+  out[#out + 1] = ms[i]
+  out[#out + 1] = redis.call('PTTL', P .. 'lease:' .. ms[i])
+end
+out[#out + 1] = ''
+out[#out + 1] = redis.call('PTTL', P .. 'quarantine')
+return out
+"""
+)

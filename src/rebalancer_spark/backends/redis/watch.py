@@ -1,0 +1,219 @@
+"""Waking members when their group changes: pub/sub for writes, a timer for lease expiries.
+
+Every script that changes what :meth:`Backend.state` shows PUBLISHes on ``rb:{G}:changes``. A
+:class:`RedisWatch` subscribes on its own connection, *before* :meth:`Backend.watch` returns
+(the subscription is confirmed), and a reader thread turns each message into a wake-up.
+
+Lease expiry publishes nothing (Redis sends keyspace notifications only when
+``notify-keyspace-events`` is configured, which managed services often forbid), so the watch
+also reads the remaining time of every lease of the group (``PTTL``, one read-only script) and
+wakes when the earliest runs out. It then reads again: a lease that is gone and was due has
+expired (report it); one still there was renewed (note its new deadline, sleep on). Every
+read also reports a known lease that is gone before its local deadline (the deadline is Redis'
+expiry plus the reply's travel time). A deadline that has passed is checked before anything
+else, so later writes can never hide an expiry.
+Leases renewed meanwhile cost one extra read per lease period, never a wrong wake-up; joins,
+leaves and quarantines publish, and the set of leases is re-read after those messages (the
+payload of each message names what happened).
+
+If the connection drops, the reader reconnects with back-off and reports a (possibly
+spurious) change once it is subscribed again, since messages sent meanwhile were lost.
+``wait`` never raises because Redis is down: it sleeps out its timeout instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.client import PubSub
+
+from rebalancer_spark.backends.base import Watch
+from rebalancer_spark.backends.redis.keys import channel
+from rebalancer_spark.core.clock import Clock
+from rebalancer_spark.core.errors import RebalancerError
+
+if TYPE_CHECKING:
+    from rebalancer_spark.backends.redis.backend import RedisBackend
+
+__all__ = ["RedisWatch"]
+
+log = logging.getLogger("rebalancer_spark.backends.redis")
+
+_POLL = 0.1
+"""Seconds the reader blocks for a message before looking at ``closed``."""
+_SUBSCRIBE_TIMEOUT = 5.0
+_MAX_BACKOFF = 1.0
+LEASE_EVENTS = frozenset({"join", "leave", "expired", "quarantine"})
+"""Messages after which the set of leases (and the quarantine) must be read again; after the
+others (claims, releases, publications ...) only the deadlines already known matter."""
+_RETRY = "~retry"
+"""A deadline key (never a session id) for reading the leases again after a failed read."""
+_RETRY_AFTER = 0.5
+
+
+class RedisWatch(Watch):
+    """Pub/sub plus lease deadlines for one group; see the module docstring."""
+
+    def __init__(self, backend: RedisBackend, group: str, clock: Clock) -> None:
+        self._backend = backend
+        self._group = group
+        self._channel = channel(group)
+        self._clock = clock  # kept for symmetry; deadlines are on Redis' (real) time
+        self._cond = threading.Condition()
+        self._wait_lock = threading.Lock()
+        self._pending = False
+        self._stale = False
+        self._closed = False
+        self._deadlines: dict[str, float] = {}
+        self._pubsub: PubSub | None = None
+        try:
+            self._pubsub = self._subscribe()
+        except (redis.exceptions.RedisError, OSError):
+            self._pubsub = None  # the reader keeps trying and reports a change once in
+        self._read_leases()
+        self._thread = threading.Thread(
+            target=self._listen, name=f"rebalancer-redis-watch-{group}", daemon=True
+        )
+        self._thread.start()
+
+    # -- the reader thread ------------------------------------------------------------------
+
+    def _subscribe(self) -> PubSub:
+        pubsub: PubSub = self._backend.client.pubsub()  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(self._channel)
+            deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise redis.exceptions.TimeoutError("no confirmation of SUBSCRIBE")
+                message = pubsub.get_message(timeout=min(left, _POLL))
+                if message is not None and message.get("type") == "subscribe":
+                    return pubsub
+        except BaseException:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+            raise
+
+    def _signal(self, leases_changed: bool = True) -> None:
+        with self._cond:
+            self._pending = True
+            self._stale = self._stale or leases_changed
+            self._cond.notify_all()
+
+    def _listen(self) -> None:
+        backoff = _POLL
+        warned = False
+        while not self._closed:
+            if self._pubsub is None:
+                try:
+                    self._pubsub = self._subscribe()
+                except (redis.exceptions.RedisError, OSError, ValueError) as exc:
+                    if isinstance(exc, redis.exceptions.NoPermissionError) and not warned:
+                        warned = True
+                        log.warning(
+                            "group %s: the Redis user may not SUBSCRIBE to %s (%s); members "
+                            "react only at their timeouts: grant the channels &rb:*",
+                            self._group,
+                            self._channel,
+                            exc,
+                        )
+                    with self._cond:
+                        self._cond.wait_for(lambda: self._closed, backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    continue
+                backoff = _POLL
+                self._signal()  # messages sent while we were away are lost: report a change
+            try:
+                message: Any = self._pubsub.get_message(timeout=_POLL)
+            except (redis.exceptions.RedisError, OSError, ValueError, AttributeError):
+                with contextlib.suppress(Exception):
+                    self._pubsub.close()
+                self._pubsub = None
+                if not self._closed:
+                    self._signal()
+                continue
+            if message is not None and message.get("type") == "message":
+                self._signal(leases_changed=message.get("data") in LEASE_EVENTS)
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                self._pubsub.close()
+            self._pubsub = None
+
+    # -- lease deadlines ---------------------------------------------------------------------
+
+    def _read_leases(self) -> dict[str, float] | None:
+        """Read every lease's remaining time; keep and return the new deadlines. When Redis
+        cannot be read, return None and try again in a moment (reporting a change then, as an
+        expiry may have gone unseen meanwhile)."""
+        try:
+            flat = self._backend.run("LEASES", self._group, [], "watching leases")
+        except RebalancerError:
+            self._deadlines = {_RETRY: time.monotonic() + _RETRY_AFTER}
+            return None
+        now = time.monotonic()
+        fresh = {
+            str(flat[i]): now + int(flat[i + 1]) / 1000
+            for i in range(0, len(flat) - 1, 2)
+            if int(flat[i + 1]) >= 0
+        }
+        self._deadlines = fresh
+        return fresh
+
+    def _expired(self, force: bool) -> bool:
+        """True if a lease (or the quarantine) known before is gone now. Only a due deadline
+        makes the watch read again unless ``force``; but once it reads, *any* known key that
+        is gone is reported, due or not: the local deadline is Redis' expiry plus the reply's
+        travel time, so a lease can be gone in Redis before it is due here, and dropping it
+        silently would lose that expiry (a lease ended by a leave may wake once more:
+        spurious wake-ups are allowed, missed ones are not)."""
+        now = time.monotonic()
+        known = self._deadlines
+        due = [key for key, at in known.items() if at <= now]
+        if not (force or due):
+            return False
+        fresh = self._read_leases()
+        return fresh is not None and any(key not in fresh for key in known)
+
+    # -- Watch -------------------------------------------------------------------------------
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + max(timeout, 0.0)
+        with self._wait_lock:
+            while True:
+                with self._cond:
+                    if self._closed or self._pending:
+                        self._pending = False
+                        return True
+                    stale, self._stale = self._stale, False
+                if self._expired(stale):
+                    return True
+                with self._cond:
+                    if self._woken():
+                        continue
+                    now = time.monotonic()
+                    if now >= end:
+                        return False
+                    upcoming = min(self._deadlines.values(), default=math.inf)
+                    pause = min(end, upcoming) - now
+                    if pause > 0:
+                        self._cond.wait(pause)
+
+    def _woken(self) -> bool:
+        """A message, a reconnection or close() came in (call with ``_cond`` held)."""
+        return self._closed or self._pending
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5 * _POLL + _SUBSCRIBE_TIMEOUT)

@@ -1,0 +1,205 @@
+""":class:`SqliteBackend`: one connection, one transaction per call of the Backend contract.
+
+Each method opens a transaction with :meth:`SqliteBackend._transaction` (``BEGIN IMMEDIATE``
+for writes, a plain ``BEGIN`` for reads) and hands the connection to the function that does
+the work, in :mod:`.sessions`, :mod:`.coordinator`, :mod:`.groups`, :mod:`.ownership` or
+:mod:`.reads`. The design is in the package docstring (:mod:`rebalancer_spark.backends.sqlite`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Collection, Iterator, Mapping
+from typing import ClassVar
+
+from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.sqlite import coordinator, groups, ownership, reads, schema, sessions
+from rebalancer_spark.backends.sqlite.connection import OPTIONS, open_database, positive, translate
+from rebalancer_spark.backends.sqlite.watch import SqliteWatch
+from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.errors import BackendUnavailable
+from rebalancer_spark.core.model import (
+    CoordinatorRecord,
+    GroupState,
+    JsonValue,
+    Phase,
+    Progress,
+    Resource,
+    Target,
+    encode_progress,
+)
+from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.urls import BackendUrl
+
+__all__ = ["SqliteBackend"]
+
+_WRITE = "BEGIN IMMEDIATE"
+"""Takes the file's write lock at once, so a transaction never fails half-way for it."""
+_READ = "BEGIN"
+"""A snapshot: takes no write lock."""
+
+
+class SqliteBackend(Backend):
+    """The embedded backend; see :mod:`rebalancer_spark.backends.sqlite`."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.DURABLE})
+    options: ClassVar[Mapping[str, str]] = OPTIONS
+
+    def __init__(self, url: BackendUrl, *, clock: Clock | None = None) -> None:
+        super().__init__(url)
+        self._clock: Clock = clock or SystemClock()
+        self.path = url.path
+        self.poll_interval = url.option("poll", positive("poll"), 0.02)
+        self.busy_timeout = url.option("busy_timeout", positive("busy_timeout"), 10.0)
+        self._lock = threading.RLock()
+        self._conn = open_database(self.path, self.busy_timeout)
+        self._closed = False
+        self._initialise()
+
+    # -- connection handling -------------------------------------------------------------
+
+    def _initialise(self) -> None:
+        with self._transaction(_READ) as db:
+            if schema.is_ready(db):
+                return
+        with self._transaction(_WRITE) as db:
+            schema.initialise(db, self.path)
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        """One transaction started with ``begin`` (:data:`_WRITE` or :data:`_READ`): committed
+        if the block ends normally, rolled back otherwise; SQLite errors are translated."""
+        with self._lock:
+            self._check_open()
+            conn = self._conn
+            try:
+                conn.execute(begin)
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise translate(exc, self.path, self.busy_timeout) from None
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailable(
+                f"the SQLite backend for {self.path!r} was closed: open a new one"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def join(
+        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    ) -> Session:
+        with self._transaction(_WRITE) as db:
+            return sessions.join(
+                db, self._clock, group, member_id, info=info, ttl=ttl, static=static
+            )
+
+    def renew(self, session: Session) -> None:
+        with self._transaction(_WRITE) as db:
+            sessions.renew(db, self._clock, session)
+
+    def set_leaving(self, session: Session) -> None:
+        with self._transaction(_WRITE) as db:
+            sessions.set_leaving(db, self._clock, session)
+
+    def leave(self, session: Session) -> None:
+        with self._transaction(_WRITE) as db:
+            sessions.leave(db, session)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def state(self, group: str) -> GroupState:
+        with self._transaction(_READ) as db:
+            return reads.state(db, self._clock, group)
+
+    def member_view(self, session: Session) -> MemberView:
+        with self._transaction(_READ) as db:
+            return reads.member_view(db, self._clock, session)
+
+    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+        with self._transaction(_READ) as db:
+            return reads.progress(db, group, resources)
+
+    def watch(self, group: str) -> SqliteWatch:
+        return SqliteWatch(self, group)
+
+    # -- coordinator ---------------------------------------------------------------------------
+
+    def elect(self, session: Session) -> CoordinatorRecord | None:
+        with self._transaction(_WRITE) as db:
+            return coordinator.elect(db, self._clock, session)
+
+    def publish(
+        self,
+        session: Session,
+        epoch: int,
+        assignment: Mapping[str, Collection[str]],
+        *,
+        phase: Phase,
+        resources_version: int,
+    ) -> Target:
+        with self._transaction(_WRITE) as db:
+            return coordinator.publish(
+                db,
+                self._clock,
+                session,
+                epoch,
+                assignment,
+                phase=phase,
+                resources_version=resources_version,
+            )
+
+    def resign(self, session: Session, epoch: int) -> None:
+        with self._transaction(_WRITE) as db:
+            coordinator.resign(db, session, epoch)
+
+    # -- resources -------------------------------------------------------------------------
+
+    def update_resources(
+        self,
+        group: str,
+        *,
+        replace: Collection[Resource] | None = None,
+        add: Collection[Resource] = (),
+        remove: Collection[str] = (),
+    ) -> int:
+        with self._transaction(_WRITE) as db:
+            return groups.update_resources(db, group, replace=replace, add=add, remove=remove)
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def claim(
+        self, session: Session, resources: Collection[str], generation: int
+    ) -> dict[str, int]:
+        with self._transaction(_WRITE) as db:
+            return ownership.claim(db, self._clock, session, resources, generation)
+
+    def release(self, session: Session, claims: Mapping[str, int]) -> None:
+        if not claims:
+            return
+        with self._transaction(_WRITE) as db:
+            ownership.release(db, session, claims)
+
+    def acknowledge(self, session: Session, generation: int) -> None:
+        with self._transaction(_WRITE) as db:
+            ownership.acknowledge(db, session, generation)
+
+    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
+        text = encode_progress(resource, progress)
+        with self._transaction(_WRITE) as db:
+            ownership.commit(db, self._clock, session, resource, epoch, text)

@@ -1,0 +1,125 @@
+"""The coordinator's writes: election, publishing a target, resigning.
+
+Every function runs inside a write transaction the caller opened. The coordinator epoch lives
+in the group's row; :func:`require_coordinator` re-reads it (and the caller's lease) in the same
+transaction as the write it guards, so a deposed coordinator changes nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Collection, Mapping
+
+from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.sqlite.groups import bump
+from rebalancer_spark.backends.sqlite.sessions import alive
+from rebalancer_spark.core.clock import Clock
+from rebalancer_spark.core.errors import FencedError
+from rebalancer_spark.core.model import CoordinatorRecord, Phase, Target
+
+__all__ = ["elect", "publish", "require_coordinator", "resign"]
+
+
+def elect(db: sqlite3.Connection, clock: Clock, session: Session) -> CoordinatorRecord | None:
+    """:meth:`Backend.elect`: first end the expired sessions of the group, then keep a live
+    coordinator or make ``session`` the next one at a higher epoch."""
+    group = session.group
+    now = clock.monotonic()
+    if not alive(db, session, clock):
+        return None
+    expired = [
+        sid
+        for (sid,) in db.execute(
+            "SELECT session_id FROM members WHERE grp=? AND expires <= ?", (group, now)
+        )
+    ]
+    for sid in expired:
+        db.execute(
+            "UPDATE ownership SET member_id=NULL, session_id=NULL WHERE grp=? AND session_id=?",
+            (group, sid),
+        )
+        db.execute("DELETE FROM members WHERE grp=? AND session_id=?", (group, sid))
+    if expired:
+        bump(db, group)
+    member, sid, epoch = db.execute(
+        "SELECT coord_member, coord_session, coord_epoch FROM groups WHERE name=?",
+        (group,),
+    ).fetchone()
+    if (
+        sid is not None
+        and db.execute(
+            "SELECT 1 FROM members WHERE grp=? AND session_id=?", (group, sid)
+        ).fetchone()
+    ):
+        return CoordinatorRecord(member, sid, epoch)
+    epoch += 1
+    db.execute(
+        "UPDATE groups SET coord_member=?, coord_session=?, coord_epoch=? WHERE name=?",
+        (session.member_id, session.session_id, epoch, group),
+    )
+    bump(db, group)
+    return CoordinatorRecord(session.member_id, session.session_id, epoch)
+
+
+def require_coordinator(db: sqlite3.Connection, clock: Clock, session: Session, epoch: int) -> None:
+    """Raise :class:`FencedError` unless ``session`` is the live coordinator at ``epoch``."""
+    member, sid, current = db.execute(
+        "SELECT coord_member, coord_session, coord_epoch FROM groups WHERE name=?",
+        (session.group,),
+    ).fetchone()
+    if current != epoch or sid != session.session_id or not alive(db, session, clock):
+        raise FencedError(
+            f"coordinator write for group {session.group!r} refused: it carried epoch "
+            f"{epoch} from member {session.member_id!r}, but the current coordinator is "
+            f"{member!r} at epoch {current}; this member stepped down and changed nothing"
+        )
+
+
+def publish(
+    db: sqlite3.Connection,
+    clock: Clock,
+    session: Session,
+    epoch: int,
+    assignment: Mapping[str, Collection[str]],
+    *,
+    phase: Phase,
+    resources_version: int,
+) -> Target:
+    """:meth:`Backend.publish`: write only the rows of the target that changed."""
+    group = session.group
+    require_coordinator(db, clock, session, epoch)
+    current = dict(
+        db.execute("SELECT resource_id, member_id FROM targets WHERE grp=?", (group,)).fetchall()
+    )
+    wanted = {r: m for m, rs in assignment.items() for r in rs}
+    gone = [(group, r) for r in current.keys() - wanted.keys()]
+    changed = [(group, r, m) for r, m in wanted.items() if current.get(r) != m]
+    db.executemany("DELETE FROM targets WHERE grp=? AND resource_id=?", gone)
+    db.executemany("INSERT OR REPLACE INTO targets VALUES (?, ?, ?)", changed)
+    db.execute("DELETE FROM target_members WHERE grp=?", (group,))
+    db.executemany("INSERT INTO target_members VALUES (?, ?)", [(group, m) for m in assignment])
+    db.execute(
+        "UPDATE groups SET generation = generation + 1, target_epoch=?, phase=?, "
+        "has_target=1, target_resources_version=? WHERE name=?",
+        (epoch, phase.value, resources_version, group),
+    )
+    bump(db, group)
+    (generation,) = db.execute("SELECT generation FROM groups WHERE name=?", (group,)).fetchone()
+    return Target(
+        generation=generation,
+        coordinator_epoch=epoch,
+        assignment={m: frozenset(rs) for m, rs in assignment.items()},
+        phase=phase,
+        resources_version=resources_version,
+    )
+
+
+def resign(db: sqlite3.Connection, session: Session, epoch: int) -> None:
+    """:meth:`Backend.resign`: step down if still the coordinator at ``epoch``."""
+    cur = db.execute(
+        "UPDATE groups SET coord_member=NULL, coord_session=NULL "
+        "WHERE name=? AND coord_session=? AND coord_epoch=?",
+        (session.group, session.session_id, epoch),
+    )
+    if cur.rowcount:
+        bump(db, session.group)

@@ -1,0 +1,125 @@
+"""The tables of the database file, its schema version and boot id, and setting a file up.
+
+:func:`is_ready` needs only a read transaction: opening a file that already holds this schema
+version for this boot takes no write lock. :func:`initialise` runs in a write transaction and
+refuses a file that holds tables of someone else, another schema version, or a damaged set of
+tables. A file last used under another boot (see :func:`boot_id`) loses every session: lease
+deadlines of another boot mean nothing on this boot's clock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from rebalancer_spark.core.errors import CorruptStateError
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_ready"]
+
+SCHEMA_VERSION = "1"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rebalancer_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS groups(
+    name TEXT PRIMARY KEY,
+    coord_member TEXT, coord_session TEXT, coord_epoch INTEGER NOT NULL DEFAULT 0,
+    generation INTEGER NOT NULL DEFAULT 0, target_epoch INTEGER NOT NULL DEFAULT 0,
+    phase TEXT NOT NULL DEFAULT 'running', has_target INTEGER NOT NULL DEFAULT 0,
+    target_resources_version INTEGER NOT NULL DEFAULT 0,
+    resources_version INTEGER NOT NULL DEFAULT 0, change_seq INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS members(
+    grp TEXT NOT NULL, member_id TEXT NOT NULL, session_id TEXT NOT NULL UNIQUE,
+    info TEXT NOT NULL, expires REAL NOT NULL, acked INTEGER NOT NULL DEFAULT 0,
+    leaving INTEGER NOT NULL DEFAULT 0, static INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY(grp, member_id));
+CREATE TABLE IF NOT EXISTS resources(
+    grp TEXT NOT NULL, resource_id TEXT NOT NULL, weight REAL NOT NULL,
+    PRIMARY KEY(grp, resource_id));
+CREATE TABLE IF NOT EXISTS target_members(
+    grp TEXT NOT NULL, member_id TEXT NOT NULL, PRIMARY KEY(grp, member_id));
+CREATE TABLE IF NOT EXISTS targets(
+    grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT NOT NULL,
+    PRIMARY KEY(grp, resource_id));
+CREATE INDEX IF NOT EXISTS targets_by_member ON targets(grp, member_id);
+CREATE TABLE IF NOT EXISTS ownership(
+    grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT, session_id TEXT,
+    epoch INTEGER NOT NULL, PRIMARY KEY(grp, resource_id));
+CREATE INDEX IF NOT EXISTS ownership_by_session ON ownership(session_id);
+CREATE TABLE IF NOT EXISTS progress(
+    grp TEXT NOT NULL, resource_id TEXT NOT NULL, epoch INTEGER NOT NULL,
+    member_id TEXT NOT NULL, value TEXT NOT NULL, committed_at REAL NOT NULL,
+    PRIMARY KEY(grp, resource_id));
+"""
+
+TABLES = frozenset(
+    {
+        "rebalancer_meta",
+        "groups",
+        "members",
+        "resources",
+        "target_members",
+        "targets",
+        "ownership",
+        "progress",
+    }
+)
+"""Every table :data:`SCHEMA` creates."""
+
+
+def boot_id() -> str:
+    """The id of this boot of the host (``"unknown"`` where the kernel does not tell)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _table_names(db: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def is_ready(db: sqlite3.Connection) -> bool:
+    """True if the file already holds this schema version for this boot: then opening it
+    takes no write lock (a member paused inside a write must not stop others opening)."""
+    if not _table_names(db) >= TABLES:
+        return False
+    meta = dict(db.execute("SELECT key, value FROM rebalancer_meta").fetchall())
+    return meta.get("schema") == SCHEMA_VERSION and meta.get("boot_id") == boot_id()
+
+
+def initialise(db: sqlite3.Connection, path: str) -> None:
+    """Create the tables in the file at ``path`` (in a write transaction on ``db``), check its
+    schema version, and end the sessions of a previous boot."""
+    names = _table_names(db)
+    if names and "rebalancer_meta" not in names:
+        raise CorruptStateError(
+            f"SQLite database {path!r} already holds tables not written by "
+            f"rebalancer-spark ({', '.join(sorted(names)[:5])}); it is left untouched: "
+            "point --backend at another file"
+        )
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    meta = dict(db.execute("SELECT key, value FROM rebalancer_meta").fetchall())
+    version = meta.get("schema")
+    if version is None:
+        db.execute("INSERT INTO rebalancer_meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+    elif version != SCHEMA_VERSION:
+        raise CorruptStateError(
+            f"SQLite database {path!r} has schema version {version!r}, this "
+            f"library reads {SCHEMA_VERSION!r}: use the matching rebalancer-spark "
+            "version or another file"
+        )
+    missing = TABLES - _table_names(db)
+    if missing:
+        raise CorruptStateError(
+            f"SQLite database {path!r} lacks the tables {sorted(missing)}: it was "
+            "damaged outside rebalancer-spark; move it away"
+        )
+    boot = boot_id()
+    if meta.get("boot_id") != boot:
+        # Lease deadlines of another boot are meaningless on this clock: all dead.
+        db.execute("DELETE FROM members")
+        db.execute("UPDATE ownership SET member_id=NULL, session_id=NULL")
+        db.execute("UPDATE groups SET coord_member=NULL, coord_session=NULL")
+        db.execute("INSERT OR REPLACE INTO rebalancer_meta VALUES ('boot_id', ?)", (boot,))

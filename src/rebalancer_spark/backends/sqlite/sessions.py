@@ -1,0 +1,118 @@
+"""Members' sessions: joining, renewing the lease, leaving, and the liveness checks that every
+write depending on a session makes first.
+
+Every function runs inside a transaction the caller opened (a write transaction for all but
+:func:`alive` and :func:`require_alive`). A session is alive while its ``expires`` deadline, on
+the injected clock, lies ahead.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Mapping
+
+from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.sqlite.groups import bump, ensure_group
+from rebalancer_spark.core.clock import Clock
+from rebalancer_spark.core.errors import MemberIdInUse, SessionExpired
+
+__all__ = ["alive", "join", "leave", "renew", "require_alive", "set_leaving"]
+
+
+def alive(db: sqlite3.Connection, session: Session, clock: Clock) -> bool:
+    """True if ``session`` is still in its group and its lease has not run out."""
+    row = db.execute(
+        "SELECT 1 FROM members WHERE grp=? AND session_id=? AND expires > ?",
+        (session.group, session.session_id, clock.monotonic()),
+    ).fetchone()
+    return row is not None
+
+
+def require_alive(db: sqlite3.Connection, session: Session, clock: Clock) -> None:
+    """Raise :class:`SessionExpired` unless ``session`` is :func:`alive`."""
+    if not alive(db, session, clock):
+        raise SessionExpired(
+            f"session {session.session_id[:8]} of member {session.member_id!r} in group "
+            f"{session.group!r} has expired or ended: the member must rejoin"
+        )
+
+
+def join(
+    db: sqlite3.Connection,
+    clock: Clock,
+    group: str,
+    member_id: str,
+    *,
+    info: Mapping[str, str],
+    ttl: float,
+    static: bool,
+) -> Session:
+    """:meth:`Backend.join`: refused while another live session holds ``member_id``."""
+    ensure_group(db, group)
+    now = clock.monotonic()
+    row = db.execute(
+        "SELECT session_id, expires, info FROM members WHERE grp=? AND member_id=?",
+        (group, member_id),
+    ).fetchone()
+    if row is not None and row[1] > now:
+        holder = json.loads(row[2])
+        raise MemberIdInUse(
+            f"member id {member_id!r} is in use in group {group!r} by a live session "
+            f"(host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, lease "
+            f"ends in {row[1] - now:.1f} s): give each job its own --member-id, or "
+            "stop the other one first"
+        )
+    if row is not None:
+        db.execute("DELETE FROM members WHERE grp=? AND member_id=?", (group, member_id))
+    session_id = uuid.uuid4().hex
+    db.execute(
+        "INSERT INTO members(grp, member_id, session_id, info, expires, static) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (group, member_id, session_id, json.dumps(dict(info)), now + ttl, int(static)),
+    )
+    bump(db, group)
+    return Session(group=group, member_id=member_id, session_id=session_id, ttl=ttl)
+
+
+def renew(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
+    """:meth:`Backend.renew`: extend a lease that has not yet run out."""
+    now = clock.monotonic()
+    cur = db.execute(
+        "UPDATE members SET expires=? WHERE grp=? AND session_id=? AND expires > ?",
+        (now + session.ttl, session.group, session.session_id, now),
+    )
+    if cur.rowcount == 0:
+        raise SessionExpired(
+            f"the lease of member {session.member_id!r} in group {session.group!r} "
+            "lapsed before it was renewed: the member has stopped all work and rejoins"
+        )
+
+
+def set_leaving(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
+    """:meth:`Backend.set_leaving`."""
+    require_alive(db, session, clock)
+    db.execute(
+        "UPDATE members SET leaving=1 WHERE grp=? AND session_id=?",
+        (session.group, session.session_id),
+    )
+    bump(db, session.group)
+
+
+def leave(db: sqlite3.Connection, session: Session) -> None:
+    """:meth:`Backend.leave`: drop the session, its claims and its coordinator role."""
+    db.execute(
+        "UPDATE ownership SET member_id=NULL, session_id=NULL WHERE grp=? AND session_id=?",
+        (session.group, session.session_id),
+    )
+    db.execute(
+        "UPDATE groups SET coord_member=NULL, coord_session=NULL WHERE name=? AND coord_session=?",
+        (session.group, session.session_id),
+    )
+    cur = db.execute(
+        "DELETE FROM members WHERE grp=? AND session_id=?",
+        (session.group, session.session_id),
+    )
+    if cur.rowcount:
+        bump(db, session.group)

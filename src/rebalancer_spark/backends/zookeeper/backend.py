@@ -1,0 +1,312 @@
+"""``zookeeper://[user:password@]host:2181[,host:2181...][/chroot]``: the ZooKeeper backend.
+
+Use it for groups whose members run on several hosts: members are ephemeral znodes of their
+own ZooKeeper sessions, changes are pushed by watches, and every write that depends on a
+session, the coordinator role or a claim is fenced by checks in the same multi-op. See
+``docs/backends/zookeeper.md`` for the znode layout and how each promise of
+:mod:`rebalancer_spark.backends.base` is kept.
+
+One backend object holds one *shared* kazoo client (reads, watches, resource updates) and one
+client per member session it hosts (:mod:`.session`), because the contract decides the lease
+per member and ephemeral znodes belong to exactly one ZooKeeper session. The session timeout
+is what the server *negotiated* (it clamps requests to its minSessionTimeout ..
+maxSessionTimeout): :attr:`Session.ttl` is that value, so a member never believes a longer
+lease than the server keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Collection, Mapping
+from typing import ClassVar
+
+from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.zookeeper import coordination, members, ownership
+from rebalancer_spark.backends.zookeeper import progress as handoff
+from rebalancer_spark.backends.zookeeper.client import (
+    OPTIONS,
+    Settings,
+    open_client,
+    stop_client,
+)
+from rebalancer_spark.backends.zookeeper.layout import GroupPaths
+from rebalancer_spark.backends.zookeeper.reader import Reader
+from rebalancer_spark.backends.zookeeper.reads import SnapshotReader
+from rebalancer_spark.backends.zookeeper.resources import update_resources
+from rebalancer_spark.backends.zookeeper.session import SessionState, SessionTable, ZkSession
+from rebalancer_spark.backends.zookeeper.tree import group_exists, prepare_group, prepare_root
+from rebalancer_spark.backends.zookeeper.watch import ZookeeperWatch
+from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.errors import (
+    BackendUnavailable,
+    FencedError,
+    SessionExpired,
+)
+from rebalancer_spark.core.model import (
+    CoordinatorRecord,
+    GroupState,
+    JsonValue,
+    Phase,
+    Progress,
+    Resource,
+    Target,
+    validate_group,
+    validate_member_id,
+)
+from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.urls import BackendUrl
+
+__all__ = ["ZookeeperBackend"]
+
+SHARED_TIMEOUT = 10.0
+"""Session timeout asked for the shared client (it owns no ephemeral znodes)."""
+
+
+class ZookeeperBackend(Backend):
+    """The ZooKeeper backend; see the module docstring."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.PUSH_NOTIFICATIONS,
+            Capability.MULTI_HOST,
+            Capability.DURABLE,
+            Capability.AUTHENTICATION,
+            Capability.PAUSE_TOLERANT,
+        }
+    )
+    options: ClassVar[Mapping[str, str]] = OPTIONS
+
+    def __init__(self, url: BackendUrl, *, clock: Clock | None = None) -> None:
+        super().__init__(url)
+        self._clock: Clock = clock or SystemClock()
+        self.settings = Settings.from_url(url)
+        self._root = "" if url.path == "/" else url.path
+        self._lock = threading.Lock()
+        self._groups: dict[str, GroupPaths] = {}
+        self._snapshots: dict[str, SnapshotReader] = {}
+        self._sessions = SessionTable(self._clock)
+        self._watches: list[ZookeeperWatch] = []
+        self._leftovers = members.Leftovers(self.settings)
+        self._prefetched = handoff.PrefetchCache(self._clock, self._live)
+        self._closed = False
+        self._client, _ = open_client(self.settings, SHARED_TIMEOUT)
+        try:
+            prepare_root(self._client, self.settings, self._root)
+        except BaseException:
+            stop_client(self._client)
+            raise
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailable(f"the ZooKeeper backend {self.settings.shown} was closed")
+
+    def _paths(self, group: str, *, create: bool = True) -> GroupPaths | None:
+        """The group's paths; its skeleton is created (and checked) once per backend object.
+        With ``create=False`` a group that does not exist yet is None."""
+        self._check_open()
+        validate_group(group)
+        with self._lock:
+            known = self._groups.get(group)
+        if known is not None:
+            return known
+        paths = GroupPaths(self._root, group)
+        if not create and not group_exists(self._client, self.settings, paths):
+            return None
+        prepare_group(self._client, self.settings, paths)
+        with self._lock:
+            self._groups[group] = paths
+        return paths
+
+    def _group(self, group: str) -> GroupPaths:
+        paths = self._paths(group)
+        assert paths is not None
+        return paths
+
+    def _hosted(self, session: Session) -> ZkSession:
+        """The session's local state; SessionExpired if this object does not host it (any
+        more): only the process that joined can act for a session."""
+        self._check_open()
+        zs = self._sessions.get(session.session_id)
+        if zs is None:
+            raise SessionExpired(
+                f"session {session.session_id} of member {session.member_id!r} in group "
+                f"{session.group!r} is not open in this backend object (it left, or it was "
+                "opened by another process): the member must rejoin"
+            )
+        return zs
+
+    def _live(self, session_id: str) -> bool:
+        zs = self._sessions.get(session_id)
+        return zs is not None and zs.state is not SessionState.ENDED
+
+    def _shared_reader(self, what: str) -> Reader:
+        return Reader(
+            self._client, self.settings, what, self.settings.unavailable(what, "session expired")
+        )
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def join(
+        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    ) -> Session:
+        validate_member_id(member_id)
+        zs = members.join(
+            self.settings,
+            self._client,
+            self._group(group),
+            member_id,
+            info=info,
+            ttl=ttl,
+            static=static,
+            clock=self._clock,
+            leftovers=self._leftovers,
+        )
+        self._sessions.add(zs)
+        return zs.session
+
+    def renew(self, session: Session) -> None:
+        members.renew(self._hosted(session), self.settings, self._clock)
+
+    def set_leaving(self, session: Session) -> None:
+        members.update_member(
+            self._hosted(session), self.settings, members.leaving, "marking the member as leaving"
+        )
+
+    def acknowledge(self, session: Session, generation: int) -> None:
+        zs = self._sessions.get(session.session_id)
+        if zs is None:
+            return
+        with contextlib.suppress(SessionExpired):
+            members.update_member(
+                zs, self.settings, members.acked(generation), "acknowledging a generation"
+            )
+
+    def leave(self, session: Session) -> None:
+        zs = self._sessions.pop(session.session_id)
+        if zs is not None:
+            zs.close()
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _snapshot(self, paths: GroupPaths) -> SnapshotReader:
+        with self._lock:
+            reader = self._snapshots.get(paths.group)
+            if reader is None:
+                reader = self._snapshots[paths.group] = SnapshotReader(
+                    self._client, self.settings, paths
+                )
+            return reader
+
+    def state(self, group: str) -> GroupState:
+        paths = self._paths(group, create=False)
+        if paths is None:
+            return GroupState(group, {}, None, {}, 0, None, {})
+        return self._snapshot(paths).state()
+
+    def member_view(self, session: Session) -> MemberView:
+        return ownership.member_view(self._hosted(session), self.settings)
+
+    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+        paths = self._paths(group, create=False)
+        if paths is None:
+            return {}
+        known, unknown = self._prefetched.take(group, resources)
+        return known | handoff.read_progresses(self._client, self.settings, paths, unknown)
+
+    def watch(self, group: str) -> ZookeeperWatch:
+        watch = ZookeeperWatch(self._client, self._group(group), self.settings.request_timeout)
+        with self._lock:
+            self._watches = [w for w in self._watches if not w.closed]
+            self._watches.append(watch)
+        return watch
+
+    # -- coordinator --------------------------------------------------------------------------
+
+    def elect(self, session: Session) -> CoordinatorRecord | None:
+        zs = self._sessions.get(session.session_id)
+        if zs is None or zs.state is SessionState.ENDED:
+            return None
+        return coordination.elect(zs, self.settings)
+
+    def publish(
+        self,
+        session: Session,
+        epoch: int,
+        assignment: Mapping[str, Collection[str]],
+        *,
+        phase: Phase,
+        resources_version: int,
+    ) -> Target:
+        zs = self._sessions.get(session.session_id)
+        if zs is None:
+            raise FencedError(
+                f"coordinator write for group {session.group!r} refused: session "
+                f"{session.session_id} of member {session.member_id!r} is not open in this "
+                f"backend object, so it cannot be the coordinator at epoch {epoch}"
+            )
+        return coordination.publish(zs, self.settings, epoch, assignment, phase, resources_version)
+
+    def resign(self, session: Session, epoch: int) -> None:
+        zs = self._sessions.get(session.session_id)
+        if zs is not None:
+            coordination.resign(zs, self.settings, epoch)
+
+    # -- resources and ownership ------------------------------------------------------------
+
+    def update_resources(
+        self,
+        group: str,
+        *,
+        replace: Collection[Resource] | None = None,
+        add: Collection[Resource] = (),
+        remove: Collection[str] = (),
+    ) -> int:
+        paths = self._group(group)
+        return update_resources(
+            self._client, self.settings, paths, replace=replace, add=add, remove=remove
+        )
+
+    def claim(
+        self, session: Session, resources: Collection[str], generation: int
+    ) -> dict[str, int]:
+        zs = self._hosted(session)
+        return ownership.claim(
+            zs,
+            self.settings,
+            resources,
+            generation,
+            self._prefetched.remember(session.group, session.session_id),
+        )
+
+    def release(self, session: Session, claims: Mapping[str, int]) -> None:
+        for resource in claims:
+            self._prefetched.forget(session.group, resource)
+        zs = self._sessions.get(session.session_id)
+        if zs is not None:
+            ownership.release(zs, self.settings, claims)
+
+    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
+        self._check_open()
+        paths = self._group(session.group)
+        zs = self._sessions.get(session.session_id)
+        client = self._client if zs is None else zs.client
+        self._prefetched.forget(session.group, resource)
+        handoff.commit(
+            zs, client, self.settings, paths, session, resource, epoch, progress, self._clock.wall()
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.close()
+        self._sessions.close(lambda zs: zs.close("the backend was closed"))
+        stop_client(self._client)

@@ -1,0 +1,256 @@
+"""The kazoo side of the backend: opening clients, bounded waits, pipelined reads, and the
+translation of kazoo's exceptions into :mod:`rebalancer_spark.core.errors`.
+
+Every wait has a deadline (``request_timeout``): a request queued while the connection is down
+is never waited on forever. Messages show the URL redacted; credentials never leave this module
+except inside the kazoo client itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    AuthFailedError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NoNodeError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.connection import ConnectionHandler
+from kazoo.protocol.serialization import Connect
+from kazoo.retry import KazooRetry
+from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl, make_digest_acl_credential
+
+from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError
+from rebalancer_spark.core.urls import BackendUrl
+
+__all__ = [
+    "KAZOO_LOG",
+    "OPTIONS",
+    "Settings",
+    "close_session",
+    "open_client",
+    "stop_client",
+    "wait",
+]
+
+OPTIONS: Mapping[str, str] = {
+    "connect_timeout": "seconds to wait for a connection to the ensemble (default 10)",
+    "request_timeout": "seconds to wait for the answer to one request (default 10)",
+    "use_ssl": "connect with TLS to the servers' secureClientPort (default false)",
+    "ca": "TLS: file of the CA certificates that signed the servers' certificates",
+    "certfile": "TLS: this client's certificate file (for servers that require one)",
+    "keyfile": "TLS: the private key of certfile",
+    "verify_certs": "TLS: check the servers' certificates (default true)",
+}
+
+
+class _Redact(logging.Filter):
+    """Replaces credentials in kazoo's log records: at DEBUG kazoo logs every request it
+    sends, the digest ``Auth`` packet (user:password) and ACLs (user:hash) included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            message = record.getMessage()
+            if any(secret in message for secret in self.secrets):
+                for secret in self.secrets:
+                    message = message.replace(secret, "***")
+                record.msg, record.args = message, ()
+        return True
+
+
+_REDACT = _Redact()
+KAZOO_LOG = logging.getLogger("kazoo.client.rebalancer_spark")
+"""The logger given to every kazoo client (a child of kazoo's own, so its configuration
+applies), with credentials redacted from every record."""
+KAZOO_LOG.addFilter(_REDACT)
+
+
+def _positive(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{name} must be a positive number of seconds")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything needed to open a client, parsed once from the URL."""
+
+    hosts: str
+    shown: str
+    """The URL with its password replaced by ``***``: the only form ever put in a message."""
+    connect_timeout: float
+    request_timeout: float
+    acl: Sequence[Any]
+    auth_data: Sequence[tuple[str, str]] = field(repr=False)
+    ssl: Mapping[str, Any] = field(default_factory=dict)
+    identity: str = "anonymous"
+
+    @classmethod
+    def from_url(cls, url: BackendUrl) -> Settings:
+        if (url.username is None) != (url.password is None):
+            raise ConfigurationError(
+                f"backend URL {url.redacted()!r} gives a user name without a password or a "
+                "password without a user name: ZooKeeper digest authentication needs both, "
+                "as zookeeper://user:password@host:2181/chroot"
+            )
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in url.hosts)
+        ssl: dict[str, Any] = {}
+        if url.option("use_ssl", bool, False):
+            ssl = {
+                "use_ssl": True,
+                "verify_certs": url.option("verify_certs", bool, True),
+                "ca": url.option("ca", str, None),
+                "certfile": url.option("certfile", str, None),
+                "keyfile": url.option("keyfile", str, None),
+            }
+        if url.username is not None and url.password is not None:
+            acl = [make_digest_acl(url.username, url.password, all=True)]
+            auth = [("digest", f"{url.username}:{url.password}")]
+            hashed = make_digest_acl_credential(url.username, url.password).split(":", 1)[1]
+            _REDACT.secrets.update({url.password, hashed})
+            identity = f"digest user {url.username!r}"
+        else:
+            acl, auth, identity = list(OPEN_ACL_UNSAFE), [], "anonymous"
+        return cls(
+            hosts=hosts,
+            shown=url.redacted(),
+            connect_timeout=url.option("connect_timeout", _positive("connect_timeout"), 10.0),
+            request_timeout=url.option("request_timeout", _positive("request_timeout"), 10.0),
+            acl=acl,
+            auth_data=auth,
+            ssl=ssl,
+            identity=identity,
+        )
+
+    def unavailable(self, what: str, why: str) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"ZooKeeper {self.shown}: {what} failed ({why}); check that the ensemble is up, has "
+            "a quorum and is reachable from this host, or raise ?request_timeout= in the URL"
+        )
+
+    def refused(self, path: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"ZooKeeper {self.shown} refused {self.identity} access to {path} (NoAuth): its "
+            "ACL belongs to another identity. Use the user and password the group was created "
+            "with (zookeeper://user:password@hosts/chroot), or another chroot"
+        )
+
+
+class _Connection(ConnectionHandler):  # type: ignore[misc]
+    """kazoo's connection handler, remembering the session timeout the server negotiated
+    (kazoo reads it from the connect answer and keeps it nowhere). It is noted before kazoo
+    reports the connection established, so it is known when ``start()`` returns."""
+
+    negotiated: float | None = None
+
+    def _invoke(self, timeout: float, request: Any, xid: int | None = None) -> Any:
+        result = super()._invoke(timeout, request, xid)
+        if isinstance(request, Connect) and isinstance(result, tuple) and result:
+            answer = result[0]
+            if isinstance(answer, Connect) and answer.time_out > 0:
+                self.negotiated = answer.time_out / 1000.0
+        return result
+
+
+def open_client(
+    settings: Settings, timeout: float, client_id: tuple[int, bytes] | None = None
+) -> tuple[Any, float]:
+    """A started kazoo client asking for a session of ``timeout`` seconds (or resuming the
+    session ``client_id``), and the session timeout the server actually granted (it clamps
+    requests to its minSessionTimeout .. maxSessionTimeout)."""
+    client = KazooClient(
+        hosts=settings.hosts,
+        timeout=timeout,
+        client_id=client_id,
+        logger=KAZOO_LOG,
+        auth_data=list(settings.auth_data),
+        default_acl=list(settings.acl),
+        connection_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=0.5, max_jitter=0.2),
+        **settings.ssl,
+    )
+    old = client._connection
+    connection = _Connection(
+        client, old.retry_sleeper, logger=old.logger, sasl_options=old.sasl_options
+    )
+    client._connection = connection
+    try:
+        client.start(timeout=settings.connect_timeout)
+    except KazooTimeoutError:
+        raise settings.unavailable(
+            "connecting", f"no server answered within {settings.connect_timeout:g} s"
+        ) from None
+    negotiated = connection.negotiated
+    if negotiated is None or negotiated <= 0:
+        stop_client(client)
+        raise BackendUnavailable(
+            f"ZooKeeper {settings.shown}: could not learn the negotiated session timeout from "
+            "this kazoo version; install the kazoo version rebalancer-spark was tested with"
+        )
+    return client, negotiated
+
+
+def stop_client(client: Any) -> None:
+    """Close the client's session (its ephemeral znodes go at once) and free it."""
+    with contextlib.suppress(KazooException, OSError):
+        client.stop()
+    with contextlib.suppress(Exception):  # kazoo refuses to close a connection still stopping
+        client.close()
+
+
+def close_session(settings: Settings, client_id: tuple[int, bytes]) -> bool:
+    """End a session whose client could not tell the server (it was disconnected): resume it
+    and close it, so its ephemeral znodes go now rather than at its timeout. True once the
+    server was reached (the session is then closed, or had already expired)."""
+    try:
+        client, _ = open_client(settings, 10.0, client_id)
+    except BackendUnavailable:
+        return False
+    stop_client(client)
+    return True
+
+
+def wait(
+    pending: Any,
+    settings: Settings,
+    what: str,
+    expired: Exception,
+    path: str = "",
+    deadline: float | None = None,
+) -> Any:
+    """The result of a kazoo async call, translated; NoNode reads as None."""
+    left = settings.request_timeout if deadline is None else deadline - time.monotonic()
+    try:
+        return pending.get(timeout=max(left, 0.001))
+    except NoNodeError:
+        return None
+    except SessionExpiredError:
+        raise expired from None
+    except (NoAuthError, AuthFailedError):
+        raise settings.refused(path or what) from None
+    except (ConnectionLoss, ConnectionClosedError) as exc:
+        raise settings.unavailable(what, f"connection lost: {type(exc).__name__}") from None
+    except KazooTimeoutError:
+        raise settings.unavailable(
+            what, f"no answer within {settings.request_timeout:g} s"
+        ) from None
+    except KazooException as exc:
+        raise settings.unavailable(what, f"{type(exc).__name__}: {exc}") from None

@@ -1,0 +1,222 @@
+"""Where everything lives in ZooKeeper, how resource ids become znode names, and how big data
+is cut into chunks that stay far below ZooKeeper's 1 MB limit (``jute.maxbuffer``).
+
+One tree per chroot, one sub-tree per group::
+
+    <chroot>/rebalancer-spark               marks the tree as ours: {"layout": 1}
+    <chroot>/groups/<group>                 {"layout": 1}
+        changes                             empty; its version counts the group's changes
+        members/<member id>                 EPHEMERAL of the member's session: record
+        sessions/<session id>               EPHEMERAL of the session: "this session lives"
+        coordinator                         EPHEMERAL of the coordinator's session
+        epoch                               coordinator epoch and its winner; version == epoch
+        resources                           pointer to the current resource set
+        resource-sets/<set>/<k>             chunks of [[id, weight], ...]
+        target                              pointer to the current target generation
+        targets/<dir>/<member>#<k>          chunks of [id, ...] for one member
+        claims/<escaped id>                 EPHEMERAL of the owner's session: owner and epoch
+        epochs/<escaped id>                 resource epoch; raised with every grant
+        progress/<escaped id>               last accepted progress commit
+
+Resource ids may hold any printable text; :func:`escape` turns one into a single znode name
+that can never leave its directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from rebalancer_spark.core.errors import CorruptStateError
+from rebalancer_spark.core.model import validate_resource_id
+
+__all__ = [
+    "CHUNK_BYTES",
+    "GROUP_CHILDREN",
+    "PROGRESS_HINT",
+    "REQUEST_BYTES",
+    "TREE_MARKER",
+    "GroupPaths",
+    "chunk_json",
+    "escape",
+    "unescape",
+]
+
+TREE_MARKER = "rebalancer-spark"
+"""The child of the chroot that says the tree was written by this library."""
+
+CHUNK_BYTES = 96 * 1024
+"""Largest chunk of a resource set or of one member's target: a tenth of ZooKeeper's 1 MB."""
+
+REQUEST_BYTES = 320 * 1024
+"""Largest multi-op request this backend sends, counting paths, data and ACLs."""
+
+PROGRESS_HINT = 16 * 1024
+"""Expected size of one progress record when batching reads (most are a few bytes)."""
+
+GROUP_CHILDREN = frozenset(
+    {
+        "changes",
+        "members",
+        "sessions",
+        "coordinator",
+        "epoch",
+        "resources",
+        "resource-sets",
+        "target",
+        "targets",
+        "claims",
+        "epochs",
+        "progress",
+    }
+)
+"""Every child a group znode may have; anything else was not written by this library."""
+
+_DOTS = {".": "%2E", "..": "%2E%2E"}
+
+
+def escape(resource: str) -> str:
+    """The znode name of ``resource``: its UTF-8 bytes percent-encoded except ASCII letters,
+    digits and ``-._~``, so no ``/`` (nor ``%``, nor any character ZooKeeper refuses) survives;
+    ``.`` and ``..`` become ``%2E`` and ``%2E%2E``. Injective: :func:`unescape` inverts it."""
+    validate_resource_id(resource)
+    return _DOTS.get(resource) or quote(resource, safe="")
+
+
+def unescape(name: str, path: str) -> str:
+    """The resource id a znode ``name`` (a child of ``path``) stands for; a name that
+    :func:`escape` cannot have written is a :class:`CorruptStateError` naming the path."""
+    try:
+        resource = unquote(name, errors="strict")
+        canonical = escape(resource)
+    except (UnicodeDecodeError, ValueError):
+        canonical = None
+    if canonical != name:
+        raise CorruptStateError(
+            f"znode {path}/{name} has a name rebalancer-spark never writes (not an escaped "
+            "resource id): it was created by something else; remove it or use another chroot"
+        )
+    return resource
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPaths:
+    """The paths of one group under a chroot (``root`` is ``""`` for the ZooKeeper root)."""
+
+    root: str
+    group: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.root}/groups/{self.group}"
+
+    def child(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    @property
+    def changes(self) -> str:
+        return self.child("changes")
+
+    @property
+    def members(self) -> str:
+        return self.child("members")
+
+    @property
+    def sessions(self) -> str:
+        return self.child("sessions")
+
+    @property
+    def coordinator(self) -> str:
+        return self.child("coordinator")
+
+    @property
+    def epoch(self) -> str:
+        return self.child("epoch")
+
+    @property
+    def resources(self) -> str:
+        return self.child("resources")
+
+    @property
+    def resource_sets(self) -> str:
+        return self.child("resource-sets")
+
+    @property
+    def target(self) -> str:
+        return self.child("target")
+
+    @property
+    def targets(self) -> str:
+        return self.child("targets")
+
+    @property
+    def claims(self) -> str:
+        return self.child("claims")
+
+    @property
+    def epochs(self) -> str:
+        return self.child("epochs")
+
+    @property
+    def progresses(self) -> str:
+        return self.child("progress")
+
+    def member(self, member_id: str) -> str:
+        return f"{self.members}/{member_id}"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.sessions}/{session_id}"
+
+    def claim(self, resource: str) -> str:
+        return f"{self.claims}/{escape(resource)}"
+
+    def resource_epoch(self, resource: str) -> str:
+        return f"{self.epochs}/{escape(resource)}"
+
+    def progress(self, resource: str) -> str:
+        return f"{self.progresses}/{escape(resource)}"
+
+    def resource_set(self, name: str) -> str:
+        return f"{self.resource_sets}/{name}"
+
+    def resource_chunk(self, name: str, k: int) -> str:
+        return f"{self.resource_sets}/{name}/{k}"
+
+    def target_dir(self, name: str) -> str:
+        return f"{self.targets}/{name}"
+
+    def target_chunk(self, name: str, member_id: str, k: int) -> str:
+        return f"{self.targets}/{name}/{member_id}#{k}"
+
+    def skeleton(self) -> list[str]:
+        """The persistent znodes every group has, parents first."""
+        return [
+            self.base,
+            self.changes,
+            self.members,
+            self.sessions,
+            self.epoch,
+            self.resource_sets,
+            self.targets,
+            self.claims,
+            self.epochs,
+            self.progresses,
+        ]
+
+
+def chunk_json(items: Iterable[bytes], limit: int = CHUNK_BYTES) -> list[bytes]:
+    """JSON arrays of the already-encoded ``items``, each at most ``limit`` bytes (an item
+    larger than that alone would still get its own chunk; ids are at most a few KB)."""
+    chunks: list[bytes] = []
+    current: list[bytes] = []
+    size = 2
+    for item in items:
+        if current and size + len(item) + 1 > limit:
+            chunks.append(b"[" + b",".join(current) + b"]")
+            current, size = [], 2
+        current.append(item)
+        size += len(item) + 1
+    if current:
+        chunks.append(b"[" + b",".join(current) + b"]")
+    return chunks

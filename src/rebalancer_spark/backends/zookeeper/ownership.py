@@ -1,0 +1,252 @@
+"""Claims, releases and a member's view: ownership, fenced per resource.
+
+A claim is the ephemeral znode ``claims/<id>`` created by the claimer's own session, so it
+vanishes with that session and nobody else can create it while it lives. The multi-op that
+creates it also raises ``epochs/<id>`` from the version read (the resource epoch, persistent,
+so it never goes backwards), checks that the claimer's session lives and that the ``target``
+pointer is still at the version whose chunks gave the member the resource. Many resources go
+in one request; a resource refused by its own check is dropped and the rest tried again."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Mapping
+
+from rebalancer_spark.backends.zookeeper.client import Settings, wait
+from rebalancer_spark.backends.zookeeper.fence import (
+    alive_op,
+    require_live,
+    session_gone,
+    session_reader,
+    session_sync,
+    session_transact,
+)
+from rebalancer_spark.backends.zookeeper.layout import REQUEST_BYTES
+from rebalancer_spark.backends.zookeeper.ops import Op, Refused
+from rebalancer_spark.backends.zookeeper.progress import Prefetch
+from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
+from rebalancer_spark.backends.zookeeper.records import (
+    claim_data,
+    read_claim,
+    read_resource_epoch,
+    read_target_pointer,
+    resource_epoch_data,
+)
+from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
+from rebalancer_spark.core.model import Phase, Progress
+from rebalancer_spark.core.protocols import MemberView
+
+__all__ = ["claim", "member_view", "release"]
+
+_ATTEMPTS = 10
+
+
+def _units(units: list[tuple[str, list[Op]]], fixed: int) -> list[list[tuple[str, list[Op]]]]:
+    """Per-resource groups of operations packed into requests of at most REQUEST_BYTES."""
+    out: list[list[tuple[str, list[Op]]]] = []
+    current: list[tuple[str, list[Op]]] = []
+    size = fixed
+    for tag, ops in units:
+        cost = sum(op.cost for op in ops)
+        if current and size + cost > REQUEST_BYTES:
+            out.append(current)
+            current, size = [], fixed
+        current.append((tag, ops))
+        size += cost
+    if current:
+        out.append(current)
+    return out
+
+
+def member_view(zs: ZkSession, settings: Settings) -> MemberView:
+    """This member's part of the current target and the claims its session holds.
+
+    Read through the session's own connection, so the view includes every write of the
+    session (its claims, its releases), after a ``sync`` of that connection: the server it
+    is on catches up with the leader before answering, so the view is at least as recent as
+    anything the shared client (whose watches woke the member) has seen. The sync is sent
+    just ahead of the reads, in the same pipeline: no extra round trip to wait for."""
+    what = "reading this member's view"
+    require_live(zs, settings, what)
+    p, s = zs.paths, zs.session
+    for attempt in range(_ATTEMPTS):
+        synced = session_sync(zs, p.changes) if attempt == 0 else None
+        reader = session_reader(zs, settings, what)
+        alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+        attempted = sorted(zs.attempted())
+        claims = [(r, reader.get(p.claim(r))) for r in attempted]
+        if synced is not None:
+            reader.send()  # the reads go out right behind the sync; then its answer is due
+            wait(synced, settings, what, zs.expired(), p.changes)
+        if alive() is None:
+            raise session_gone(zs)
+        found = pointer()
+        owned: dict[str, int] = {}
+        for resource, pending in claims:
+            held = pending()
+            if held is not None:
+                c = read_claim(resource, held[0], p.claim(resource))
+                if c.session_id == s.session_id:
+                    owned[resource] = c.epoch
+        zs.forget(set(attempted) - set(owned), only_if_idle=True)
+        if found is None:
+            return MemberView(0, Phase.RUNNING, frozenset(), owned)
+        ptr = read_target_pointer(found[0], p.target, group=p.group)
+        try:
+            part = read_target_part(
+                session_reader(zs, settings, "reading"), p, ptr, [s.member_id]
+            )()
+        except Changed:
+            continue  # the target moved on while being read
+        return MemberView(ptr.generation, ptr.phase, part.get(s.member_id, frozenset()), owned)
+    raise settings.unavailable("reading this member's view", "the target kept changing")
+
+
+def claim(
+    zs: ZkSession,
+    settings: Settings,
+    resources: Collection[str],
+    generation: int,
+    remember: Callable[[str, Progress | None], None] | None = None,
+) -> dict[str, int]:
+    """Claim what is free among ``resources`` that the target at ``generation`` gives us;
+    ``remember`` receives the progress of each resource granted, read right after it."""
+    what = "claiming resources"
+    require_live(zs, settings, what)
+    p, s = zs.paths, zs.session
+    reader = session_reader(zs, settings, what)
+    alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+    if alive() is None:
+        raise session_gone(zs)
+    found = pointer()
+    if found is None:
+        return {}
+    ptr = read_target_pointer(found[0], p.target, group=p.group)
+    if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
+        return {}
+    reader = session_reader(zs, settings, what)
+    part = read_target_part(reader, p, ptr, [s.member_id])
+    wanted = list(dict.fromkeys(resources))
+    held = {r: reader.get(p.claim(r)) for r in wanted}
+    epochs = {r: reader.get(p.resource_epoch(r)) for r in wanted}
+    try:
+        mine = part().get(s.member_id, frozenset())
+    except Changed:
+        return {}
+    granted: dict[str, int] = {}
+    units: list[tuple[str, list[Op]]] = []
+    for r in wanted:
+        current, seen = held[r](), epochs[r]()
+        if r not in mine:
+            continue
+        if current is not None:
+            c = read_claim(r, current[0], p.claim(r))
+            if c.session_id == s.session_id:
+                granted[r] = c.epoch
+            continue
+        epoch = 0 if seen is None else read_resource_epoch(seen[0], p.resource_epoch(r))
+        raise_epoch = (
+            Op("create", p.resource_epoch(r), resource_epoch_data(epoch + 1), tag=r)
+            if seen is None
+            else Op(
+                "set", p.resource_epoch(r), resource_epoch_data(epoch + 1), seen[1].version, tag=r
+            )
+        )
+        create = Op(
+            "create",
+            p.claim(r),
+            claim_data(s.member_id, s.session_id, epoch + 1),
+            ephemeral=True,
+            tag=r,
+        )
+        units.append((r, [create, raise_epoch]))
+    if not units:
+        return granted
+    fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
+    marker = Op("set", p.changes)
+    new_epochs = {r: json.loads(ops[0].data)["epoch"] for r, ops in units}
+    zs.begin_claim({r for r, _ in units})
+    refused: set[str] = set()
+    try:
+        follow = None
+        if remember is not None:
+            keep = remember
+
+            def follow(tags: list[str]) -> Prefetch:
+                return Prefetch(zs, settings, tags, keep)
+
+        applied, refused, stopped = _apply(zs, settings, units, fixed, [marker], what, follow)
+        granted.update((r, new_epochs[r]) for r in applied)
+        if stopped is not None:  # the session or the target moved on: nothing more to grant
+            refused = {r for r, _ in units} - applied
+            if stopped.path == p.session(s.session_id):
+                raise session_gone(zs)
+    finally:
+        zs.end_claim(refused)
+    return granted
+
+
+def _apply(
+    zs: ZkSession,
+    settings: Settings,
+    units: list[tuple[str, list[Op]]],
+    fixed: list[Op],
+    tail: list[Op],
+    what: str,
+    follow: Callable[[list[str]], Prefetch] | None = None,
+) -> tuple[set[str], set[str], Op | None]:
+    """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
+    A unit refused by one of its own operations is dropped and the rest of its request tried
+    again; a refused frame operation stops everything. Returns the tags applied, the tags
+    refused, and the frame operation that stopped it (or None). ``follow`` makes reads to
+    send right behind each request, collected once it succeeded."""
+    applied: set[str] = set()
+    refused: set[str] = set()
+    for batch in _units(units, sum(op.cost for op in [*fixed, *tail])):
+        pending = batch
+        while pending:
+            ops = [*fixed, *(op for _, unit in pending for op in unit), *tail]
+            tags = [r for r, _ in pending]
+            reads = None if follow is None else follow(tags)
+            try:
+                session_transact(zs, settings, ops, what, None if reads is None else reads.send)
+            except Refused as exc:
+                if not exc.op.tag:
+                    return applied, refused, exc.op
+                refused.add(exc.op.tag)
+                pending = [(r, unit) for r, unit in pending if r != exc.op.tag]
+                continue
+            applied |= set(tags)
+            if reads is not None:
+                reads.collect()
+            pending = []
+    return applied, refused, None
+
+
+def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> None:
+    """Release the given claims if this session holds them at those epochs."""
+    if not claims or zs.state is SessionState.ENDED:
+        return
+    what = "releasing resources"
+    require_live(zs, settings, what)
+    p, s = zs.paths, zs.session
+    reader = session_reader(zs, settings, what)
+    reads = {r: (reader.get(p.claim(r)), reader.stat(p.resource_epoch(r))) for r in claims}
+    units: list[tuple[str, list[Op]]] = []
+    for r, (held, seen) in reads.items():
+        current, stat = held(), seen()
+        if current is None or stat is None:
+            continue
+        c = read_claim(r, current[0], p.claim(r))
+        if c.session_id == s.session_id and c.epoch == claims[r]:
+            units.append(
+                (
+                    r,
+                    [
+                        Op("check", p.resource_epoch(r), version=stat.version, tag=r),
+                        Op("delete", p.claim(r), tag=r),
+                    ],
+                )
+            )
+    released, _, _ = _apply(zs, settings, units, [], [Op("set", p.changes)], what)
+    zs.forget(released)

@@ -1,0 +1,204 @@
+"""Reading a group: consistent snapshots from many znodes without a multi-read.
+
+ZooKeeper has no read transaction, so :func:`read_state` reads optimistically: it notes three
+counters that together change with every change of the group (the ``changes`` marker's
+version, bumped by every write of this library; the ``cversion`` of ``members/`` and of
+``claims/``, which also move when ZooKeeper deletes the ephemeral znodes of an expired session),
+reads everything in pipelined rounds, then reads the counters again. Equal counters mean no
+change happened in between: the snapshot is consistent. Otherwise it reads again. The
+snapshot of unchanged counters is cached, so polling an idle group costs one round trip.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rebalancer_spark.backends.zookeeper.client import Settings
+from rebalancer_spark.backends.zookeeper.layout import CHUNK_BYTES, GroupPaths, unescape
+from rebalancer_spark.backends.zookeeper.reader import Reader
+from rebalancer_spark.backends.zookeeper.records import (
+    ResourcesPointer,
+    TargetPointer,
+    read_claim,
+    read_coordinator,
+    read_member,
+    read_resource_chunk,
+    read_resources_pointer,
+    read_target_chunk,
+    read_target_pointer,
+)
+from rebalancer_spark.core.errors import BackendUnavailable
+from rebalancer_spark.core.model import Claim, GroupState, MemberRecord, Resource, Target
+
+__all__ = ["Changed", "SnapshotReader", "read_resources", "read_target_part"]
+
+_ATTEMPTS = 50
+
+
+class Changed(Exception):
+    """The group changed while it was being read (a znode listed a moment ago is gone)."""
+
+
+def _need(value: Any) -> Any:
+    if value is None:
+        raise Changed
+    return value
+
+
+def read_resources(
+    reader: Reader, paths: GroupPaths, pointer: ResourcesPointer | None
+) -> Callable[[], dict[str, Resource]]:
+    """Issue the reads of a resource set's chunks; the thunk collects them."""
+    if pointer is None:
+        return dict
+    chunks = [
+        (
+            paths.resource_chunk(pointer.name, k),
+            reader.get(paths.resource_chunk(pointer.name, k), CHUNK_BYTES),
+        )
+        for k in range(pointer.chunks)
+    ]
+
+    def collect() -> dict[str, Resource]:
+        out: dict[str, Resource] = {}
+        for path, pending in chunks:
+            data, _ = _need(pending())
+            out.update((r.id, r) for r in read_resource_chunk(data, path))
+        return out
+
+    return collect
+
+
+def read_target_part(
+    reader: Reader, paths: GroupPaths, pointer: TargetPointer, members: Iterable[str]
+) -> Callable[[], dict[str, frozenset[str]]]:
+    """Issue the reads of the chunks of ``members``' parts of a target."""
+    chunks = [
+        (m, path, reader.get(path, CHUNK_BYTES))
+        for m in members
+        for k in range(pointer.members.get(m, 0))
+        if (path := paths.target_chunk(pointer.name, m, k))
+    ]
+
+    def collect() -> dict[str, frozenset[str]]:
+        parts: dict[str, set[str]] = {m: set() for m in members if m in pointer.members}
+        for m, path, pending in chunks:
+            data, _ = _need(pending())
+            parts[m].update(read_target_chunk(data, path))
+        return {m: frozenset(rs) for m, rs in parts.items()}
+
+    return collect
+
+
+def target_of(pointer: TargetPointer, assignment: dict[str, frozenset[str]]) -> Target:
+    return Target(
+        generation=pointer.generation,
+        coordinator_epoch=pointer.epoch,
+        assignment=assignment,
+        phase=pointer.phase,
+        resources_version=pointer.resources_version,
+    )
+
+
+class SnapshotReader:
+    """Consistent snapshots of one group through one client; see the module docstring."""
+
+    def __init__(self, client: Any, settings: Settings, paths: GroupPaths) -> None:
+        self._client = client
+        self._settings = settings
+        self._paths = paths
+        self._lock = threading.Lock()
+        self._cached: tuple[tuple[int, int, int], GroupState] | None = None
+
+    def _reader(self) -> Reader:
+        what = f"reading group {self._paths.group!r}"
+        return Reader(
+            self._client, self._settings, what, self._settings.unavailable(what, "session expired")
+        )
+
+    def _counters(self, reader: Reader) -> Callable[[], tuple[int, int, int]]:
+        p = self._paths
+        marker, members, claims = (
+            reader.stat(p.changes),
+            reader.stat(p.members),
+            reader.stat(p.claims),
+        )
+
+        def collect() -> tuple[int, int, int]:
+            return (_need(marker()).version, _need(members()).cversion, _need(claims()).cversion)
+
+        return collect
+
+    def state(self) -> GroupState:
+        for _ in range(_ATTEMPTS):
+            try:
+                return self._attempt()
+            except Changed:
+                continue
+        raise BackendUnavailable(
+            f"ZooKeeper {self._settings.shown}: group {self._paths.group!r} changed during "
+            f"each of {_ATTEMPTS} attempts to read it consistently; try again"
+        )
+
+    def _attempt(self) -> GroupState:
+        p = self._paths
+        r1 = self._reader()
+        counters = self._counters(r1)
+        members_list = r1.children(p.members)
+        claims_list = r1.children(p.claims)
+        coordinator = r1.get(p.coordinator)
+        resources_ptr = r1.get(p.resources)
+        target_ptr = r1.get(p.target)
+        before = counters()
+        with self._lock:
+            if self._cached is not None and self._cached[0] == before:
+                return self._cached[1]
+        member_names: list[str] = _need(members_list())
+        claim_names: list[str] = _need(claims_list())
+        coord = coordinator()
+        rptr_raw, tptr_raw = resources_ptr(), target_ptr()
+        rptr = None if rptr_raw is None else read_resources_pointer(rptr_raw[0], p.resources)
+        tptr = (
+            None if tptr_raw is None else read_target_pointer(tptr_raw[0], p.target, group=p.group)
+        )
+
+        r2 = self._reader()
+        member_gets = [(m, r2.get(p.member(m))) for m in member_names]
+        claim_gets = [
+            (unescape(name, p.claims), f"{p.claims}/{name}", r2.get(f"{p.claims}/{name}"))
+            for name in claim_names
+        ]
+        resources = read_resources(r2, p, rptr)
+        parts = None if tptr is None else read_target_part(r2, p, tptr, list(tptr.members))
+        after = self._counters(r2)
+        members: dict[str, MemberRecord] = {}
+        for m, pending in member_gets:
+            data, _ = _need(pending())
+            members[m] = read_member(m, data, p.member(m))
+        claims: dict[str, Claim] = {}
+        for resource, path, pending in claim_gets:
+            data, _ = _need(pending())
+            claims[resource] = read_claim(resource, data, path)
+        snapshot_resources = resources()
+        target = None if tptr is None or parts is None else target_of(tptr, parts())
+        if after() != before:
+            raise Changed
+        live = {rec.session_id for rec in members.values()}
+        coord_record = None
+        if coord is not None:
+            record = read_coordinator(coord[0], p.coordinator)
+            coord_record = record if record.session_id in live else None
+        state = GroupState(
+            group=p.group,
+            members=members,
+            coordinator=coord_record,
+            resources=snapshot_resources,
+            resources_version=0 if rptr is None else rptr.version,
+            target=target,
+            claims={r: c for r, c in claims.items() if c.session_id in live},
+        )
+        with self._lock:
+            self._cached = (before, state)
+        return state

@@ -1,0 +1,280 @@
+"""What each znode of a group holds, as JSON, and the checks that read it back.
+
+Every reader goes through :func:`decode` and the typed readers below, so data this library did
+not write (not JSON, a field missing or of the wrong type) is a :class:`CorruptStateError` that
+names the znode, never a ``KeyError`` deep inside a member's loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rebalancer_spark.backends.records import parse_phase
+from rebalancer_spark.core.errors import CorruptStateError
+from rebalancer_spark.core.model import (
+    Claim,
+    CoordinatorRecord,
+    MemberRecord,
+    Phase,
+    Progress,
+    Resource,
+)
+
+__all__ = [
+    "LAYOUT",
+    "ResourcesPointer",
+    "TargetPointer",
+    "decode",
+    "encode",
+    "read_claim",
+    "read_coordinator",
+    "read_epoch",
+    "read_layout",
+    "read_member",
+    "read_progress",
+    "read_resource_chunk",
+    "read_resources_pointer",
+    "read_target_chunk",
+    "read_target_pointer",
+]
+
+LAYOUT = 1
+"""The version of the znode layout this library writes and reads."""
+
+
+def encode(value: Any) -> bytes:
+    """Compact, sorted JSON in UTF-8."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+
+
+_NEXT_STEP = "inspect it with zkCli, then remove the group (or use another chroot)"
+
+
+def _corrupt(path: str, what: str) -> CorruptStateError:
+    return CorruptStateError(
+        f"znode {path} holds {what}; it was not written by this version of rebalancer-spark: "
+        f"{_NEXT_STEP}"
+    )
+
+
+def decode(data: bytes, path: str) -> Any:
+    """The JSON value stored in the znode at ``path``."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        shown = data[:60].decode("utf-8", "replace")
+        raise _corrupt(path, f"data that is not JSON ({shown!r})") from None
+
+
+def _object(data: bytes, path: str) -> dict[str, Any]:
+    value = decode(data, path)
+    if not isinstance(value, dict):
+        raise _corrupt(path, f"a JSON {type(value).__name__} where an object was expected")
+    return value
+
+
+def _get(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise _corrupt(path, f"{key} = {value!r}, not of the expected type")
+    return value
+
+
+def read_layout(data: bytes, path: str) -> None:
+    """Check the ``{"layout": 1}`` marker of the tree or of a group."""
+    if _get(_object(data, path), "layout", int, path) != LAYOUT:
+        raise CorruptStateError(
+            f"znode {path} was written with layout {decode(data, path).get('layout')!r}, this "
+            f"library reads layout {LAYOUT}: use the matching rebalancer-spark version"
+        )
+
+
+def member_data(
+    session_id: str,
+    info: Mapping[str, str],
+    *,
+    static: bool,
+    leaving: bool = False,
+    acked: int = 0,
+) -> bytes:
+    return encode(
+        {
+            "session": session_id,
+            "info": dict(info),
+            "static": static,
+            "leaving": leaving,
+            "acked": acked,
+        }
+    )
+
+
+def read_member(member_id: str, data: bytes, path: str) -> MemberRecord:
+    obj = _object(data, path)
+    info = _get(obj, "info", dict, path)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in info.items()):
+        raise _corrupt(path, "member info that is not a map of strings")
+    return MemberRecord(
+        member_id=member_id,
+        session_id=_get(obj, "session", str, path),
+        info=info,
+        acked_generation=_get(obj, "acked", int, path),
+        leaving=_get(obj, "leaving", bool, path),
+        static=_get(obj, "static", bool, path),
+    )
+
+
+def coordinator_data(member_id: str, session_id: str, epoch: int) -> bytes:
+    return encode({"member": member_id, "session": session_id, "epoch": epoch})
+
+
+def read_coordinator(data: bytes, path: str) -> CoordinatorRecord:
+    obj = _object(data, path)
+    return CoordinatorRecord(
+        member_id=_get(obj, "member", str, path),
+        session_id=_get(obj, "session", str, path),
+        epoch=_get(obj, "epoch", int, path),
+    )
+
+
+def read_epoch(data: bytes, version: int, path: str) -> CoordinatorRecord:
+    """The coordinator epoch znode: its epoch must equal its version (every election is one
+    versioned write)."""
+    obj = _object(data, path)
+    epoch = _get(obj, "epoch", int, path)
+    if epoch != version:
+        raise _corrupt(path, f"epoch {epoch} at znode version {version} (they always match)")
+    if epoch == 0:
+        return CoordinatorRecord("", "", 0)
+    return CoordinatorRecord(_get(obj, "member", str, path), _get(obj, "session", str, path), epoch)
+
+
+def claim_data(member_id: str, session_id: str, epoch: int) -> bytes:
+    return encode({"member": member_id, "session": session_id, "epoch": epoch})
+
+
+def read_claim(resource: str, data: bytes, path: str) -> Claim:
+    obj = _object(data, path)
+    return Claim(
+        resource=resource,
+        member_id=_get(obj, "member", str, path),
+        session_id=_get(obj, "session", str, path),
+        epoch=_get(obj, "epoch", int, path),
+    )
+
+
+def resource_epoch_data(epoch: int) -> bytes:
+    return encode({"epoch": epoch})
+
+
+def read_resource_epoch(data: bytes, path: str) -> int:
+    epoch: int = _get(_object(data, path), "epoch", int, path)
+    return epoch
+
+
+def progress_data(value: Any, epoch: int, member_id: str, at: float) -> bytes:
+    return encode({"value": value, "epoch": epoch, "member": member_id, "at": at})
+
+
+def read_progress(resource: str, data: bytes, path: str) -> Progress:
+    obj = _object(data, path)
+    if "value" not in obj:
+        raise _corrupt(path, "a progress record without a value")
+    return Progress(
+        resource=resource,
+        value=obj["value"],
+        epoch=_get(obj, "epoch", int, path),
+        member_id=_get(obj, "member", str, path),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcesPointer:
+    """The current resource set: its version and the directory of its chunks."""
+
+    version: int
+    name: str
+    chunks: int
+
+    def encode(self) -> bytes:
+        return encode({"version": self.version, "set": self.name, "chunks": self.chunks})
+
+
+def read_resources_pointer(data: bytes, path: str) -> ResourcesPointer:
+    obj = _object(data, path)
+    return ResourcesPointer(
+        _get(obj, "version", int, path), _get(obj, "set", str, path), _get(obj, "chunks", int, path)
+    )
+
+
+def read_resource_chunk(data: bytes, path: str) -> list[Resource]:
+    value = decode(data, path)
+    if not isinstance(value, list):
+        raise _corrupt(path, "a resource chunk that is not a list")
+    out: list[Resource] = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not isinstance(item[1], int | float)
+            or isinstance(item[1], bool)
+        ):
+            raise _corrupt(path, f"the resource entry {item!r}, not [id, weight]")
+        try:
+            out.append(Resource(item[0], float(item[1])))
+        except ValueError as exc:
+            raise _corrupt(path, f"an invalid resource ({exc})") from None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TargetPointer:
+    """The current target generation: everything but the per-member chunks."""
+
+    generation: int
+    epoch: int
+    phase: Phase
+    resources_version: int
+    name: str
+    members: Mapping[str, int]
+    """Member id -> number of chunks of its part (0 for a member given nothing)."""
+
+    def encode(self) -> bytes:
+        return encode(
+            {
+                "generation": self.generation,
+                "epoch": self.epoch,
+                "phase": self.phase.value,
+                "resources_version": self.resources_version,
+                "dir": self.name,
+                "members": dict(self.members),
+            }
+        )
+
+
+def read_target_pointer(data: bytes, path: str, *, group: str) -> TargetPointer:
+    obj = _object(data, path)
+    members = _get(obj, "members", dict, path)
+    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in members.items()):
+        raise _corrupt(path, "a member table that is not a map of chunk counts")
+    phase = parse_phase(
+        group, _get(obj, "phase", str, path), store=f"znode {path}", next_step=_NEXT_STEP
+    )
+    return TargetPointer(
+        generation=_get(obj, "generation", int, path),
+        epoch=_get(obj, "epoch", int, path),
+        phase=phase,
+        resources_version=_get(obj, "resources_version", int, path),
+        name=_get(obj, "dir", str, path),
+        members=members,
+    )
+
+
+def read_target_chunk(data: bytes, path: str) -> list[str]:
+    value = decode(data, path)
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise _corrupt(path, "a target chunk that is not a list of resource ids")
+    return value

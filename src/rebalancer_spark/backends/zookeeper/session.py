@@ -1,0 +1,257 @@
+"""One member session: its own kazoo client, hence its own ZooKeeper session, and a lease.
+
+The contract's lease and ZooKeeper's session are kept together. The *server* ends the session
+when the process dies, freezes or loses the network (no packet for the negotiated timeout);
+this module ends it when the member stops renewing (no :meth:`ZkSession.extend` within the
+timeout: a stuck heartbeat thread), by closing the client, which deletes every ephemeral znode
+of the session at once. Either way the member's own deadline (start of its last renewal +
+timeout - safety margin) comes first.
+
+States (transitions enforced under the session's lock)::
+
+    LIVE <-> SUSPENDED          the connection dropped / came back within the timeout
+      \\         |
+       +-----> ENDED            left, lapsed, expired by ZooKeeper, or the backend closed
+
+ENDED is final: kazoo would silently open a *new* ZooKeeper session after an expiry, so an
+ended session's client is closed and never used again (and every session-bound write also
+checks the session's own ``sessions/<id>`` znode, which no other session can have).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from kazoo.protocol.states import KazooState
+
+from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.zookeeper.client import stop_client
+from rebalancer_spark.backends.zookeeper.layout import GroupPaths
+from rebalancer_spark.core.clock import Clock
+from rebalancer_spark.core.errors import SessionExpired
+
+__all__ = ["SessionState", "SessionTable", "ZkSession"]
+
+_CLOSE_WAIT = 15.0
+"""Longest wait for another thread's close of the same session to finish."""
+
+
+class SessionState(StrEnum):
+    LIVE = "live"
+    SUSPENDED = "suspended"
+    ENDED = "ended"
+
+
+class ZkSession:
+    """A member session hosted by this backend object; see the module docstring."""
+
+    def __init__(
+        self,
+        session: Session,
+        client: Any,
+        paths: GroupPaths,
+        deadline: float,
+        clock: Clock,
+        on_unclosed: Callable[[tuple[int, bytes]], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.client = client
+        self.paths = paths
+        self.client_id: tuple[int, bytes] = (client.client_id[0], client.client_id[1])
+        self.zk_id = self.client_id[0]
+        self._on_unclosed = on_unclosed
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = SessionState.LIVE
+        self._deadline = deadline
+        self._why = ""
+        self._close_started = False
+        self._closed = threading.Event()
+        self._attempted: set[str] = set()
+        self._claiming = 0
+        client.add_listener(self._on_state)
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def deadline(self) -> float:
+        return self._deadline
+
+    def expired(self) -> SessionExpired:
+        """The error for any use of this session once it ended."""
+        s = self.session
+        return SessionExpired(
+            f"session {s.session_id} of member {s.member_id!r} in group {s.group!r} has ended "
+            f"({self._why or 'ZooKeeper expired it'}): the member must rejoin"
+        )
+
+    def end(self, why: str) -> bool:
+        """Mark the session ended (final); True if this call ended it."""
+        with self._lock:
+            if self._state is SessionState.ENDED:
+                return False
+            self._state = SessionState.ENDED
+            self._why = why
+            return True
+
+    def extend(self, started: float) -> bool:
+        """A renewal round trip that started at ``started`` succeeded: push the lease out to
+        ``started + ttl``. False, changing nothing, if the lease had already lapsed."""
+        with self._lock:
+            if self._state is SessionState.ENDED or self._clock.monotonic() >= self._deadline:
+                return False
+            if self.client.client_id is None or self.client.client_id[0] != self.zk_id:
+                return False
+            self._deadline = max(self._deadline, started + self.session.ttl)
+            return True
+
+    def lease_valid(self) -> bool:
+        """True while the session lives and its lease has not run out on this host's clock."""
+        with self._lock:
+            live = self._state is not SessionState.ENDED
+            return live and self._clock.monotonic() < self._deadline
+
+    def lapse_if_due(self, now: float) -> bool:
+        """End the session if its lease ran out; True if this call ended it."""
+        with self._lock:
+            if self._state is SessionState.ENDED or now < self._deadline:
+                return False
+            self._state = SessionState.ENDED
+            self._why = f"not renewed within its {self.session.ttl:g} s timeout"
+            return True
+
+    def _on_state(self, state: str) -> None:
+        """kazoo's connection listener: runs on kazoo's thread and must not block."""
+        if state == KazooState.LOST:
+            if self.end("ZooKeeper expired the session"):
+                self.close_soon()
+            return
+        with self._lock:
+            if self._state is SessionState.ENDED:
+                return
+            if state == KazooState.SUSPENDED:
+                self._state = SessionState.SUSPENDED
+                return
+            client_id = self.client.client_id
+            if client_id is not None and client_id[0] == self.zk_id:
+                self._state = SessionState.LIVE
+                return
+        if self.end("kazoo reconnected under another ZooKeeper session"):
+            self.close_soon()
+
+    # -- claims this session may hold -------------------------------------------------------
+
+    def begin_claim(self, resources: set[str]) -> None:
+        """Note resources about to be claimed: every claim of this session is created here,
+        so these notes are a superset of what the store can hold for the session."""
+        with self._lock:
+            self._attempted |= resources
+            self._claiming += 1
+
+    def end_claim(self, refused: set[str]) -> None:
+        with self._lock:
+            self._attempted -= refused
+            self._claiming -= 1
+
+    def forget(self, resources: set[str], *, only_if_idle: bool = False) -> None:
+        """Drop resources known not to be held (released, or read as someone else's)."""
+        with self._lock:
+            if not (only_if_idle and self._claiming):
+                self._attempted -= resources
+
+    def attempted(self) -> set[str]:
+        with self._lock:
+            return set(self._attempted)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self, why: str = "left the group") -> None:
+        """End the session and close its client (deleting its ephemeral znodes); returns once
+        closed, whoever started the close. Idempotent."""
+        self.end(why)
+        with self._lock:
+            first = not self._close_started
+            self._close_started = True
+        if not first:
+            self._closed.wait(_CLOSE_WAIT)
+            return
+        try:
+            self.client.remove_listener(self._on_state)
+            reached = self.client.state == KazooState.CONNECTED
+            stop_client(self.client)
+            if not reached and self._on_unclosed is not None and "expired" not in self._why:
+                self._on_unclosed(self.client_id)  # the server never heard of the close
+        finally:
+            self._closed.set()
+
+    def close_soon(self) -> None:
+        """Close on another thread (from kazoo's own threads, which must not block)."""
+        threading.Thread(target=self.close, name="rebalancer-zk-close", daemon=True).start()
+
+
+class SessionTable:
+    """The sessions a backend hosts, and the thread that ends those not renewed in time."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._sessions: dict[str, ZkSession] = {}
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, zs: ZkSession) -> None:
+        with self._cond:
+            self._sessions[zs.session.session_id] = zs
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._run, name="rebalancer-zk-leases", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def get(self, session_id: str) -> ZkSession | None:
+        with self._cond:
+            return self._sessions.get(session_id)
+
+    def pop(self, session_id: str) -> ZkSession | None:
+        with self._cond:
+            return self._sessions.pop(session_id, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                now = self._clock.monotonic()
+                due = [zs for zs in self._sessions.values() if zs.lapse_if_due(now)]
+                live = [
+                    zs.deadline
+                    for zs in self._sessions.values()
+                    if zs.state is not SessionState.ENDED
+                ]
+                if not due:
+                    pause = min(live, default=now + 1.0) - now
+                    self._cond.wait(min(max(pause, 0.0), 1.0))
+                    continue
+            for zs in due:
+                zs.close_soon()
+
+    def close(self, each: Callable[[ZkSession], None]) -> None:
+        """Stop the lease thread and hand every session to ``each`` (which closes it)."""
+        with self._cond:
+            self._stopped = True
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+        for zs in sessions:
+            each(zs)
