@@ -1,0 +1,348 @@
+"""A member of a group: join, own resources, commit progress fenced by epoch, leave by draining.
+
+Use case::
+
+    from rebalancer_spark import Member, MemberConfig
+
+    config = MemberConfig(group="orders", backend="sqlite:///var/lib/rb/groups.db")
+    with Member(config, resources=["a", "b", "c"], on_assigned=start, on_revoked=stop) as m:
+        for owned in m.assigned():                   # from memory, no round trip
+            ...
+            m.commit(owned.resource, {"offset": 42})  # refused once ownership moved on
+
+:class:`Member` is the façade over three threads: the *heartbeat* renews the lease
+(:mod:`.lease`), the *coordinator* thread takes the coordinator role when it is vacant and
+computes targets (:mod:`.coordinator`), and the *member* thread reconciles what this member
+holds (:mod:`.ownership`) with its part of the target, calling the callbacks
+(:mod:`.reconciler`). User callbacks run on the member thread: ``on_revoked`` must return only
+once work on those resources has stopped, because the claims are released right after it
+returns. A newly granted resource appears in :meth:`Member.assigned` as soon as the claim is
+granted, possibly a moment before ``on_assigned`` for it has returned; the progress handed
+over travels with each :class:`OwnedResource`, so work can start from either. While a user
+callback runs, the member thread cannot deliver ``on_lost``: if the lease lapses meanwhile,
+``assigned()`` and ``owns()`` return nothing and ``commit()`` is refused from the lease's
+deadline on, and ``on_lost`` follows once the callback returns (a resource being revoked is
+then reported ``lost`` as of the deadline, not ``released``). Keep callbacks short.
+
+Lifecycle (enforced; see :data:`TRANSITIONS` in :mod:`.state`)::
+
+    CREATED -> STARTING -> RUNNING <-> REJOINING
+                  |           |            |
+                  +-----------+--> STOPPING --> STOPPED
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Self
+
+from rebalancer_spark.backends import open_backend
+from rebalancer_spark.backends.base import Backend, Session
+from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.config import MemberConfig
+from rebalancer_spark.core.errors import ConfigurationError, FencedError, RebalancerError
+from rebalancer_spark.core.events import EventKind, EventSink
+from rebalancer_spark.core.model import JsonValue, Resource, validate_member_id
+from rebalancer_spark.member.coordinator import CoordinatorLoop, RebalanceRecord
+from rebalancer_spark.member.defaults import default_backend_url, generated_member_id
+from rebalancer_spark.member.lease import Heartbeat, Lease
+from rebalancer_spark.member.ownership import Callback, OwnedResource, Ownership
+from rebalancer_spark.member.reconciler import Reconciler
+from rebalancer_spark.member.state import TRANSITIONS, Lifecycle, MemberState
+
+__all__ = ["TRANSITIONS", "Member", "MemberState", "OwnedResource", "default_backend_url", "join"]
+
+log = logging.getLogger("rebalancer_spark.member")
+
+
+class Member:
+    """One member of a group; see the module docstring."""
+
+    def __init__(
+        self,
+        config: MemberConfig,
+        *,
+        resources: Iterable[str | Resource] | None = None,
+        on_assigned: Callback | None = None,
+        on_revoked: Callback | None = None,
+        on_lost: Callback | None = None,
+        event_sinks: Sequence[EventSink] = (),
+        info: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+        backend: Backend | None = None,
+        discover: Callable[[], Collection[Resource]] | None = None,
+        discovery_interval: float = 30.0,
+    ) -> None:
+        self.config = config
+        self.group = config.group
+        self.member_id = validate_member_id(config.member_id or generated_member_id())
+        self._resources = None if resources is None else _as_resources(resources)
+        self._discover = discover
+        self._discovery_interval = discovery_interval
+        self.info: dict[str, str] = {
+            "host": socket.gethostname(),
+            "pid": str(os.getpid()),
+            **(info or {}),
+        }
+        self._clock: Clock = clock or SystemClock()
+        self._own_backend = backend is None
+        self._backend = backend
+        self._lease = Lease(self._clock, config.effective_safety_margin)
+        # One lock for the lifecycle and what is held; the condition wakes waiters on changes.
+        self._lock = threading.RLock()
+        self._stopping = False
+        self._changed = threading.Condition(self._lock)
+        self._lifecycle = Lifecycle(self.member_id, self._changed)
+        self._ownership = Ownership(
+            self.group,
+            self.member_id,
+            self.info,
+            self._clock,
+            self._changed,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            on_lost=on_lost,
+            event_sinks=event_sinks,
+        )
+        self._reconciler = Reconciler(
+            config,
+            self.member_id,
+            static=config.member_id is not None,
+            info=self.info,
+            clock=self._clock,
+            lease=self._lease,
+            ownership=self._ownership,
+            lifecycle=self._lifecycle,
+        )
+        self._heartbeat: Heartbeat | None = None
+        self._coordinator: CoordinatorLoop | None = None
+        self.rebalances: list[RebalanceRecord] = []
+        """Rebalances made while this member was coordinator (most recent last, capped)."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> MemberState:
+        return self._lifecycle.state
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the member stopped on its own, if it did."""
+        return self._reconciler.error
+
+    def start(self) -> Self:
+        """Join the group (raising at once on a live duplicate id, a bad URL or an unreachable
+        store), declare the resources if given, and start the member's threads."""
+        self._lifecycle.move(MemberState.STARTING)
+        try:
+            if self._backend is None:
+                self._backend = open_backend(self.config.backend, clock=self._clock)
+            backend = self._backend
+            if self._resources is not None:
+                backend.update_resources(self.group, replace=self._resources)
+            self._reconciler.join(backend)
+        except BaseException:
+            self._lifecycle.move(MemberState.STOPPED)
+            self._close_backend()
+            raise
+        self._heartbeat = Heartbeat(
+            backend, self._lease, self._clock, self.config.effective_heartbeat_interval
+        )
+        self._coordinator = CoordinatorLoop(
+            self.config,
+            backend,
+            self._clock,
+            self._lease.valid_session,
+            self._record_rebalance,
+            discover=self._discover,
+            discovery_interval=self._discovery_interval,
+        )
+        self._lifecycle.move(MemberState.RUNNING)
+        self._heartbeat.start()
+        self._coordinator.start()
+        self._reconciler.start(backend, self._coordinator)
+        return self
+
+    def stop(self, *, drain: bool = True) -> None:
+        """Leave the group. With ``drain`` (the default) the member first asks the coordinator
+        to move its resources away, waits until they are released (at most ``drain_timeout``),
+        then leaves; without it, it releases everything at once and leaves."""
+        with self._lock:
+            if self.state in (MemberState.STOPPING, MemberState.STOPPED) or self._stopping:
+                return
+            if self.state is MemberState.CREATED:
+                self._lifecycle.move(MemberState.STOPPED)
+                return
+            self._stopping = True  # a second stop() from another thread returns at once
+        if drain and self._backend is not None:
+            self._reconciler.drain(self._backend, self.config.drain_timeout)
+        self._lifecycle.move(MemberState.STOPPING)
+        self._reconciler.stop()
+        if self._coordinator is not None:
+            self._coordinator.stop()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        self._reconciler.leave(self._backend)
+        self._close_backend()
+        self._lifecycle.move(MemberState.STOPPED)
+
+    close = stop
+
+    def __enter__(self) -> Self:
+        """Start the member unless it was started already (as :func:`join` does)."""
+        return self.start() if self.state is MemberState.CREATED else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _close_backend(self) -> None:
+        if self._own_backend and self._backend is not None:
+            self._backend.close()
+
+    # -- queries (from memory) --------------------------------------------------------------
+
+    def assigned(self) -> list[OwnedResource]:
+        """The resources this member owns now, sorted by id; empty once the lease lapsed."""
+        if self._lease.valid_session() is None:
+            return []
+        return self._ownership.all()
+
+    def owns(self, resource: str) -> OwnedResource | None:
+        """The ownership of ``resource`` if this member holds it now with a valid lease."""
+        if self._lease.valid_session() is None:
+            return None
+        return self._ownership.get(resource)
+
+    def rediscover(self) -> None:
+        """Ask for a new listing of the source now (acted on by whichever member
+        coordinates; on this member only if it coordinates)."""
+        if self._coordinator is not None:
+            self._coordinator.rediscover()
+
+    @property
+    def discovery_error(self) -> str | None:
+        """Why this member's last listing of the source failed, while it coordinates."""
+        return None if self._coordinator is None else self._coordinator.discovery_error
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self._coordinator is not None and self._coordinator.epoch is not None
+
+    @property
+    def coordinator_epoch(self) -> int | None:
+        return None if self._coordinator is None else self._coordinator.epoch
+
+    @property
+    def session(self) -> Session | None:
+        return self._lease.valid_session()
+
+    def wait_until(self, predicate: Callable[[Member], bool], timeout: float) -> bool:
+        """Wait until ``predicate(self)`` holds after a change of what this member holds, at
+        most ``timeout`` seconds; return whether it held."""
+        return self._ownership.wait_until(lambda: predicate(self), timeout, 0.05)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def commit(self, resource: str, progress: JsonValue, *, epoch: int | None = None) -> None:
+        """Commit ``progress`` for ``resource``, fenced by the epoch it is owned at.
+
+        Pass the ``epoch`` of the :class:`OwnedResource` the work was done under: if the
+        resource was lost and granted again meanwhile, that work is refused rather than
+        committed under the new ownership. Raises :class:`FencedError` if this member does
+        not own the resource now (at ``epoch``), its lease lapsed, or the store says ownership
+        moved on; then stop working on the resource."""
+        owned = self.owns(resource)
+        session = self._lease.valid_session()
+        if owned is None or session is None:
+            raise FencedError(
+                f"commit for resource {resource!r} refused: member {self.member_id!r} of group "
+                f"{self.group!r} does not own it now; stop working on it"
+            )
+        if epoch is not None and epoch != owned.epoch:
+            raise FencedError(
+                f"commit for resource {resource!r} at epoch {epoch} refused: member "
+                f"{self.member_id!r} lost it since and owns it again at epoch {owned.epoch}; "
+                "redo the work from the progress handed over with the new ownership"
+            )
+        backend = self._require_backend()
+        try:
+            backend.commit(session, resource, owned.epoch, progress)
+        except FencedError as exc:
+            self._ownership.emit(EventKind.FENCED, session, resource, owned.epoch, str(exc))
+            self._lease.changed.set()
+            raise
+
+    def set_resources(self, resources: Iterable[str | Resource]) -> int:
+        """Replace the group's resource set; returns its new version."""
+        return self._require_backend().update_resources(
+            self.group, replace=_as_resources(resources)
+        )
+
+    def add_resources(self, resources: Iterable[str | Resource]) -> int:
+        """Add resources to the group's set; returns its new version."""
+        return self._require_backend().update_resources(self.group, add=_as_resources(resources))
+
+    def remove_resources(self, resources: Iterable[str]) -> int:
+        """Remove resources from the group's set; returns its new version."""
+        return self._require_backend().update_resources(self.group, remove=list(resources))
+
+    def _require_backend(self) -> Backend:
+        if self._backend is None or self.state is MemberState.STOPPED:
+            raise RebalancerError(
+                f"member {self.member_id!r} of group {self.group!r} is {self.state.value}: "
+                "start() it first"
+            )
+        return self._backend
+
+    def _record_rebalance(self, record: RebalanceRecord) -> None:
+        self.rebalances.append(record)
+        del self.rebalances[:-100]
+
+
+def _as_resources(resources: Iterable[str | Resource]) -> list[Resource]:
+    out = [r if isinstance(r, Resource) else Resource(r) for r in resources]
+    counts = Counter(r.id for r in out)
+    dupes = sorted(r for r, n in counts.items() if n > 1)
+    if dupes:
+        raise ConfigurationError(
+            f"resource ids must be unique; repeated: {dupes[:5]}: list each resource once"
+        )
+    return out
+
+
+def join(
+    group: str,
+    *,
+    resources: Iterable[str | Resource] | None = None,
+    on_assigned: Callback | None = None,
+    on_revoked: Callback | None = None,
+    on_lost: Callback | None = None,
+    event_sinks: Sequence[EventSink] = (),
+    **options: object,
+) -> Member:
+    """Join ``group`` and return the started :class:`Member`; ``options`` are the keys of
+    :class:`MemberConfig` (``backend=``, ``member_id=``, ``protocol=``, ``session_timeout=``
+    ...). Use it as a context manager, or call ``stop()`` to leave."""
+    config = MemberConfig.from_mapping(
+        {"group": group, **options}, default_backend=default_backend_url()
+    )
+    member = Member(
+        config,
+        resources=resources,
+        on_assigned=on_assigned,
+        on_revoked=on_revoked,
+        on_lost=on_lost,
+        event_sinks=event_sinks,
+    )
+    return member.start()

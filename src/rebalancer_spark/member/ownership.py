@@ -1,0 +1,223 @@
+"""What a member holds now, and what accompanies every change of it: the user callbacks and the
+ownership events.
+
+The member thread (:mod:`.reconciler`) changes the map: resources are *added* when the store
+grants them, *released* when the target moves them away, and *forgotten* when the store gave
+them up already or the lease lapsed. User threads read it through the member (``assigned()``,
+``owns()``). One lock guards it, shared with the member's lifecycle; a condition on that lock
+wakes whoever waits for a change.
+
+Each change emits one :class:`OwnershipEvent` per resource to the event sinks and calls the
+matching callback with every resource concerned: ``on_assigned`` after they are added,
+``on_revoked`` *before* they are removed (the claims are given back right after it returns, so
+it must return only once work on them has stopped), ``on_lost`` after they are forgotten. A
+callback or a sink that raises is logged and the member carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from rebalancer_spark.backends.base import Session
+from rebalancer_spark.core.clock import Clock
+from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
+from rebalancer_spark.core.model import JsonValue
+
+__all__ = ["Callback", "OwnedResource", "Ownership"]
+
+log = logging.getLogger("rebalancer_spark.member")
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedResource:
+    """A resource this member owns now: its id, the epoch it was granted at, and the progress
+    the previous owner committed (None for a resource never committed)."""
+
+    resource: str
+    epoch: int
+    progress: JsonValue
+    acquired_at: float
+
+
+Callback = Callable[[Sequence[OwnedResource]], None]
+
+
+class Ownership:
+    """The resources member ``member_id`` of ``group`` holds; see the module docstring."""
+
+    def __init__(
+        self,
+        group: str,
+        member_id: str,
+        info: Mapping[str, str],
+        clock: Clock,
+        changed: threading.Condition,
+        *,
+        on_assigned: Callback | None = None,
+        on_revoked: Callback | None = None,
+        on_lost: Callback | None = None,
+        event_sinks: Sequence[EventSink] = (),
+    ) -> None:
+        self._group = group
+        self._member_id = member_id
+        self._info = info
+        self._clock = clock
+        self._changed = changed
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._on_lost = on_lost
+        self._sinks = list(event_sinks)
+        self._held: dict[str, OwnedResource] = {}
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._held)
+
+    def get(self, resource: str) -> OwnedResource | None:
+        with self._changed:
+            return self._held.get(resource)
+
+    def all(self) -> list[OwnedResource]:
+        """Everything held, sorted by resource id."""
+        with self._changed:
+            return [self._held[r] for r in sorted(self._held)]
+
+    def epochs(self) -> dict[str, int]:
+        with self._changed:
+            return {r: o.epoch for r, o in self._held.items()}
+
+    def not_held(self, granted: Mapping[str, int]) -> dict[str, int]:
+        """The entries of ``granted`` (resource to epoch) for resources not held yet."""
+        with self._changed:
+            return {r: e for r, e in granted.items() if r not in self._held}
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, step: float) -> bool:
+        """Wait until ``predicate()`` holds, checking it under the lock after every change and
+        at least every ``step`` seconds, at most ``timeout`` seconds; return whether it held."""
+        deadline = self._clock.monotonic() + timeout
+        with self._changed:
+            while not predicate():
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(min(remaining, step))
+            return True
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def add(self, session: Session, owned: Sequence[OwnedResource]) -> None:
+        """Hold ``owned`` (granted by the store), then emit and call ``on_assigned``."""
+        with self._changed:
+            for o in owned:
+                self._held[o.resource] = o
+            self._changed.notify_all()
+        for o in owned:
+            self.emit(EventKind.ACQUIRED, session, o.resource, o.epoch, "granted by the target")
+        self._call(self._on_assigned, owned, "on_assigned")
+
+    def release(
+        self,
+        session: Session,
+        resources: Collection[str],
+        why: str,
+        *,
+        lapsed_at: Callable[[], float | None],
+    ) -> tuple[list[OwnedResource], bool]:
+        """Call ``on_revoked`` for the held ones among ``resources``, emit, then stop holding
+        them; return them, sorted, and whether the lease still held when the callback
+        returned. ``lapsed_at()`` is None while the lease holds, else the wall time it ran
+        out: a callback that outlived the lease ends in ``lost`` at that time, not in
+        ``released`` afterwards (the store may have granted the resources meanwhile). Giving
+        the claims back to the store is the caller's part, and only if the lease held."""
+        with self._changed:
+            owned = [self._held[r] for r in sorted(resources) if r in self._held]
+        self._call(self._on_revoked, owned, "on_revoked")
+        ended = lapsed_at()
+        now = self._clock.wall()
+        for o in owned:
+            if ended is None:
+                self.emit(EventKind.RELEASED, session, o.resource, o.epoch, why, at=now)
+            else:
+                self.emit(
+                    EventKind.LOST,
+                    session,
+                    o.resource,
+                    o.epoch,
+                    "lease lapsed while on_revoked ran",
+                    at=ended,
+                )
+        with self._changed:
+            for o in owned:
+                self._held.pop(o.resource, None)
+            self._changed.notify_all()
+        return owned, ended is None
+
+    def forget(self, resources: Collection[str] | None = None) -> list[OwnedResource]:
+        """Stop holding ``resources`` (everything if None) without any event or callback;
+        return what was held of them, sorted. Report them with :meth:`lost`."""
+        with self._changed:
+            wanted = sorted(self._held if resources is None else resources)
+            owned = [self._held.pop(r) for r in wanted if r in self._held]
+            self._changed.notify_all()
+        return owned
+
+    def lost(
+        self,
+        session: Session | None,
+        owned: Sequence[OwnedResource],
+        why: str,
+        kind: EventKind,
+        *,
+        at: float | None = None,
+    ) -> None:
+        """Report forgotten resources: emit ``kind`` for each (if there was a session, at
+        ``at`` or now) and call ``on_lost``."""
+        if session is not None:
+            for o in owned:
+                self.emit(kind, session, o.resource, o.epoch, why, at=at)
+        self._call(self._on_lost, owned, "on_lost")
+
+    # -- callbacks and events ------------------------------------------------------------------
+
+    def emit(
+        self,
+        kind: EventKind,
+        session: Session,
+        resource: str,
+        epoch: int,
+        reason: str,
+        *,
+        at: float | None = None,
+    ) -> None:
+        """Send one ownership event to every sink (``at``: when it happened, default now)."""
+        now = self._clock.wall()
+        event = OwnershipEvent(
+            kind=kind,
+            group=self._group,
+            resource=resource,
+            member_id=self._member_id,
+            session_id=session.session_id,
+            epoch=epoch,
+            at=now if at is None else at,
+            observed_at=now,
+            reason=reason,
+            info=self._info,
+        )
+        for sink in self._sinks:
+            try:
+                sink(event)
+            except Exception:
+                log.exception("event sink failed for %s", event)
+
+    def _call(self, callback: Callback | None, owned: Sequence[OwnedResource], name: str) -> None:
+        if callback is None or not owned:
+            return
+        try:
+            callback(owned)
+        except Exception:
+            log.exception("%s callback of member %s raised; continuing", name, self._member_id)

@@ -1,0 +1,311 @@
+"""The member thread, which reconciles what a member holds with its part of the target, and
+the member's side of joining and leaving its group.
+
+Each step reads the member's view from the store and lets :func:`core.protocols.plan` say what
+to do: forget what the store no longer holds for it, release what the target moved away
+(``on_revoked`` first), acknowledge the generation, claim what it is given (``on_assigned``
+after). A step runs on every change the store's watch reports, when the heartbeat finds the
+lease lapsed or rejoined, and at least every second.
+
+When the lease lapses the member *self-fences*: everything it held is lost as of the lease
+deadline (``on_lost``), the lapsed session is given up, and the member joins again with a new
+session (state ``REJOINING``, then ``RUNNING``). Store errors are retried; an unexpected error
+ends the thread, is kept in :attr:`Reconciler.error`, and everything held is reported lost.
+
+Leaving: :meth:`Reconciler.drain` marks the member as leaving, so the coordinator moves its
+resources away while it claims nothing more; :meth:`Reconciler.leave` then releases whatever
+is still held and ends the session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Collection, Mapping
+
+from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.core.clock import Clock
+from rebalancer_spark.core.config import MemberConfig, ProtocolName
+from rebalancer_spark.core.errors import (
+    BackendError,
+    MemberIdInUse,
+    RebalancerError,
+    SessionExpired,
+)
+from rebalancer_spark.core.events import EventKind
+from rebalancer_spark.core.protocols import plan
+from rebalancer_spark.member.coordinator import CoordinatorLoop
+from rebalancer_spark.member.lease import Lease
+from rebalancer_spark.member.ownership import OwnedResource, Ownership
+from rebalancer_spark.member.state import Lifecycle, MemberState
+
+__all__ = ["MAX_WAIT", "Reconciler"]
+
+log = logging.getLogger("rebalancer_spark.member")
+
+MAX_WAIT = 1.0
+"""The longest a member's loops wait at once before they look again (seconds)."""
+
+
+class Reconciler:
+    """The member thread of member ``member_id``; see the module docstring."""
+
+    def __init__(
+        self,
+        config: MemberConfig,
+        member_id: str,
+        *,
+        static: bool,
+        info: Mapping[str, str],
+        clock: Clock,
+        lease: Lease,
+        ownership: Ownership,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self._config = config
+        self._group = config.group
+        self._member_id = member_id
+        self._static = static
+        self._info = info
+        self._clock = clock
+        self._lease = lease
+        self._ownership = ownership
+        self._lifecycle = lifecycle
+        self._handled_generation = 0
+        self._backend: Backend | None = None
+        self._coordinator: CoordinatorLoop | None = None
+        self._stop = threading.Event()
+        self._draining = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rebalancer-member", daemon=True)
+        self.error: BaseException | None = None
+        """Why the member thread ended on its own, if it did."""
+
+    # -- control, from the member's façade ---------------------------------------------------
+
+    def join(self, backend: Backend) -> None:
+        """Join the group with a new session and start its lease."""
+        started = self._clock.monotonic()
+        session = backend.join(
+            self._group,
+            self._member_id,
+            info=self._info,
+            ttl=self._config.session_timeout,
+            static=self._static,
+        )
+        self._lease.start(session, started)
+        self._handled_generation = 0
+        log.info("member %s joined group %s", self._member_id, self._group)
+
+    def start(self, backend: Backend, coordinator: CoordinatorLoop) -> None:
+        """Start the thread; ``coordinator`` is woken after every rejoin."""
+        self._backend = backend
+        self._coordinator = coordinator
+        self._thread.start()
+
+    def drain(self, backend: Backend, timeout: float) -> None:
+        """Announce that the member leaves, claim nothing more, and wait (at most ``timeout``
+        seconds) until the coordinator has moved everything it holds away."""
+        session = self._lease.valid_session()
+        if session is None:
+            return
+        try:
+            backend.set_leaving(session)
+        except RebalancerError as exc:
+            log.warning(
+                "could not announce the drain of %s (%s); leaving now", self._member_id, exc
+            )
+            return
+        self._draining.set()
+        self._lease.changed.set()
+        if not self._ownership.wait_until(
+            lambda: len(self._ownership) == 0 or self._lease.valid_session() is None,
+            timeout,
+            MAX_WAIT,
+        ):
+            log.warning(
+                "member %s: drain timed out after %.1f s with %d resources; releasing",
+                self._member_id,
+                timeout,
+                len(self._ownership),
+            )
+
+    def stop(self) -> None:
+        """End the thread and wait for it (unless called on it)."""
+        self._stop.set()
+        self._lease.changed.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def leave(self, backend: Backend | None) -> None:
+        """Release what is still held (calling on_revoked) and end the session."""
+        session = self._lease.snapshot().session
+        held = {o.resource for o in self._ownership.all()}
+        if held and session is not None and backend is not None:
+            try:
+                self.revoke(backend, session, held, "member stopped")
+            except RebalancerError as exc:
+                log.warning(
+                    "member %s could not release %d resources (%s); they become free when its "
+                    "lease expires",
+                    self._member_id,
+                    len(held),
+                    exc,
+                )
+        self._lease.end()
+        if session is not None and backend is not None:
+            try:
+                backend.leave(session)
+            except RebalancerError as exc:
+                log.warning("member %s left without telling the store: %s", self._member_id, exc)
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backend = self._backend
+        assert backend is not None, "start() sets the backend before the thread starts"
+        watch: Watch | None = None
+        try:
+            while not self._stop.is_set():
+                if watch is None:
+                    try:
+                        watch = backend.watch(self._group)
+                    except BackendError as exc:
+                        log.warning("member %s: cannot watch, retrying: %s", self._member_id, exc)
+                        self._stop.wait(self._config.effective_heartbeat_interval)
+                        continue
+                self._lease.changed.clear()
+                try:
+                    timeout = self._step(backend)
+                except SessionExpired:
+                    # The store says the session is gone: lapse it now (the next step fences
+                    # and rejoins) rather than spin until the heartbeat finds out.
+                    session = self._lease.snapshot().session
+                    if session is not None:
+                        self._lease.lapse(session)
+                    timeout = 0.0
+                except BackendError as exc:
+                    log.warning("member %s: store error, retrying: %s", self._member_id, exc)
+                    timeout = min(self._config.effective_heartbeat_interval, MAX_WAIT)
+                except MemberIdInUse as exc:
+                    log.warning("member %s: rejoin refused, retrying: %s", self._member_id, exc)
+                    timeout = self._config.effective_heartbeat_interval
+                if timeout > 0 and not self._lease.changed.is_set():
+                    try:
+                        watch.wait(timeout)
+                    except BackendError as exc:
+                        log.warning(
+                            "member %s: watch failed, watching anew: %s", self._member_id, exc
+                        )
+                        watch.close()
+                        watch = None
+                        self._stop.wait(self._config.effective_heartbeat_interval)
+        except Exception as exc:
+            log.exception("member thread of %s died; it leaves the group", self._member_id)
+            self.error = exc
+            session = self._lease.snapshot().session
+            self._ownership.lost(
+                session, self._ownership.forget(), "member thread failed", EventKind.LOST
+            )
+            # Nobody reconciles for this member any more: stop renewing and end the session,
+            # so that its resources go to the others instead of staying claimed for ever.
+            if session is not None:
+                self._lease.lapse(session)
+                try:
+                    backend.leave(session)
+                except RebalancerError as leave_error:
+                    log.warning("member %s could not leave: %s", self._member_id, leave_error)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _step(self, backend: Backend) -> float:
+        snap = self._lease.snapshot()
+        if snap.lapsed:
+            if self._stop.is_set():
+                return 0.0
+            self._self_fence(backend, snap.session, snap.deadline)
+            self._lifecycle.move_from(MemberState.RUNNING, MemberState.REJOINING)
+            self.join(backend)
+            # stop() may have begun meanwhile; it then ends this new session itself.
+            self._lifecycle.move_from(MemberState.REJOINING, MemberState.RUNNING)
+            if self._coordinator is not None:
+                self._coordinator.wake()
+            return 0.0
+        session = snap.session
+        assert session is not None
+        view = backend.member_view(session)
+        epochs = self._ownership.epochs()
+        step = plan(self._config.protocol, view, epochs, self._handled_generation)
+        if step.lost:
+            self._ownership.lost(
+                self._lease.snapshot().session,
+                self._ownership.forget(step.lost),
+                "the store no longer holds this member's claim",
+                EventKind.LOST,
+            )
+        if step.revoke:
+            self.revoke(backend, session, set(step.revoke), "the target moved it away")
+        if step.ack is not None:
+            if self._config.protocol is ProtocolName.GLOBAL_BARRIER:
+                backend.acknowledge(session, step.ack)
+            self._handled_generation = step.generation
+        if step.claim and not self._draining.is_set():
+            self._acquire(backend, session, step.claim, view.generation)
+        return max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
+
+    def _acquire(
+        self, backend: Backend, session: Session, wanted: Collection[str], generation: int
+    ) -> None:
+        granted = backend.claim(session, wanted, generation)
+        fresh = self._ownership.not_held(granted)
+        if not fresh:
+            return
+        progress = backend.progress(self._group, list(fresh))
+        now = self._clock.wall()
+        owned = [
+            OwnedResource(r, e, progress[r].value if r in progress else None, now)
+            for r, e in sorted(fresh.items())
+        ]
+        self._ownership.add(session, owned)
+
+    def revoke(self, backend: Backend, session: Session, resources: set[str], why: str) -> None:
+        """Stop holding ``resources`` (``on_revoked`` first) and release their claims, also
+        those the store holds for this member that it never knew of."""
+        owned, lease_held = self._ownership.release(
+            session, resources, why, lapsed_at=lambda: self._lapsed_at(session)
+        )
+        if not lease_held:
+            return  # the next step fences and rejoins; the store frees the claims itself
+        view_only = resources - {o.resource for o in owned}
+        claims = {o.resource: o.epoch for o in owned}
+        if view_only:
+            claims.update(
+                {r: e for r, e in backend.member_view(session).owned.items() if r in view_only}
+            )
+        backend.release(session, claims)
+
+    def _lapsed_at(self, session: Session) -> float | None:
+        """None while ``session``'s lease holds, else the wall time it ran out."""
+        snap = self._lease.snapshot()
+        if not snap.lapsed and snap.session == session:
+            return None
+        return self._clock.wall() - max(self._clock.monotonic() - snap.deadline, 0.0)
+
+    def _self_fence(self, backend: Backend, session: Session | None, deadline: float) -> None:
+        """The lease lapsed: everything is lost as of the deadline; give the session up."""
+        owned = self._ownership.forget()
+        ended_at = self._clock.wall() - max(self._clock.monotonic() - deadline, 0.0)
+        if session is not None:
+            log.warning(
+                "member %s of group %s could not renew its lease in time: stopped all work on "
+                "%d resources and rejoins",
+                self._member_id,
+                self._group,
+                len(owned),
+            )
+        self._ownership.lost(session, owned, "lease lapsed", EventKind.LOST, at=ended_at)
+        if session is not None:
+            try:
+                backend.leave(session)
+            except RebalancerError as exc:
+                log.info("could not end the lapsed session of %s: %s", self._member_id, exc)
