@@ -1,0 +1,423 @@
+"""The Delta audit log: an event sink that appends every ownership event to a Delta table.
+
+Use case: give each member ``DeltaAuditLog(path)`` as an event sink; any time later,
+:func:`rebalancer_spark.audit.verify_table` proves from that table that no resource ever had two
+owners at once, and Spark SQL (or :func:`rebalancer_spark.audit.read_audit`) shows who owned what.
+
+The table is written by ``deltalake`` (delta-rs) from the driver, so it needs no Delta jars, and
+it is **append-only**: delta-rs retries blind appends that race with other processes' appends,
+which MERGE does not get. One log object owns one writer thread; the member's thread only
+enqueues (``__call__`` never blocks on I/O and never raises).
+
+Each batch is committed with an application transaction ``(writer id, batch number)``: when a
+commit's outcome is unknown (the store timed out after the commit landed), the retry first asks
+the table whether that batch is already in, so a retry never writes a row twice.
+
+The table is created when the log is opened, by one commit without retries: when several
+processes open the same new path at once, the losers see the winner's table, check its schema
+and use it (delta-rs would otherwise retry a losing create as a second ``CREATE TABLE`` commit
+with a new table id). Default tables are reader 1 / writer 2 with no table features, the floor
+every Delta reader supports.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+try:
+    import pyarrow as pa
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+    from deltalake.schema import PrimitiveType, Schema
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        f"the Delta audit log needs deltalake and pyarrow ({exc}): "
+        "pip install 'rebalancer-spark[spark]'"
+    ) from exc
+
+from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
+from rebalancer_spark.core.events import OwnershipEvent
+from rebalancer_spark.core.urls import redact_url
+
+__all__ = ["AUDIT_COLUMNS", "DeltaAuditLog", "audit_schema", "open_audit_table"]
+
+log = logging.getLogger("rebalancer_spark.audit")
+
+_UTC_MICROS = pa.timestamp("us", tz="UTC")
+# (name, arrow type, nullable), in table order.
+_COLUMNS = (
+    ("group", pa.string(), False),
+    ("resource", pa.string(), False),
+    ("member_id", pa.string(), False),
+    ("session_id", pa.string(), False),
+    ("kind", pa.string(), False),
+    ("epoch", pa.int64(), False),
+    ("at", _UTC_MICROS, False),
+    ("observed_at", _UTC_MICROS, False),
+    ("reason", pa.string(), False),
+    ("host", pa.string(), True),
+    ("pid", pa.int64(), True),
+    ("spark_app_id", pa.string(), True),
+)
+AUDIT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in _COLUMNS)
+"""The audit table's columns, in order: one row per :class:`OwnershipEvent`."""
+
+_MAX_BATCH = 10_000
+_FIRST_BACKOFF = 0.1
+_MAX_BACKOFF = 5.0
+_JOIN_TIMEOUT = 5.0
+_REASON_CHARS = 600
+
+_Row = tuple[str, str, str, str, str, int, int, int, str, str | None, int | None, str | None]
+
+
+def audit_schema() -> pa.Schema:
+    """The Arrow schema of the audit table (timestamps in microseconds, UTC)."""
+    return pa.schema([pa.field(name, kind, nullable=ok) for name, kind, ok in _COLUMNS])
+
+
+def open_audit_table(path: str, storage_options: Mapping[str, str] | None = None) -> DeltaTable:
+    """The existing audit table at ``path``, its schema checked.
+
+    Raises :class:`ConfigurationError` when there is no Delta table there (or it cannot be
+    read) and :class:`CorruptStateError` when the table there is not an audit table."""
+    options = dict(storage_options or {})
+    try:
+        table = DeltaTable(path, storage_options=options or None)
+    except TableNotFoundError as exc:
+        raise ConfigurationError(
+            f"no Delta audit table at {_shown(path)}: {_reason(exc, options)}; pass the path "
+            "the members' DeltaAuditLog writes to"
+        ) from exc
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot read the Delta audit table at {_shown(path)}: {_reason(exc, options)}; "
+            "check the path and the storage options (credentials, endpoint)"
+        ) from exc
+    _check_schema(path, table)
+    return table
+
+
+class DeltaAuditLog:
+    """An :data:`~rebalancer_spark.core.events.EventSink` appending events to a Delta table.
+
+    Opening it creates the table at ``path`` if there is none (an unwritable path raises
+    :class:`ConfigurationError`) and refuses a table of another schema
+    (:class:`CorruptStateError`, nothing written). Events are batched for up to
+    ``flush_interval`` seconds. A failed write is logged, kept in :attr:`last_error` and
+    retried with a capped backoff; it never reaches the member calling the sink.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        flush_interval: float = 0.2,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
+        if not math.isfinite(flush_interval) or flush_interval < 0:
+            raise ConfigurationError(
+                f"flush_interval {flush_interval!r} is not a number of seconds >= 0; use 0.2"
+            )
+        self._path = path
+        self._options = dict(storage_options or {})
+        self._interval = flush_interval
+        _create_or_check(path, self._options)
+        self._writer_id = f"rebalancer-spark-audit-{uuid.uuid4().hex}"
+        self._cond = threading.Condition()
+        self._pending: deque[tuple[float, _Row]] = deque()
+        self._accepted = 0
+        self._written = 0
+        self._flush_target = 0
+        self._batches = 0  # committed batches: the application transaction's version
+        self._last_error: str | None = None
+        self._stopping = False
+        self._abandon = False
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"audit-writer {_shown(path)}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def last_error(self) -> str | None:
+        """The latest write failure, or None once a later write succeeded."""
+        with self._cond:
+            return self._last_error
+
+    @property
+    def written(self) -> int:
+        """How many events are durably in the table."""
+        with self._cond:
+            return self._written
+
+    def __call__(self, event: OwnershipEvent) -> None:
+        """Enqueue ``event``; never blocks on I/O, never raises (a bad event is logged)."""
+        try:
+            row = _row(event)
+        except Exception as exc:
+            log.error("audit event dropped, it cannot be stored: %s (%r)", exc, event)
+            return
+        with self._cond:
+            if self._stopping:
+                log.warning("audit log %s is closed; event dropped: %r", _shown(self._path), event)
+                return
+            self._pending.append((time.monotonic(), row))
+            self._accepted += 1
+            self._cond.notify_all()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until every event enqueued before this call is in the table; False when that
+        did not happen within ``timeout`` seconds."""
+        with self._cond:
+            target = self._accepted
+            if self._written >= target:
+                return True
+            self._flush_target = max(self._flush_target, target)
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: self._written >= target, timeout=timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush (for up to ``timeout`` seconds), then stop the writer thread. Idempotent.
+        Events still unwritten after ``timeout`` are dropped, and the count is logged."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopping = True
+            self._cond.notify_all()
+        if not self.flush(timeout):
+            with self._cond:
+                lost = self._accepted - self._written
+                self._abandon = True
+                self._cond.notify_all()
+            log.error(
+                "audit log %s closed with %d events not written (last error: %s)",
+                _shown(self._path),
+                lost,
+                self.last_error,
+            )
+        self._thread.join(_JOIN_TIMEOUT)
+
+    def __enter__(self) -> DeltaAuditLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DeltaAuditLog({_shown(self._path)!r}, written={self.written})"
+
+    # -- the writer thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        failures = 0
+        uncertain = False  # the last attempt failed: its commit may have landed all the same
+        in_doubt = 0  # the size of that attempt: a retry must carry exactly the same rows
+        while True:
+            with self._cond:
+                if not self._next_batch_due():
+                    return
+                size = in_doubt if uncertain else _MAX_BATCH
+                batch = [row for _, row in itertools.islice(self._pending, size)]
+                number = self._batches + 1
+            try:
+                if not (uncertain and self._committed(number)):
+                    self._append(batch, number)
+            except BaseException as exc:  # also a delta-rs panic (pyo3's PanicException)
+                failures += 1
+                uncertain, in_doubt = True, len(batch)
+                delay = min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** (failures - 1))
+                message = (
+                    f"appending {len(batch)} events to the Delta audit table at "
+                    f"{_shown(self._path)} failed ({failures} in a row): "
+                    f"{_reason(exc, self._options)}"
+                )
+                log.warning("%s; retrying in %.1f s", message, delay)
+                with self._cond:
+                    self._last_error = message
+                    if self._cond.wait_for(lambda: self._abandon, timeout=delay):
+                        return
+                continue
+            if failures:
+                log.info("audit table %s written again", _shown(self._path))
+            failures, uncertain = 0, False
+            with self._cond:
+                for _ in batch:
+                    self._pending.popleft()
+                self._batches = number
+                self._written += len(batch)
+                self._last_error = None
+                self._cond.notify_all()
+
+    def _next_batch_due(self) -> bool:
+        """Wait (holding the condition) until a batch is due: True, or False when stopped."""
+        while True:
+            if self._abandon:
+                return False
+            if self._pending:
+                due = self._pending[0][0] + self._interval
+                now = time.monotonic()
+                if self._stopping or self._flush_target > self._written or now >= due:
+                    return True
+                self._cond.wait(due - now)
+            elif self._stopping:
+                return False
+            else:
+                self._cond.wait()
+
+    def _append(self, rows: Sequence[_Row], number: int) -> None:
+        data = pa.Table.from_pylist(
+            [dict(zip(AUDIT_COLUMNS, row, strict=True)) for row in rows], schema=audit_schema()
+        )
+        write_deltalake(
+            self._path,
+            data,
+            mode="append",
+            storage_options=self._options or None,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=self._writer_id, version=number)]
+            ),
+        )
+
+    def _committed(self, number: int) -> bool:
+        table = DeltaTable(self._path, storage_options=self._options or None)
+        done = table.transaction_version(self._writer_id)
+        return done is not None and done >= number
+
+
+def _create_or_check(path: str, options: dict[str, str]) -> None:
+    try:
+        open_audit_table(path, options)
+        return
+    except ConfigurationError as exc:
+        if not isinstance(exc.__cause__, TableNotFoundError):
+            raise
+    try:
+        DeltaTable.create(
+            path,
+            audit_schema(),
+            mode="ignore",
+            storage_options=options or None,
+            # One attempt only: a loser of a race to create must not commit a second
+            # CREATE TABLE (delta-rs would retry it as version 1 with a new table id).
+            commit_properties=CommitProperties(max_commit_retries=0),
+        )
+    except Exception as exc:
+        if not _lost_create_race(exc):
+            raise ConfigurationError(
+                f"cannot create the Delta audit table at {_shown(path)}: "
+                f"{_reason(exc, options)}; give a path (or storage options) this process can "
+                "write, such as a directory on a local or shared disk or s3://bucket/prefix "
+                "with write permission"
+            ) from exc
+        log.debug("lost the race to create %s: %s", _shown(path), _reason(exc, options))
+    try:
+        open_audit_table(path, options)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"cannot create the Delta audit table at {_shown(path)}: the table is still "
+            f"unreadable after creating it ({exc}); give a path (or storage options) this "
+            "process can write and read"
+        ) from exc
+
+
+def _lost_create_race(exc: Exception) -> bool:
+    """Whether ``exc`` says another process created the table first: "Failed to commit
+    transaction: 0" on a local disk, "version 0 already exists" on some object stores
+    (delta-rs issue 3505), "A Delta Lake table already exists" after a late existence check."""
+    return isinstance(exc, CommitFailedError) or (
+        isinstance(exc, DeltaError) and "already exists" in str(exc)
+    )
+
+
+def _check_schema(path: str, table: DeltaTable) -> None:
+    expected = {field.name: field for field in Schema.from_arrow(audit_schema()).fields}
+    found = {field.name: field for field in table.schema().fields}
+    problems = []
+    missing = [name for name in expected if name not in found]
+    if missing:
+        problems.append(f"missing columns {', '.join(missing)}")
+    unexpected = [name for name in found if name not in expected]
+    if unexpected:
+        problems.append(f"unexpected columns {', '.join(unexpected)}")
+    for name, want in expected.items():
+        have = found.get(name)
+        if have is None:
+            continue
+        if have.type != want.type:
+            problems.append(f"column {name} is {_type(have.type)}, expected {_type(want.type)}")
+        elif want.nullable and not have.nullable:
+            problems.append(f"column {name} is NOT NULL, expected nullable")
+    if problems:
+        raise CorruptStateError(
+            f"the Delta table at {_shown(path)} is not a rebalancer-spark audit table: "
+            f"{'; '.join(problems)}. Nothing was written to it; give the audit log a path of "
+            "its own (a new directory), or move that table away"
+        )
+
+
+def _row(event: OwnershipEvent) -> _Row:
+    info = event.info
+    return (
+        event.group,
+        event.resource,
+        event.member_id,
+        event.session_id,
+        str(event.kind),
+        int(event.epoch),
+        _micros(event.at, "at"),
+        _micros(event.observed_at, "observed_at"),
+        event.reason,
+        info.get("host"),
+        _pid(info.get("pid")),
+        info.get("spark_app_id"),
+    )
+
+
+def _pid(value: object) -> int | None:
+    try:
+        return int(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _micros(seconds: float, what: str) -> int:
+    if not math.isfinite(seconds):
+        raise ValueError(f"{what} {seconds!r} is not a time in epoch seconds")
+    return round(seconds * 1_000_000)
+
+
+def _type(kind: object) -> str:
+    return kind.type if isinstance(kind, PrimitiveType) else str(kind)
+
+
+def _shown(path: str) -> str:
+    return redact_url(path)
+
+
+def _reason(exc: BaseException, options: Mapping[str, str]) -> str:
+    """The error's message on one line, with any storage option's value cut out (keys,
+    tokens)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    for value in options.values():
+        if len(value) >= 4:
+            text = text.replace(value, "***")
+    return redact_url(text)[:_REASON_CHARS]

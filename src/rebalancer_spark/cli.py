@@ -1,0 +1,339 @@
+"""``rebalancer-spark``: the operator's view of a group and of its audit trail.
+
+    rebalancer-spark status      --group G [--backend URL] [--json]
+    rebalancer-spark members     --group G [--backend URL] [--json]
+    rebalancer-spark assignments --group G [--backend URL] [--json]
+    rebalancer-spark audit verify  PATH [--group G] [--tolerance S] [--json]
+    rebalancer-spark audit history PATH [--group G] [--resource R] [--json]
+
+``--backend`` defaults to the SQLite file in ``$REBALANCER_HOME`` that jobs use by default.
+The commands only read: a SQLite file that does not exist yet is reported as an empty group,
+not created. Exit status:
+
+* 0: done (``status`` is informative and never fails a check);
+* 1: a check failed: ``audit verify`` found a resource owned by two members at once;
+* 2: bad input (usage, URL, group name, audit path) or a store that cannot be reached;
+* 130: interrupted (Ctrl-C).
+
+An error is one line on standard error saying what happened and what to do; passwords in
+URLs are shown as ``***``. Only the standard library and the core are imported at start-up;
+the audit commands import ``deltalake`` when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any, NoReturn
+
+from rebalancer_spark import __version__
+from rebalancer_spark.backends import BACKENDS, open_backend
+from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.core.model import GroupState, Progress, validate_group
+from rebalancer_spark.core.urls import parse_backend_url, redact_url
+from rebalancer_spark.member import default_backend_url
+from rebalancer_spark.shutdown import exit_process
+
+__all__ = ["main"]
+
+PROG = "rebalancer-spark"
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+_EPILOG = (
+    "exit status: 0 ok; 1 a check failed (audit verify found two owners at once; status "
+    "never fails); 2 bad input or unreachable store. --backend defaults to groups.db in "
+    "$REBALANCER_HOME (default ~/.local/state/rebalancer-spark)."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``error: ...; see --help``), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(f"{message}; see '{self.prog} --help'")
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"{PROG}: error: {redact_url(' '.join(message.split()))}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+# -- reading the store ---------------------------------------------------------------------
+
+
+def _snapshot(args: argparse.Namespace) -> tuple[str, GroupState, dict[str, Progress]]:
+    """(redacted backend URL, group state, resource -> last progress) without writing."""
+    group = validate_group(args.group)
+    url = args.backend or default_backend_url()
+    parsed = parse_backend_url(url, allowed_options={s: e[2] for s, e in BACKENDS.items()})
+    if parsed.scheme == "sqlite" and not os.path.exists(parsed.path):
+        return parsed.redacted(), GroupState(group, {}, None, {}, 0, None, {}), {}
+    with open_backend(url) as backend:
+        state = backend.state(group)
+        names = set(state.resources) | set(state.claims)
+        done = backend.progress(group, sorted(names)) if args.command == "assignments" else {}
+    return parsed.redacted(), state, done
+
+
+def _members(state: GroupState) -> list[dict[str, Any]]:
+    owned = {m: 0 for m in state.members}
+    for claim in state.claims.values():
+        owned[claim.member_id] = owned.get(claim.member_id, 0) + 1
+    return [
+        {
+            "member_id": m.member_id,
+            "host": m.info.get("host"),
+            "pid": m.info.get("pid"),
+            "spark_app_id": m.info.get("spark_app_id"),
+            "leaving": m.leaving,
+            "static": m.static,
+            "acked_generation": m.acked_generation,
+            "coordinator": state.coordinator is not None
+            and state.coordinator.session_id == m.session_id,
+            "owned": owned[m.member_id],
+        }
+        for m in sorted(state.members.values(), key=lambda rec: rec.member_id)
+    ]
+
+
+def _assignments(state: GroupState, progress: Mapping[str, Progress]) -> list[dict[str, Any]]:
+    targets = state.target.owner_of() if state.target else {}
+    names = sorted(set(state.resources) | set(state.claims) | set(targets))
+    claims, done = state.claims, progress
+    return [
+        {
+            "resource": r,
+            "owner": claims[r].member_id if r in claims else None,
+            "epoch": claims[r].epoch if r in claims else None,
+            "target_owner": targets.get(r),
+            "progress_epoch": done[r].epoch if r in done else None,
+            "progress_member": done[r].member_id if r in done else None,
+        }
+        for r in names
+    ]
+
+
+def _status(backend: str, state: GroupState) -> dict[str, Any]:
+    members = _members(state)
+    counts = [m["owned"] for m in members if not m["leaving"]]  # leaving ones drain to 0
+    owners: dict[str, list[dict[str, Any]]] = {m["member_id"]: [] for m in members}
+    for name, claim in sorted(state.claims.items()):
+        owners.setdefault(claim.member_id, []).append({"resource": name, "epoch": claim.epoch})
+    coord, target = state.coordinator, state.target
+    return {
+        "group": state.group,
+        "backend": backend,
+        "members": members,
+        "coordinator": {"member_id": coord.member_id, "epoch": coord.epoch} if coord else None,
+        "target": None
+        if target is None
+        else {
+            "generation": target.generation,
+            "phase": str(target.phase),
+            "coordinator_epoch": target.coordinator_epoch,
+            "resources_version": target.resources_version,
+        },
+        "resources": {"count": len(state.resources), "version": state.resources_version},
+        "owners": owners,
+        "unowned": sorted(set(state.resources) - set(state.claims)),
+        "imbalance": max(counts) - min(counts) if counts else 0,
+        "stable": state.is_stable(),
+    }
+
+
+# -- printing -------------------------------------------------------------------------------
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [list(headers), *([_cell(v) for v in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _members_table(members: Sequence[Mapping[str, Any]]) -> str:
+    keys = ("member_id", "host", "pid", "spark_app_id", "coordinator", "leaving", "static")
+    heads = ("MEMBER", "HOST", "PID", "SPARK APP", "COORDINATOR", "LEAVING", "STATIC", "ACKED")
+    rows = [[m[k] for k in (*keys, "acked_generation", "owned")] for m in members]
+    return _table((*heads, "OWNED"), rows)
+
+
+def _print_status(status: Mapping[str, Any]) -> None:
+    coord, target, res = status["coordinator"], status["target"], status["resources"]
+    print(f"group {status['group']} on {status['backend']}")
+    leader = f"{coord['member_id']} (epoch {coord['epoch']})" if coord else "none"
+    print(f"coordinator: {leader}")
+    if target:
+        print(
+            f"target: generation {target['generation']}, phase {target['phase']}, "
+            f"coordinator epoch {target['coordinator_epoch']}"
+        )
+    else:
+        print("target: none published")
+    print(f"resources: {res['count']} (version {res['version']})")
+    print(f"imbalance: {status['imbalance']}, stable: {_cell(status['stable'])}")
+    if not status["members"]:
+        print(f"no members: no live member in group {status['group']}")
+    else:
+        print(f"\nmembers: {len(status['members'])}\n{_members_table(status['members'])}")
+    if status["owners"]:
+        print("\nowners:")
+        for member, claims in status["owners"].items():
+            held = ", ".join(f"{c['resource']} (epoch {c['epoch']})" for c in claims)
+            print(f"  {member}: {held or 'nothing'}")
+    print(f"unowned: {', '.join(status['unowned']) or 'none'}")
+
+
+def _emit(as_json: bool, data: object, human: Callable[[], None]) -> None:
+    if as_json:
+        print(json.dumps(_finite(data), sort_keys=True, allow_nan=False))
+    else:
+        human()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with open-ended times (infinite floats) as None, for strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    backend, state, _ = _snapshot(args)
+    status = _status(backend, state)
+    _emit(args.json, status, lambda: _print_status(status))
+    return EXIT_OK
+
+
+def _cmd_members(args: argparse.Namespace) -> int:
+    backend, state, _ = _snapshot(args)
+    members = _members(state)
+    empty = f"no members: no live member in group {state.group} on {backend}"
+    data = {"group": state.group, "backend": backend, "members": members}
+    _emit(args.json, data, lambda: print(_members_table(members) if members else empty))
+    return EXIT_OK
+
+
+def _cmd_assignments(args: argparse.Namespace) -> int:
+    backend, state, progress = _snapshot(args)
+    rows = _assignments(state, progress)
+    heads = ("RESOURCE", "OWNER", "EPOCH", "TARGET OWNER", "PROGRESS EPOCH")
+    keys = ("resource", "owner", "epoch", "target_owner", "progress_epoch")
+    table = _table(heads, [[r[k] for k in keys] for r in rows])
+    empty = f"no resources in group {state.group} on {backend}"
+    data = {"group": state.group, "backend": backend, "assignments": rows}
+    _emit(args.json, data, lambda: print(table if rows else empty))
+    return EXIT_OK
+
+
+def _audit() -> Any:
+    try:
+        from rebalancer_spark import audit
+    except ImportError as exc:
+        _fail(f"the audit commands need deltalake and pyarrow ({exc})")
+    return audit
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    group = validate_group(args.group) if args.group is not None else None
+    verdict = _audit().verify_table(args.path, group=group, tolerance=args.tolerance)
+    _emit(args.json, asdict(verdict), lambda: print(verdict.report()))
+    return EXIT_OK if verdict.ok else EXIT_CHECK_FAILED
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    group = validate_group(args.group) if args.group is not None else None
+    audit = _audit()
+    events = audit.load_events(args.path, group=group)
+    if args.resource is not None:
+        events = [e for e in events if e["resource"] == args.resource]
+    lines: list[str] = audit.history(events)
+    _emit(args.json, {"events": events}, lambda: print("\n".join(lines) or "no events"))
+    return EXIT_OK
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="the operator's view of a group and of its audit trail",
+        epilog=_EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, func, text in (
+        ("status", _cmd_status, "members, coordinator, epochs, who owns what, stability"),
+        ("members", _cmd_members, "the live members of a group"),
+        ("assignments", _cmd_assignments, "each resource's owner, target and progress epoch"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text, epilog=_EPILOG)
+        sub.add_argument("--group", required=True, help="the group name")
+        sub.add_argument(
+            "--backend", metavar="URL", help="the store (default: groups.db in $REBALANCER_HOME)"
+        )
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.set_defaults(func=func)
+    audit = commands.add_parser("audit", help="verify the Delta audit table or show its history")
+    audits = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
+    verify = audits.add_parser(
+        "verify", help="prove no resource had two owners at once", epilog=_EPILOG
+    )
+    verify.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="overlap allowed for clock skew between hosts (default 0)",
+    )
+    history = audits.add_parser("history", help="one line per ownership event", epilog=_EPILOG)
+    history.add_argument("--resource", help="show this resource only")
+    for sub, func in ((verify, _cmd_verify), (history, _cmd_history)):
+        sub.add_argument("path", metavar="PATH", help="the audit table's path or URL")
+        sub.add_argument("--group", help="this group only (default: every group)")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default: the command line); return the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except RebalancerError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+def run() -> NoReturn:
+    """The ``rebalancer-spark`` console script: :func:`main`, then end the process without
+    the native teardown that can abort it (see :mod:`rebalancer_spark.shutdown`)."""
+    exit_process(main())
+
+
+if __name__ == "__main__":
+    run()

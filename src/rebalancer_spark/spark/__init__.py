@@ -1,0 +1,1 @@
+"""Spark glue: options, the node on the driver, sources as DataFrames."""

@@ -1,0 +1,189 @@
+"""The rebalancer node on a Spark driver, and ``assigned_sources()`` for pipeline code.
+
+::
+
+    node = start(spark, job)              # joins the group on a background thread
+    for src in assigned_sources():        # anywhere in the driver: from memory, no round trip
+        df = src.read(spark)
+        ...
+        src.commit()
+    spark.stop()                          # stops the node first (graceful drain), then Spark
+
+The node stops with the Spark session: :func:`start` wraps this session's ``stop()`` so the
+member drains and leaves before Spark goes away, and registers an ``atexit`` hook for drivers
+that exit without stopping Spark. The Spark application id and name go into the member's info,
+so the group's status and the audit table say which application owned what.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rebalancer_spark.audit.delta import DeltaAuditLog
+from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.core.events import EventSink
+from rebalancer_spark.member import Member, OwnedResource
+from rebalancer_spark.sources import ResourceSource, open_source
+from rebalancer_spark.spark.options import JobConfig
+from rebalancer_spark.spark.source import AssignedSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["RebalancerNode", "assigned_sources", "current_node", "start"]
+
+log = logging.getLogger("rebalancer_spark.spark")
+
+
+class _Registry:
+    """The one node of this driver."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.node: RebalancerNode | None = None
+
+
+_registry = _Registry()
+
+
+class RebalancerNode:
+    """One job's member of its group, tied to its Spark session."""
+
+    def __init__(self, spark: SparkSession, job: JobConfig) -> None:
+        self.spark = spark
+        self.job = job
+        self.source: ResourceSource | None = open_source(job.source) if job.source else None
+        self.audit: DeltaAuditLog | None = DeltaAuditLog(job.audit) if job.audit else None
+        sc = spark.sparkContext
+        sinks: list[EventSink] = [self.audit] if self.audit is not None else []
+        self.member = Member(
+            job.member,
+            resources=None if job.resources is None else list(job.resources),
+            discover=None if self.source is None else self.source.discover,
+            discovery_interval=job.discovery_interval,
+            event_sinks=sinks,
+            info={"spark_app_id": str(sc.applicationId), "spark_app_name": str(sc.appName)},
+            on_revoked=self._forget,
+            on_lost=self._forget,
+        )
+        self._sources: dict[tuple[str, int], AssignedSource] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def start(self) -> RebalancerNode:
+        self.member.start()
+        _wrap_stop(self.spark, self)
+        atexit.register(self.stop)
+        log.info(
+            "member %s joined group %s (spark app %s)",
+            self.member.member_id,
+            self.member.group,
+            self.member.info.get("spark_app_id"),
+        )
+        return self
+
+    def stop(self) -> None:
+        """Drain and leave the group, then flush the audit log. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        atexit.unregister(self.stop)
+        try:
+            self.member.stop()
+        finally:
+            if self.audit is not None:
+                self.audit.close()
+            _forget_current(self)
+
+    def assigned_sources(self) -> list[AssignedSource]:
+        """What this job owns now, one :class:`AssignedSource` per resource, sorted."""
+        out: list[AssignedSource] = []
+        for owned in self.member.assigned():
+            key = (owned.resource, owned.epoch)
+            with self._lock:
+                src = self._sources.get(key)
+                if src is None:
+                    src = self._sources[key] = self._make(owned)
+            out.append(src)
+        return out
+
+    def _make(self, owned: OwnedResource) -> AssignedSource:
+        return AssignedSource(
+            group=self.member.group,
+            resource=owned.resource,
+            epoch=owned.epoch,
+            progress=owned.progress,
+            source=self.source,
+            commit=lambda resource, value, epoch: self.member.commit(resource, value, epoch=epoch),
+            before_first_read=self._audit_before_work,
+            format=self.job.format,
+            schema=self.job.schema,
+            read_options=dict(self.job.read_options),
+            max_files_per_batch=self.job.max_files_per_batch,
+        )
+
+    def _audit_before_work(self) -> None:
+        """The acquisition reaches the audit table before the first byte is read."""
+        if self.audit is not None and not self.audit.flush(timeout=30):
+            log.warning("audit table %s lags behind: %s", self.job.audit, self.audit.last_error)
+
+    def _forget(self, owned: Sequence[OwnedResource]) -> None:
+        with self._lock:
+            for o in owned:
+                self._sources.pop((o.resource, o.epoch), None)
+
+
+def start(spark: SparkSession, job: JobConfig) -> RebalancerNode:
+    """Start this driver's node (one per driver) and make it the one ``assigned_sources()``
+    answers from."""
+    with _registry.lock:
+        running = _registry.node
+        if running is not None:
+            raise RebalancerError(
+                f"this driver already runs a rebalancer node for group {running.member.group!r}: "
+                "stop it (or the Spark session) before starting another"
+            )
+        node = RebalancerNode(spark, job)
+        _registry.node = node
+    try:
+        return node.start()
+    except BaseException:
+        _forget_current(node)
+        raise
+
+
+def current_node() -> RebalancerNode:
+    """The node started by :func:`start` in this driver."""
+    node = _registry.node
+    if node is None:
+        raise RebalancerError(
+            "no rebalancer node runs in this driver: call rebalancer_spark.spark.start(spark, "
+            "job) first (the jobs in jobs/ do it from --group and the other options)"
+        )
+    return node
+
+
+def assigned_sources() -> list[AssignedSource]:
+    """What this driver's job owns now, answered from memory."""
+    return current_node().assigned_sources()
+
+
+def _forget_current(node: RebalancerNode) -> None:
+    with _registry.lock:
+        if _registry.node is node:
+            _registry.node = None
+
+
+def _wrap_stop(spark: SparkSession, node: RebalancerNode) -> None:
+    original = spark.stop
+
+    def stop(*args: Any, **kwargs: Any) -> None:
+        node.stop()
+        original(*args, **kwargs)
+
+    setattr(spark, "stop", stop)  # noqa: B010 - an instance attribute shadows the method

@@ -1,0 +1,226 @@
+"""Run one member as a process that works on what it owns and logs every step as JSON lines.
+
+::
+
+    python -m rebalancer_spark.testing.member_process --group g --backend sqlite:///tmp/g.db \
+        --member-id m1 --log /tmp/m1.jsonl [--resources a,b,c] [--option session_timeout=2]
+
+While it runs, it commits a counter per owned resource every ``--work-interval`` seconds
+(starting from the progress handed over by the previous owner), and appends to the log one
+line per ownership event (``acquired``, ``released``, ``lost``, ``fenced``) and per commit
+(``commit`` with ``ok`` true or false, ``started_at`` when the request began and ``at`` when
+its answer came: the store accepted it somewhere in between). Each line is flushed at once, so
+a process killed with -9 leaves everything it did up to that instant. SIGTERM makes it leave
+gracefully (drain). The multi-process tests and the benchmarks read these logs as independent
+witnesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from rebalancer_spark.core.config import MemberConfig
+from rebalancer_spark.core.errors import FencedError, RebalancerError
+from rebalancer_spark.core.events import EventSink, OwnershipEvent
+from rebalancer_spark.member import Member, OwnedResource, default_backend_url
+from rebalancer_spark.shutdown import exit_process
+
+__all__ = ["command", "main"]
+
+
+def command(
+    group: str,
+    backend: str,
+    member_id: str,
+    log: str | os.PathLike[str],
+    *,
+    resources: Sequence[str] | None = None,
+    work_interval: float | None = None,
+    audit: str | os.PathLike[str] | None = None,
+    options: Mapping[str, object] | None = None,
+) -> list[str]:
+    """The command line that runs this module as a member process with this interpreter.
+
+    ``options`` are :class:`MemberConfig` options (``{"session_timeout": 2}``), each passed as
+    ``--option key=value``; ``None`` leaves a flag out, so the process uses its default.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "rebalancer_spark.testing.member_process",
+        "--group",
+        group,
+        "--backend",
+        backend,
+        "--member-id",
+        member_id,
+        "--log",
+        os.fspath(log),
+    ]
+    if audit is not None:
+        cmd += ["--audit", os.fspath(audit)]
+    if work_interval is not None:
+        cmd += ["--work-interval", str(work_interval)]
+    for key, value in (options or {}).items():
+        cmd += ["--option", f"{key}={value}"]
+    if resources is not None:
+        cmd += ["--resources", ",".join(resources)]
+    return cmd
+
+
+class Trail:
+    """Appends JSON lines to a file, flushing each, from any thread."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, sort_keys=True)
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+    def event(self, event: OwnershipEvent) -> None:
+        self.write(
+            {
+                "kind": event.kind.value,
+                "group": event.group,
+                "resource": event.resource,
+                "member_id": event.member_id,
+                "session_id": event.session_id,
+                "epoch": event.epoch,
+                "at": event.at,
+                "observed_at": event.observed_at,
+                "reason": event.reason,
+            }
+        )
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="member_process", description=__doc__.split("\n")[0])
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--member-id", default=None)
+    parser.add_argument("--log", required=True, help="JSON-lines file to append to")
+    parser.add_argument("--resources", default=None, help="comma-separated resource ids")
+    parser.add_argument("--work-interval", type=float, default=0.05)
+    parser.add_argument("--audit", default=None, help="also append events to this Delta table")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any MemberConfig option, e.g. session_timeout=2",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    options: dict[str, object] = dict(o.split("=", 1) for o in args.option)
+    options.update({"group": args.group, "member_id": args.member_id, "backend": args.backend})
+    config = MemberConfig.from_mapping(options, default_backend=default_backend_url())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with open(args.log, "a", encoding="utf-8") as stream:
+        trail = Trail(stream)
+        counters: dict[tuple[str, int], int] = {}
+        lock = threading.Lock()
+
+        def assigned(owned: Sequence[OwnedResource]) -> None:
+            with lock:
+                for o in owned:
+                    start = o.progress if isinstance(o.progress, int) else 0
+                    counters.setdefault((o.resource, o.epoch), start)  # the loop may be ahead
+                    trail.write(
+                        {
+                            "kind": "handed",
+                            "resource": o.resource,
+                            "epoch": o.epoch,
+                            "progress": o.progress,
+                            "at": time.time(),
+                        }
+                    )
+
+        resources = None if args.resources is None else args.resources.split(",")
+        sinks: list[EventSink] = [trail.event]
+        audit = None
+        if args.audit is not None:
+            from rebalancer_spark.audit import DeltaAuditLog
+
+            audit = DeltaAuditLog(args.audit)
+            sinks.append(audit)
+        member = Member(config, resources=resources, on_assigned=assigned, event_sinks=sinks)
+        try:
+            member.start()
+        except RebalancerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        trail.write({"kind": "started", "member_id": member.member_id, "at": time.time()})
+        print("ready", flush=True)
+        while not stop.wait(args.work_interval):
+            for owned in member.assigned():
+                key = (owned.resource, owned.epoch)
+                with lock:
+                    # assigned() may list a resource a moment before on_assigned for it ran:
+                    # the progress handed over travels with the OwnedResource itself.
+                    handed = owned.progress if isinstance(owned.progress, int) else 0
+                    value = counters.get(key, handed) + 1
+                started = time.time()
+                try:
+                    member.commit(owned.resource, value, epoch=owned.epoch)
+                except FencedError as exc:
+                    trail.write(
+                        {
+                            "kind": "commit",
+                            "resource": owned.resource,
+                            "epoch": owned.epoch,
+                            "value": value,
+                            "ok": False,
+                            "started_at": started,
+                            "at": time.time(),
+                            "error": str(exc)[:200],
+                        }
+                    )
+                    continue
+                except RebalancerError as exc:
+                    trail.write(
+                        {
+                            "kind": "commit_error",
+                            "resource": owned.resource,
+                            "error": str(exc)[:200],
+                            "at": time.time(),
+                        }
+                    )
+                    continue
+                with lock:
+                    counters[key] = value
+                trail.write(
+                    {
+                        "kind": "commit",
+                        "resource": owned.resource,
+                        "epoch": owned.epoch,
+                        "value": value,
+                        "ok": True,
+                        "started_at": started,
+                        "at": time.time(),
+                    }
+                )
+        member.stop()
+        if audit is not None:
+            audit.close()
+        trail.write({"kind": "stopped", "member_id": member.member_id, "at": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())

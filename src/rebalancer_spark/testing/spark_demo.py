@@ -1,0 +1,276 @@
+"""Several concurrent ``spark-submit`` jobs in one group: the README's demo and the slow test.
+
+:func:`run_demo` generates a landing directory (one sub-directory per resource, CSV files in
+each), starts N ``spark-submit jobs/ingest_files.py`` applications in one group on a backend
+(the embedded SQLite file by default), shows the split, kills one driver with ``kill -9`` in
+the middle of the work, shows the take-over, waits until every file is committed, stops the
+others gracefully, and then proves the result: the ownership history and the verifier's verdict
+from the Delta audit table, and a check that every input row and file landed exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from rebalancer_spark.backends import Backend, open_backend
+from rebalancer_spark.core.model import GroupState
+from rebalancer_spark.sources.files import FileShareSource
+
+__all__ = ["DemoReport", "run_demo"]
+
+T = TypeVar("T")
+SCHEMA = "id STRING, value INT"
+
+
+@dataclass(slots=True)
+class DemoReport:
+    """What the demo saw and proved."""
+
+    files: int = 0
+    rows: int = 0
+    split: dict[str, list[str]] = field(default_factory=dict)
+    killed: str = ""
+    killed_resources: list[str] = field(default_factory=list)
+    takeover_seconds: float = 0.0
+    split_after: dict[str, list[str]] = field(default_factory=dict)
+    duplicate_rows: int = 0
+    missing_rows: int = 0
+    files_in_several_batches: int = 0
+    files_missing: int = 0
+    audit_ok: bool = False
+    audit_report: str = ""
+    history: list[str] = field(default_factory=list)
+    exit_codes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def exactly_once(self) -> bool:
+        return not (
+            self.duplicate_rows
+            or self.missing_rows
+            or self.files_in_several_batches
+            or self.files_missing
+        )
+
+
+def _wait(check: Callable[[], T | None], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)  # polling a store from outside the group, between checks
+
+
+def generate_landing(root: Path, dirs: int, files: int, rows: int) -> set[str]:
+    """``root/dir-NN/part-NNN.csv`` files of ``id,value`` rows; returns every id."""
+    ids: set[str] = set()
+    for d in range(dirs):
+        folder = root / f"dir-{d:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in range(files):
+            lines = []
+            for r in range(rows):
+                ident = f"{d:02d}-{f:03d}-{r:04d}"
+                ids.add(ident)
+                lines.append(f"{ident},{r}")
+            (folder / f"part-{f:03d}.csv").write_text("\n".join(lines) + "\n")
+    return ids
+
+
+class _Job:
+    """One spark-submit application of the group."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _split(state: GroupState) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {m: [] for m in state.members}
+    for resource, claim in sorted(state.claims.items()):
+        out.setdefault(claim.member_id, []).append(resource)
+    return out
+
+
+def run_demo(
+    workdir: Path,
+    *,
+    jobs: int = 3,
+    dirs: int = 12,
+    files: int = 8,
+    rows: int = 50,
+    backend: str | None = None,
+    session_timeout: float = 6.0,
+    master: str = "local[1]",
+    say: Callable[[str], None] = print,
+    timeout: float = 600.0,
+) -> DemoReport:
+    """Run the scenario in ``workdir`` (created fresh); see the module docstring."""
+    from rebalancer_spark.audit import history, load_events, verify_events
+
+    report = DemoReport()
+    workdir.mkdir(parents=True, exist_ok=True)
+    landing, output, audit = workdir / "landing", workdir / "output", workdir / "audit"
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    backend = backend or f"sqlite://{workdir.resolve()}/groups.db"
+    group = "demo"
+    ids = generate_landing(landing, dirs, files, rows)
+    report.files, report.rows = dirs * files, len(ids)
+    say(f"generated {dirs} directories x {files} files x {rows} rows in {landing}")
+
+    bin_dir = Path(sys.executable).parent
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    running: dict[str, _Job] = {}
+    store = open_backend(backend)
+    try:
+        for i in range(1, jobs + 1):
+            name = f"job-{i}"
+            cmd = [
+                str(bin_dir / "spark-submit"), "--master", master,
+                "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=512m",
+                "--conf", "spark.cores.max=1", "--conf", "spark.executor.memory=512m",
+                "--conf", f"spark.rebalancer.session-timeout={session_timeout}s",
+                str(repo / "jobs" / "ingest_files.py"),
+                "--group", group, "--backend", backend, "--member-id", name,
+                "--source", landing.resolve().as_uri() + "/", "--output", str(output),
+                "--audit", str(audit), "--schema", SCHEMA, "--max-files-per-batch", "2",
+                "--poll-interval", "0.5s", "--discovery-interval", "5s",
+            ]  # fmt: skip
+            running[name] = _Job(name, cmd, logs / f"{name}.log", env)
+            say(f"started {name}: spark-submit jobs/ingest_files.py --group {group} ...")
+
+        def live(count: int) -> GroupState | None:
+            for job in running.values():
+                if job.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{job.name} exited with {job.proc.returncode}:\n{job.tail()}"
+                    )
+            state = store.state(group)
+            active = [m for m in state.members.values() if not m.leaving]
+            return state if len(active) == count and state.is_stable() else None
+
+        state = _wait(lambda: live(jobs), timeout, f"{jobs} jobs to join and split the work")
+        report.split = _split(state)
+        say(f"\nthe split ({len(state.resources)} directories, {jobs} jobs):")
+        for member, resources in sorted(report.split.items()):
+            say(f"  {member}: {', '.join(resources)}")
+
+        victim = f"job-{min(2, jobs)}"
+        _wait(
+            lambda: _committed_batches(store, group, victim) >= 2,
+            timeout,
+            f"{victim} to commit some batches",
+        )
+        report.killed = victim
+        report.killed_resources = report.split.get(victim, [])
+        pid = int(store.state(group).members[victim].info["pid"])
+        os.kill(pid, signal.SIGKILL)  # the Python driver, where the member lives
+        killed_at = time.monotonic()
+        victim_job = running.pop(victim)
+        victim_job.proc.kill()  # and its spark-submit JVM
+        victim_job.proc.wait(60)
+        say(
+            f"\nkill -9 {victim} (driver pid {pid}), which owned {len(report.killed_resources)} "
+            "directories"
+        )
+        state = _wait(lambda: live(jobs - 1), timeout, "the others to take over")
+        report.takeover_seconds = time.monotonic() - killed_at
+        report.split_after = _split(state)
+        say(
+            f"taken over in {report.takeover_seconds:.1f} s (session timeout "
+            f"{session_timeout:g} s):"
+        )
+        for member, resources in sorted(report.split_after.items()):
+            say(f"  {member}: {', '.join(resources)}")
+
+        source = FileShareSource(landing.resolve().as_uri() + "/")
+        _wait(lambda: _all_committed(store, group, source), timeout, "every file to be committed")
+        say("\nevery file committed; stopping the jobs gracefully (SIGTERM)")
+        for name, job in running.items():
+            record = store.state(group).members.get(name)
+            if record is not None:
+                os.kill(int(record.info["pid"]), signal.SIGTERM)
+            report.exit_codes[name] = job.proc.wait(timeout=120)
+        running.clear()
+    finally:
+        for job in running.values():
+            job.proc.kill()
+            job.proc.wait(30)
+        store.close()
+
+    events = load_events(str(audit), group=group)
+    report.history = history(events)
+    verdict = verify_events(events)
+    report.audit_ok, report.audit_report = verdict.ok, verdict.report()
+    _check_output(report, output, ids, landing)
+    say("\nownership history (Delta audit table):")
+    for line in report.history:
+        say(f"  {line}")
+    say(f"\n{report.audit_report}")
+    say(
+        f"\nexactly once: {report.rows} rows in, duplicates {report.duplicate_rows}, missing "
+        f"{report.missing_rows}; {report.files} files in, in several batches "
+        f"{report.files_in_several_batches}, missing {report.files_missing} -> "
+        f"{'OK' if report.exactly_once else 'FAILED'}"
+    )
+    return report
+
+
+def _committed_batches(store: Backend, group: str, member: str) -> int:
+    state = store.state(group)
+    mine = [r for r, c in state.claims.items() if c.member_id == member]
+    progress = store.progress(group, mine)
+    return sum(int(p.value.get("next", 1)) - 1 for p in progress.values() if p.value)
+
+
+def _all_committed(store: Backend, group: str, source: FileShareSource) -> bool:
+    resources = [r.id for r in source.discover()]
+    progress = store.progress(group, resources)
+    for resource in resources:
+        value = progress[resource].value if resource in progress else None
+        if not value or value.get("batch") is not None:
+            return False
+        if set(value["done"]) != {f.name for f in source.files(resource)}:
+            return False
+    return True
+
+
+def _check_output(report: DemoReport, output: Path, ids: set[str], landing: Path) -> None:
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(output), format="parquet", partitioning="hive").to_table(
+        columns=["id", "_file", "resource", "batch"]
+    )
+    got = Counter(table.column("id").to_pylist())
+    report.duplicate_rows = sum(n - 1 for n in got.values() if n > 1)
+    report.missing_rows = len(ids - set(got))
+    batches_per_file: dict[str, set[tuple[str, int]]] = {}
+    for file, resource, batch in zip(
+        table.column("_file").to_pylist(),
+        table.column("resource").to_pylist(),
+        table.column("batch").to_pylist(),
+        strict=True,
+    ):
+        batches_per_file.setdefault(str(file), set()).add((str(resource), int(batch)))
+    report.files_in_several_batches = sum(1 for b in batches_per_file.values() if len(b) > 1)
+    inputs = {p.resolve().as_uri() for p in landing.rglob("*.csv")}
+    seen = {f.replace("file:///", "file:/") for f in batches_per_file}
+    report.files_missing = len({u.replace("file:///", "file:/") for u in inputs} - seen)
