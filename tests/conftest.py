@@ -1,0 +1,90 @@
+"""Fixtures shared by every test: backend URLs for the contract suite, fresh group names."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer_spark.backends import Backend, open_backend
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+# Each server backend's fixtures (real servers on free ports) live in their own plugin module.
+pytest_plugins = ["tests.servers.zookeeper", "tests.servers.redis"]
+
+# Every backend the contract suite (and every test taking ``backend_url``) runs against. A
+# backend whose server cannot be started here shows up as a visible skip with its reason,
+# never as a silent pass.
+BACKEND_KINDS = ["sqlite", "zookeeper", "redis"]
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def group(request: pytest.FixtureRequest) -> str:
+    """A group name no other test uses (stores are shared between tests of one session)."""
+    name = request.node.name.split("[")[0][-40:].replace("_", "-").strip("-")
+    return f"{name}-{os.getpid()}-{next(_counter)}"
+
+
+@pytest.fixture(params=BACKEND_KINDS)
+def backend_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    kind: str = request.param
+    if kind == "sqlite":
+        path = tmp_path_factory.mktemp("sqlite") / "groups.db"
+        return f"sqlite://{path}?poll=0.005"
+    # tests/servers/<kind>.py provides "<kind>_backend_url": a URL on a server it started.
+    url: str = request.getfixturevalue(f"{kind}_backend_url")
+    return url
+
+
+@pytest.fixture
+def open_store(backend_url: str) -> Iterator[Callable[[], Backend]]:
+    """Opens independent backend handles on the same store, as separate processes would."""
+    opened: list[Backend] = []
+
+    def factory() -> Backend:
+        handle = open_backend(backend_url)
+        opened.append(handle)
+        return handle
+
+    yield factory
+    for handle in opened:
+        handle.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[[], Backend]) -> Backend:
+    return open_store()
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    return tmp_path / "groups.db"
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The one SparkSession of this test process (local[2], no UI), started on first use."""
+    from pyspark.sql import SparkSession
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("rebalancer-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

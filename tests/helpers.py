@@ -1,0 +1,123 @@
+"""Helpers shared by the tests: waiting on a condition with a deadline, never sleeping."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import TypeVar
+
+from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.core.errors import BackendUnavailable
+from rebalancer_spark.core.model import (
+    CoordinatorRecord,
+    GroupState,
+    JsonValue,
+    Phase,
+    Progress,
+    Resource,
+    Target,
+)
+from rebalancer_spark.core.protocols import MemberView
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], *, timeout: float, what: str, interval: float = 0.01) -> T:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` after
+    ``timeout`` seconds, showing the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: T = condition()
+    while not last:
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+        time.sleep(interval)  # a poll interval between checks, not a synchronisation sleep
+        last = condition()
+    return last
+
+
+class FlakyStore(Backend):
+    """A real store that can be cut off from this one member, as if the network to it
+    dropped: while ``partitioned`` is set every call fails as an unreachable store does."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner.url)
+        self.inner = inner
+        self.partitioned = threading.Event()
+
+    def _reach(self) -> Backend:
+        if self.partitioned.is_set():
+            raise BackendUnavailable("the store is cut off by the test")
+        return self.inner
+
+    def renew(self, session: Session) -> None:
+        self._reach().renew(session)
+
+    def join(
+        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    ) -> Session:
+        return self._reach().join(group, member_id, info=info, ttl=ttl, static=static)
+
+    def set_leaving(self, session: Session) -> None:
+        self._reach().set_leaving(session)
+
+    def leave(self, session: Session) -> None:
+        self._reach().leave(session)
+
+    def state(self, group: str) -> GroupState:
+        return self._reach().state(group)
+
+    def member_view(self, session: Session) -> MemberView:
+        return self._reach().member_view(session)
+
+    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+        return self._reach().progress(group, resources)
+
+    def watch(self, group: str) -> Watch:
+        return self.inner.watch(group)
+
+    def elect(self, session: Session) -> CoordinatorRecord | None:
+        return self._reach().elect(session)
+
+    def publish(
+        self,
+        session: Session,
+        epoch: int,
+        assignment: Mapping[str, Collection[str]],
+        *,
+        phase: Phase,
+        resources_version: int,
+    ) -> Target:
+        return self._reach().publish(
+            session, epoch, assignment, phase=phase, resources_version=resources_version
+        )
+
+    def resign(self, session: Session, epoch: int) -> None:
+        self._reach().resign(session, epoch)
+
+    def update_resources(
+        self,
+        group: str,
+        *,
+        replace: Collection[Resource] | None = None,
+        add: Collection[Resource] = (),
+        remove: Collection[str] = (),
+    ) -> int:
+        return self._reach().update_resources(group, replace=replace, add=add, remove=remove)
+
+    def claim(
+        self, session: Session, resources: Collection[str], generation: int
+    ) -> dict[str, int]:
+        return self._reach().claim(session, resources, generation)
+
+    def release(self, session: Session, claims: Mapping[str, int]) -> None:
+        self._reach().release(session, claims)
+
+    def acknowledge(self, session: Session, generation: int) -> None:
+        self._reach().acknowledge(session, generation)
+
+    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
+        self._reach().commit(session, resource, epoch, progress)
+
+    def close(self) -> None:
+        self.inner.close()

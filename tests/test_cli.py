@@ -1,0 +1,254 @@
+"""The operator CLI, run as a user runs it: a subprocess against a real SQLite store prepared
+through the library, and against Delta audit tables written by DeltaAuditLog."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer_spark.backends import open_backend
+from rebalancer_spark.core.events import EventKind, OwnershipEvent
+from rebalancer_spark.core.model import Phase, Resource
+
+GROUP = "orders"
+T0 = 1_790_000_000.0
+
+
+def run(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REBALANCER_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "rebalancer_spark.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("rebalancer-spark: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """$REBALANCER_HOME holding a settled group: m1 (coordinator, owns a and b) and m2
+    (owns c); progress committed for a."""
+    url = f"sqlite://{tmp_path}/groups.db"
+    with open_backend(url) as store:
+        info = {"host": "h1", "pid": "101", "spark_app_id": "app-0001"}
+        m1 = store.join(GROUP, "m1", info=info, ttl=300, static=False)
+        m2 = store.join(GROUP, "m2", info={"host": "h2", "pid": "202"}, ttl=300, static=True)
+        coordinator = store.elect(m1)
+        assert coordinator is not None and coordinator.member_id == "m1"
+        version = store.update_resources(GROUP, replace=[Resource(r) for r in "abc"])
+        target = store.publish(
+            m1,
+            coordinator.epoch,
+            {"m1": ["a", "b"], "m2": ["c"]},
+            phase=Phase.RUNNING,
+            resources_version=version,
+        )
+        granted = store.claim(m1, ["a", "b"], target.generation)
+        assert store.claim(m2, ["c"], target.generation) == {"c": 1}
+        store.commit(m1, "a", granted["a"], {"offset": 42})
+    return tmp_path
+
+
+def test_status_names_members_coordinator_epoch_and_owners(home: Path) -> None:
+    result = run("status", "--group", GROUP, "--backend", f"sqlite://{home}/groups.db", home=home)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "coordinator: m1 (epoch 1)" in out
+    assert "m1: a (epoch 1), b (epoch 1)" in out
+    assert "m2: c (epoch 1)" in out
+    assert "app-0001" in out and "h2" in out
+    assert "stable: yes" in out and "imbalance: 1" in out and "unowned: none" in out
+    header = next(line for line in out.splitlines() if line.startswith("MEMBER"))
+    m2_row = next(line for line in out.splitlines() if line.startswith("m2 "))
+    assert header.index("HOST") == m2_row.index("h2"), "columns are aligned"
+
+
+def test_status_json_has_the_numbers(home: Path) -> None:
+    result = run("status", "--group", GROUP, "--json", home=home)  # default backend: $HOME
+    assert result.returncode == 0, result.stderr
+    status: dict[str, Any] = json.loads(result.stdout)
+    assert [m["member_id"] for m in status["members"]] == ["m1", "m2"]
+    m1, m2 = status["members"]
+    assert (m1["coordinator"], m1["owned"], m1["spark_app_id"]) == (True, 2, "app-0001")
+    assert (m2["static"], m2["leaving"], m2["owned"], m2["pid"]) == (True, False, 1, "202")
+    assert status["coordinator"] == {"member_id": "m1", "epoch": 1}
+    assert status["target"]["generation"] == 1 and status["target"]["phase"] == "running"
+    assert status["resources"] == {"count": 3, "version": 1}
+    assert status["owners"]["m2"] == [{"resource": "c", "epoch": 1}]
+    assert (status["unowned"], status["imbalance"], status["stable"]) == ([], 1, True)
+
+
+def test_status_shows_unowned_resources_and_instability(home: Path) -> None:
+    with open_backend(f"sqlite://{home}/groups.db") as store:
+        store.update_resources(GROUP, add=[Resource("d")])
+    result = run("status", "--group", GROUP, "--json", home=home)
+    status = json.loads(result.stdout)
+    assert (status["unowned"], status["stable"]) == (["d"], False)
+    human = run("status", "--group", GROUP, home=home).stdout
+    assert "unowned: d" in human and "stable: no" in human
+
+
+def test_members_and_assignments(home: Path) -> None:
+    members = json.loads(run("members", "--group", GROUP, "--json", home=home).stdout)
+    assert [m["member_id"] for m in members["members"]] == ["m1", "m2"]
+    table = run("assignments", "--group", GROUP, home=home)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == [
+        "RESOURCE",
+        "OWNER",
+        "EPOCH",
+        "TARGET",
+        "OWNER",
+        "PROGRESS",
+        "EPOCH",
+    ]
+    assert lines[1].split() == ["a", "m1", "1", "m1", "1"]
+    assert lines[3].split() == ["c", "m2", "1", "m2", "-"]
+    rows = json.loads(run("assignments", "--group", GROUP, "--json", home=home).stdout)
+    a = rows["assignments"][0]
+    assert (a["resource"], a["progress_epoch"], a["progress_member"]) == ("a", 1, "m1")
+
+
+@pytest.mark.parametrize("command", ["status", "members"])
+def test_unknown_group_has_no_members(home: Path, command: str) -> None:
+    result = run(command, "--group", "nobody", home=home)
+    assert result.returncode == 0, result.stderr
+    assert "no members" in result.stdout
+
+
+def test_missing_store_is_an_empty_group_and_is_not_created(tmp_path: Path) -> None:
+    where = tmp_path / "never" / "groups.db"
+    result = run("status", "--group", GROUP, "--backend", f"sqlite://{where}", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "no members" in result.stdout
+    assert not where.parent.exists()
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite://u:secret@host/x", "redis://:secret@h/0", "zk://u:secret@h:2181/x"]
+)
+def test_bad_backend_url_is_one_line_without_the_password(tmp_path: Path, url: str) -> None:
+    line = one_error_line(run("status", "--group", GROUP, "--backend", url, home=tmp_path))
+    assert "secret" not in line and "***" in line
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    assert "group name" in one_error_line(run("status", "--group", "a/b", home=tmp_path))
+    assert "--group" in one_error_line(run("members", home=tmp_path))
+    one_error_line(run(home=tmp_path))
+    one_error_line(
+        run("audit", "verify", str(tmp_path / "none"), "--tolerance", "x", home=tmp_path)
+    )
+    line = one_error_line(run("audit", "verify", str(tmp_path / "none"), home=tmp_path))
+    assert "no Delta audit table" in line
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database")
+    store = f"sqlite://{junk}"
+    assert "not an SQLite file" in one_error_line(
+        run("members", "--group", GROUP, "--backend", store, home=tmp_path)
+    )
+
+
+def test_help_and_version(tmp_path: Path) -> None:
+    result = run("--help", home=tmp_path)
+    assert result.returncode == 0
+    for word in ("status", "members", "assignments", "audit", "exit status"):
+        assert word in result.stdout
+    assert "verify" in run("audit", "--help", home=tmp_path).stdout
+    assert run("--version", home=tmp_path).stdout.startswith("rebalancer-spark ")
+
+
+# -- the audit table ------------------------------------------------------------------------
+
+
+def event(kind: EventKind, at: float, resource: str, member: str, epoch: int) -> OwnershipEvent:
+    return OwnershipEvent(
+        kind=kind,
+        group=GROUP,
+        resource=resource,
+        member_id=member,
+        session_id=f"{member}-s",
+        epoch=epoch,
+        at=at,
+        observed_at=at,
+        reason=f"{kind} by test",
+        info={"host": "h1", "pid": "1"},
+    )
+
+
+def audit_table(path: Path, events: list[OwnershipEvent]) -> str:
+    from rebalancer_spark.audit import DeltaAuditLog
+
+    with DeltaAuditLog(str(path), flush_interval=0) as log:
+        for item in events:
+            log(item)
+        assert log.flush(), log.last_error
+    return str(path)
+
+
+HANDOVER = [
+    event(EventKind.ACQUIRED, T0, "r", "m1", 1),
+    event(EventKind.ACQUIRED, T0, "s", "m2", 1),
+    event(EventKind.RELEASED, T0 + 1, "r", "m1", 1),
+    event(EventKind.ACQUIRED, T0 + 1.5, "r", "m2", 2),
+]
+
+
+def test_audit_verify_clean_table(tmp_path: Path) -> None:
+    path = audit_table(tmp_path / "audit", HANDOVER)
+    result = run("audit", "verify", path, "--group", GROUP, home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("audit OK")
+    verdict = json.loads(run("audit", "verify", path, "--json", home=tmp_path).stdout)
+    assert (verdict["ok"], verdict["events"], verdict["overlaps"]) == (True, 4, [])
+
+
+def test_audit_verify_overlap_fails(tmp_path: Path) -> None:
+    overlap = [
+        event(EventKind.ACQUIRED, T0, "r", "m1", 1),
+        event(EventKind.ACQUIRED, T0 + 1, "r", "m2", 2),
+        event(EventKind.RELEASED, T0 + 2, "r", "m1", 1),
+    ]
+    path = audit_table(tmp_path / "audit", overlap)
+    result = run("audit", "verify", path, home=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith("audit FAILED: 1 overlap")
+    verdict = json.loads(run("audit", "verify", path, "--json", home=tmp_path).stdout)
+    assert verdict["ok"] is False
+    assert verdict["overlaps"][0]["second"]["end"] is None  # still open: no Infinity in JSON
+    assert run("audit", "verify", path, "--tolerance", "5", home=tmp_path).returncode == 0
+
+
+def test_audit_history(tmp_path: Path) -> None:
+    path = audit_table(tmp_path / "audit", HANDOVER)
+    result = run("audit", "history", path, home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4
+    assert "released" in lines[2] and "member=m1" in lines[2] and "epoch=1" in lines[2]
+    only_r = run("audit", "history", path, "--resource", "r", home=tmp_path).stdout
+    assert len(only_r.splitlines()) == 3
+    data = json.loads(
+        run("audit", "history", path, "--json", "--group", GROUP, home=tmp_path).stdout
+    )
+    assert [e["kind"] for e in data["events"]][-1] == "acquired"
+    other = run("audit", "history", path, "--group", "other", home=tmp_path)
+    assert other.stdout.strip() == "no events"

@@ -1,0 +1,563 @@
+"""Members in one process against a real store: assignment, protocols, hand-off, fencing.
+
+Multi-process behaviour (kill -9, SIGSTOP) is in test_multiprocess.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from rebalancer_spark import (
+    EventKind,
+    FencedError,
+    Member,
+    MemberConfig,
+    MemberIdInUse,
+    OwnedResource,
+    OwnershipEvent,
+    ProtocolName,
+)
+from rebalancer_spark.backends import Backend, open_backend
+from rebalancer_spark.backends.base import Session, Watch
+from rebalancer_spark.core import audit
+from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
+from rebalancer_spark.core.model import GroupState, Resource
+from rebalancer_spark.core.protocols import MemberView
+from tests.helpers import FlakyStore, wait_for
+
+RESOURCES = [f"r{i:02d}" for i in range(12)]
+
+
+class Recorder:
+    """Collects one member's callbacks and events."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.assigned: list[str] = []
+        self.revoked: list[str] = []
+        self.lost: list[str] = []
+        self.events: list[OwnershipEvent] = []
+
+    def on_assigned(self, owned: Sequence[OwnedResource]) -> None:
+        with self.lock:
+            self.assigned.extend(o.resource for o in owned)
+
+    def on_revoked(self, owned: Sequence[OwnedResource]) -> None:
+        with self.lock:
+            self.revoked.extend(o.resource for o in owned)
+
+    def on_lost(self, owned: Sequence[OwnedResource]) -> None:
+        with self.lock:
+            self.lost.extend(o.resource for o in owned)
+
+    def sink(self, event: OwnershipEvent) -> None:
+        with self.lock:
+            self.events.append(event)
+
+
+class Group:
+    """Starts members of one group and stops them all at the end of a test."""
+
+    def __init__(self, backend_url: str, group: str) -> None:
+        self.url = backend_url
+        self.name = group
+        self.members: list[Member] = []
+        self.recorders: dict[str, Recorder] = {}
+        self.observer = open_backend(backend_url)
+
+    def config(self, **overrides: Any) -> MemberConfig:
+        values: dict[str, Any] = {
+            "group": self.name,
+            "backend": self.url,
+            "session_timeout": 2.0,
+            "stability_window": 0.05,
+            "max_rebalance_delay": 1.0,
+            "drain_timeout": 10.0,
+        }
+        values.update(overrides)
+        return MemberConfig(**values)
+
+    def start(
+        self,
+        member_id: str,
+        resources: list[str] | None = None,
+        backend: Backend | None = None,
+        **overrides: Any,
+    ) -> Member:
+        rec = Recorder()
+        member = Member(
+            self.config(member_id=member_id, **overrides),
+            resources=resources,
+            on_assigned=rec.on_assigned,
+            on_revoked=rec.on_revoked,
+            on_lost=rec.on_lost,
+            event_sinks=[rec.sink],
+            backend=backend,
+        )
+        member.start()
+        self.members.append(member)
+        self.recorders[member_id] = rec
+        return member
+
+    def state(self) -> GroupState:
+        return self.observer.state(self.name)
+
+    def wait_stable(self, members: int, timeout: float = 10.0) -> GroupState:
+        def check() -> GroupState | None:
+            state = self.state()
+            live = [m for m in state.members.values() if not m.leaving]
+            return state if len(live) == members and state.is_stable() else None
+
+        state = wait_for(check, timeout=timeout, what=f"a stable group of {members} members")
+        assert state is not None
+        return state
+
+    def wait_settled(self, members: int, timeout: float = 10.0) -> GroupState:
+        """Stable in the store *and* every member's memory caught up with its claims (the
+        store shows a claim a moment before the member thread has recorded it)."""
+        state = self.wait_stable(members, timeout)
+        for member in self.members:
+            if member.session is None:
+                continue
+            claimed = {r for r, c in state.claims.items() if c.member_id == member.member_id}
+            wait_for(
+                lambda m=member, c=claimed: {o.resource for o in m.assigned()} == c,  # type: ignore[misc]
+                timeout=timeout,
+                what=f"{member.member_id}'s memory to match its claims",
+            )
+        return state
+
+    def owners(self) -> dict[str, str]:
+        return {r: c.member_id for r, c in self.state().claims.items()}
+
+    def close(self) -> None:
+        for member in self.members:
+            member.stop(drain=False)
+        self.observer.close()
+
+
+@pytest.fixture
+def grp(backend_url: str, group: str) -> Iterator[Group]:
+    g = Group(backend_url, group)
+    yield g
+    g.close()
+
+
+def _counts(state: GroupState) -> Counter[str]:
+    return Counter(c.member_id for c in state.claims.values())
+
+
+def test_three_members_split_twelve_resources_evenly(grp: Group) -> None:
+    a = grp.start("a", RESOURCES)
+    grp.start("b")
+    grp.start("c")
+    state = grp.wait_stable(3)
+    assert sorted(_counts(state).values()) == [4, 4, 4]
+    assert set(state.claims) == set(RESOURCES)
+    wait_for(lambda: len(a.assigned()) == 4, timeout=5, what="a's memory to catch up")
+    assert {o.resource for o in a.assigned()} == {
+        r for r, c in state.claims.items() if c.member_id == "a"
+    }
+
+
+def test_a_join_moves_only_the_minimum_and_nothing_else_stops(grp: Group) -> None:
+    for name in "abc":
+        grp.start(name, RESOURCES if name == "a" else None)
+    grp.wait_settled(3)
+    before = grp.owners()
+    revoked_before = {n: list(r.revoked) for n, r in grp.recorders.items()}
+    grp.start("d")
+    state = grp.wait_stable(4)
+    after = grp.owners()
+    moved = [r for r in RESOURCES if before[r] != after[r]]
+    assert len(moved) == 3  # 12 resources, 3 -> 4 members: the minimum
+    assert sorted(_counts(state).values()) == [3, 3, 3, 3]
+    for name in "abc":
+        newly_revoked = grp.recorders[name].revoked[len(revoked_before[name]) :]
+        assert set(newly_revoked) <= set(moved), f"{name} stopped a resource that did not move"
+
+
+def test_graceful_leave_hands_over_and_releases_first(grp: Group) -> None:
+    a = grp.start("a", RESOURCES)
+    b = grp.start("b")
+    grp.wait_stable(2)
+    held_by_b = {o.resource for o in b.assigned()}
+    b.stop()
+    state = grp.wait_stable(1)
+    assert set(state.claims) == set(RESOURCES)
+    assert {c.member_id for c in state.claims.values()} == {"a"}
+    assert set(grp.recorders["b"].revoked) == held_by_b
+    kinds = {e.kind for e in grp.recorders["b"].events}
+    assert kinds == {EventKind.ACQUIRED, EventKind.RELEASED}
+    wait_for(lambda: len(a.assigned()) == 12, timeout=10, what="a's memory to hold all 12")
+
+
+@pytest.mark.parametrize("protocol", list(ProtocolName))
+def test_every_protocol_converges_after_joins_and_leaves(
+    grp: Group, protocol: ProtocolName
+) -> None:
+    a = grp.start("a", RESOURCES, protocol=protocol, barrier_timeout=5.0)
+    grp.start("b", protocol=protocol, barrier_timeout=5.0)
+    grp.wait_stable(2)
+    c = grp.start("c", protocol=protocol, barrier_timeout=5.0)
+    state = grp.wait_stable(3)
+    assert sorted(_counts(state).values()) == [4, 4, 4]
+    a.stop()
+    state = grp.wait_stable(2)
+    assert sorted(_counts(state).values()) == [6, 6]
+    b = grp.members[1]
+    wait_for(lambda: c.is_coordinator or b.is_coordinator, timeout=10, what="a new coordinator")
+
+
+def test_resource_barrier_stops_everything_on_each_rebalance(grp: Group) -> None:
+    protocol = ProtocolName.RESOURCE_BARRIER
+    grp.start("a", RESOURCES, protocol=protocol)
+    grp.start("b", protocol=protocol)
+    grp.wait_settled(2)
+    members = {m.member_id: m for m in grp.members}
+    held = {n: {o.resource for o in members[n].assigned()} for n in "ab"}
+    revoked = {n: len(grp.recorders[n].revoked) for n in "ab"}
+    grp.start("c", protocol=protocol)
+    grp.wait_stable(3)
+    for n in "ab":
+        assert set(grp.recorders[n].revoked[revoked[n] :]) == held[n]
+
+
+def test_cooperative_keeps_unmoved_resources_running(grp: Group) -> None:
+    grp.start("a", RESOURCES)
+    grp.start("b")
+    grp.wait_stable(2)
+    before = grp.state().claims
+    grp.start("c")
+    grp.wait_stable(3)
+    after = grp.state().claims
+    kept = [r for r in RESOURCES if before[r].member_id == after[r].member_id]
+    assert len(kept) == 8
+    assert all(before[r].epoch == after[r].epoch for r in kept)  # never re-claimed
+
+
+def test_progress_is_handed_to_the_next_owner(grp: Group) -> None:
+    a = grp.start("a", ["only"])
+    wait_for(lambda: a.owns("only"), timeout=10, what="a to own the resource")
+    a.commit("only", {"offset": 41})
+    a.commit("only", {"offset": 42})
+    b = grp.start("b")
+    grp.wait_stable(2)
+    a.stop()
+    owned = wait_for(lambda: b.owns("only"), timeout=10, what="b to take over")
+    assert owned is not None
+    assert owned.progress == {"offset": 42}
+    assert owned.epoch == 2
+    with pytest.raises(FencedError, match="does not own it"):
+        a.commit("only", {"offset": 43})
+
+
+def test_work_done_under_an_old_ownership_cannot_be_committed_under_a_new_one(
+    grp: Group,
+) -> None:
+    a = grp.start("a", ["only"])
+    first = wait_for(lambda: a.owns("only"), timeout=10, what="a to own the resource")
+    assert first is not None
+    a.remove_resources(["only"])
+    wait_for(lambda: a.owns("only") is None, timeout=10, what="the resource to go")
+    a.add_resources(["only"])
+    second = wait_for(
+        lambda: (o := a.owns("only")) is not None and o.epoch > first.epoch and o,
+        timeout=10,
+        what="a to own it again",
+    )
+    assert second
+    with pytest.raises(FencedError, match=f"epoch {first.epoch} refused.*epoch {second.epoch}"):
+        a.commit("only", "stale work", epoch=first.epoch)
+    a.commit("only", "fresh work", epoch=second.epoch)
+
+
+def test_active_backup_stays_quiet_while_backups_come_and_go(grp: Group) -> None:
+    active = grp.start("active", ["the-one"])
+    wait_for(lambda: active.owns("the-one"), timeout=10, what="the active to own it")
+    backups = [grp.start(f"backup{i}") for i in range(3)]
+    grp.wait_stable(4)
+    backups[0].stop()
+    backups[1].stop()
+    grp.start("backup9")
+    grp.wait_stable(3)
+    rec = grp.recorders["active"]
+    assert rec.assigned == ["the-one"] and rec.revoked == [] and rec.lost == []
+    assert all(grp.recorders[f"backup{i}"].assigned == [] for i in range(3))
+
+
+def test_a_live_static_id_is_refused_with_a_clear_error(grp: Group) -> None:
+    grp.start("a", RESOURCES)
+    with pytest.raises(MemberIdInUse, match=r"'a'.*--member-id"):
+        grp.start("a")
+
+
+def test_a_static_member_that_returns_within_the_grace_gets_its_part_back(grp: Group) -> None:
+    grp.start("a", RESOURCES, rejoin_grace=30.0)
+    b = grp.start("b", rejoin_grace=30.0)
+    grp.start("c", rejoin_grace=30.0)
+    grp.wait_stable(3)
+    before = grp.owners()
+    b_part = {r for r, m in before.items() if m == "b"}
+    assigned_before = {n: len(grp.recorders[n].assigned) for n in "ac"}
+    b.stop(drain=False)  # as if the job were restarted
+    wait_for(lambda: "b" not in grp.state().members, timeout=5, what="b to be gone")
+    assert not (set(grp.owners()) & b_part), "b's resources must wait for it, unowned"
+    grp.start("b", rejoin_grace=30.0)
+    grp.wait_stable(3)
+    assert grp.owners() == before
+    for n in "ac":
+        assert len(grp.recorders[n].assigned) == assigned_before[n]
+
+
+def test_dynamic_resources_are_added_and_removed_at_run_time(grp: Group) -> None:
+    a = grp.start("a", RESOURCES[:4])
+    grp.start("b")
+    grp.wait_stable(2)
+    a.add_resources(RESOURCES[4:8])
+    state = grp.wait_stable(2)
+    assert set(state.claims) == set(RESOURCES[:8])
+    owner_of_r0 = state.claims["r00"].member_id
+    a.remove_resources(["r00"])
+    state = grp.wait_stable(2)
+    assert "r00" not in state.claims
+    assert "r00" in grp.recorders[owner_of_r0].revoked
+    assert sorted(_counts(state).values()) == [3, 4]
+
+
+def test_discovery_on_the_coordinator_follows_the_source(grp: Group) -> None:
+    listing = [Resource("d1"), Resource("d2")]
+    failing = threading.Event()
+
+    def discover() -> list[Resource]:
+        if failing.is_set():
+            raise SourceError("share not mounted")
+        return list(listing)
+
+    rec = Recorder()
+    a = Member(
+        grp.config(member_id="a"),
+        discover=discover,
+        discovery_interval=0.05,
+        on_revoked=rec.on_revoked,
+    )
+    grp.members.append(a)
+    a.start()
+    wait_for(lambda: len(a.assigned()) == 2, timeout=10, what="the first listing")
+    listing[:] = [Resource("d2"), Resource("d3")]
+    wait_for(
+        lambda: {o.resource for o in a.assigned()} == {"d2", "d3"},
+        timeout=10,
+        what="the new listing to be owned",
+    )
+    assert rec.revoked == ["d1"]
+    failing.set()
+    wait_for(lambda: a.discovery_error is not None, timeout=10, what="the failed listing")
+    assert "share not mounted" in (a.discovery_error or "")
+    assert {o.resource for o in a.assigned()} == {"d2", "d3"}, "a failed listing revoked"
+    failing.clear()
+    wait_for(lambda: a.discovery_error is None, timeout=10, what="the listing to recover")
+
+
+def test_the_coordinator_role_moves_on_with_a_higher_epoch(grp: Group) -> None:
+    a = grp.start("a", RESOURCES)
+    wait_for(lambda: a.is_coordinator, timeout=10, what="a to coordinate")
+    first = a.coordinator_epoch
+    assert first is not None
+    b = grp.start("b")
+    grp.wait_stable(2)
+    a.stop()
+    wait_for(lambda: b.is_coordinator, timeout=10, what="b to take over coordination")
+    assert (b.coordinator_epoch or 0) > first
+    grp.wait_stable(1)
+
+
+def test_a_member_that_cannot_renew_stops_work_before_anyone_takes_over(grp: Group) -> None:
+    flaky = FlakyStore(open_backend(grp.url))
+    a = grp.start("a", RESOURCES, backend=flaky)
+    grp.start("b")
+    grp.wait_stable(2)
+    wait_for(lambda: len(a.assigned()) == 6, timeout=5, what="a's memory to catch up")
+    mine = {o.resource for o in a.assigned()}
+    takeover: dict[str, float] = {}
+    b_rec = grp.recorders["b"]
+    flaky.partitioned.set()
+    wait_for(lambda: set(grp.recorders["a"].lost) == mine, timeout=10, what="a to self-fence")
+    assert a.assigned() == []
+    with pytest.raises(FencedError):
+        a.commit(sorted(mine)[0], "late")
+    wait_for(lambda: mine <= set(b_rec.assigned), timeout=10, what="b to take a's resources")
+    lost_at = {e.resource: e.at for e in grp.recorders["a"].events if e.kind is EventKind.LOST}
+    for e in b_rec.events:
+        if e.kind is EventKind.ACQUIRED and e.resource in mine:
+            takeover[e.resource] = e.at
+    assert all(lost_at[r] <= takeover[r] for r in mine), (lost_at, takeover)
+    flaky.partitioned.clear()
+    wait_for(
+        lambda: a.state.value == "running" and a.session is not None, timeout=10, what="a to rejoin"
+    )
+    grp.wait_stable(2)
+    a.stop()
+    flaky.close()
+
+
+def test_a_lease_that_lapses_during_on_revoked_is_recorded_as_lost_at_its_deadline(
+    grp: Group,
+) -> None:
+    flaky = FlakyStore(open_backend(grp.url))
+    in_callback, may_return = threading.Event(), threading.Event()
+
+    def slow_revoke(owned: Sequence[OwnedResource]) -> None:
+        flaky.partitioned.set()  # a loses the store while its callback still runs
+        in_callback.set()
+        may_return.wait(30)
+
+    rec = Recorder()
+    a = Member(
+        grp.config(member_id="a"),
+        resources=RESOURCES[:4],
+        on_revoked=slow_revoke,
+        event_sinks=[rec.sink],
+        backend=flaky,
+    )
+    grp.members.append(a)
+    a.start()
+    wait_for(lambda: len(a.assigned()) == 4, timeout=10, what="a to own everything")
+    grp.start("b")
+    assert in_callback.wait(30), "on_revoked never ran"
+    grp.wait_stable(1, timeout=20)  # b owns everything while a's callback still runs
+    may_return.set()
+    wait_for(
+        lambda: (
+            {e.resource for e in rec.events if e.kind is not EventKind.ACQUIRED}
+            >= set(RESOURCES[:4])
+        ),
+        timeout=20,
+        what="a to end every ownership",
+    )
+    events = [
+        {
+            "kind": e.kind.value,
+            "resource": e.resource,
+            "member_id": e.member_id,
+            "session_id": e.session_id,
+            "epoch": e.epoch,
+            "at": e.at,
+        }
+        for e in rec.events + grp.recorders["b"].events
+    ]
+    assert audit.overlaps(audit.intervals(events)) == [], "a's ownership outlived its lease"
+    a.stop()
+    flaky.partitioned.clear()
+    flaky.close()
+
+
+class OnceFailingWatch(Watch):
+    """Fails its first wait after ``fail`` is set, then works again."""
+
+    def __init__(self, inner: Watch, fail: threading.Event, failed: list[int]) -> None:
+        self.inner, self.fail, self.failed, self.done = inner, fail, failed, False
+
+    def wait(self, timeout: float) -> bool:
+        if self.fail.is_set() and not self.done:
+            self.done = True
+            self.failed.append(1)
+            raise BackendUnavailable("disk I/O error (injected by the test)")
+        return self.inner.wait(timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FlakyWatches(FlakyStore):
+    """A store each of whose watches fails once after ``fail`` is set."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.fail = threading.Event()
+        self.failed: list[int] = []
+
+    def watch(self, group: str) -> Watch:
+        return OnceFailingWatch(super().watch(group), self.fail, self.failed)
+
+
+def test_a_failing_watch_does_not_stop_the_coordinator(grp: Group) -> None:
+    store = FlakyWatches(open_backend(grp.url))
+    a = grp.start("a", RESOURCES, backend=store)
+    wait_for(lambda: a.is_coordinator and len(a.assigned()) == 12, timeout=10, what="a alone")
+    store.fail.set()  # both of a's watches (coordinator and member thread) fail once
+    wait_for(lambda: len(store.failed) >= 2, timeout=10, what="a's watches to fail")
+    grp.start("b")
+    state = grp.wait_stable(2, timeout=20)
+    assert sorted(Counter(c.member_id for c in state.claims.values()).values()) == [6, 6]
+    a.stop()
+    store.close()
+
+
+class BrokenView(FlakyStore):
+    """A store whose member_view raises a bug-like error once ``broken`` is set."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.broken = threading.Event()
+
+    def member_view(self, session: Session) -> MemberView:
+        if self.broken.is_set():
+            raise RuntimeError("a bug in the member thread")
+        return super().member_view(session)
+
+
+def test_a_member_whose_thread_dies_gives_its_resources_up(grp: Group) -> None:
+    store = BrokenView(open_backend(grp.url))
+    a = grp.start("a", RESOURCES, backend=store)
+    grp.start("b")
+    grp.wait_settled(2)
+    store.broken.set()
+    a.add_resources(["r99"])  # a change wakes a's member thread, which then dies
+    wait_for(lambda: a.error is not None, timeout=10, what="a's member thread to fail")
+    state = grp.wait_stable(1, timeout=15)
+    assert set(state.claims) == {*RESOURCES, "r99"}
+    assert {c.member_id for c in state.claims.values()} == {"b"}
+    a.stop()
+    store.close()
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_an_unwritable_database_is_a_clear_error(tmp_path: Any) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a directory should be")
+    with pytest.raises(BackendUnavailable, match=r"not-a-dir/groups.db.*writable"):
+        open_backend(f"sqlite://{blocker}/groups.db")
+
+
+def test_a_file_that_is_not_ours_is_left_untouched(tmp_path: Any) -> None:
+    import sqlite3
+
+    path = tmp_path / "theirs.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE invoices(id INTEGER)")
+    conn.commit()
+    conn.close()
+    from rebalancer_spark.core.errors import CorruptStateError
+
+    with pytest.raises(CorruptStateError, match="invoices"):
+        open_backend(f"sqlite://{path}")
+    conn = sqlite3.connect(path)
+    assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["invoices"]
+    conn.close()
+
+
+def test_bad_options_are_refused_before_anything_starts(grp: Group) -> None:
+    with pytest.raises(ConfigurationError, match=r"sesion_timeout.*session_timeout"):
+        MemberConfig.from_mapping({"group": "g", "sesion_timeout": 3}, default_backend=grp.url)
+    with pytest.raises(ConfigurationError, match="group"):
+        MemberConfig(group="../escape", backend=grp.url)
+    with pytest.raises(ConfigurationError):
+        Member(grp.config(), resources=["ok", "bad\x00id"])

@@ -1,0 +1,778 @@
+"""Redis-specific behaviour the contract suite cannot pin down: key space, epochs across data
+loss, notifications, AUTH/ACL, TLS, secrets, scale, and faults of Redis itself.
+
+Servers come from tests/servers/redis.py; fault tests start their own so that they can kill,
+restart or pause it. Multi-process tests read the member processes' logs as witnesses.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import quote
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis.crc import key_slot
+
+from rebalancer_spark.backends import Backend, Capability, Session, open_backend
+from rebalancer_spark.backends.redis import RedisBackend
+from rebalancer_spark.backends.redis.runner import SCRIPT_MODULES
+from rebalancer_spark.core.errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    CorruptStateError,
+    FencedError,
+    MemberIdInUse,
+    SessionExpired,
+)
+from rebalancer_spark.core.model import MAX_RESOURCE_ID_BYTES, GroupState, Phase, Resource
+from tests.helpers import wait_for
+from tests.procs import MemberProcesses
+from tests.servers.redis import AclServer, RedisServer, TlsServer
+
+TTL = 30.0
+T = TypeVar("T")
+
+
+def _group() -> str:
+    return f"g-{uuid.uuid4().hex[:12]}"
+
+
+def _join(store: Backend, group: str, member: str, ttl: float = TTL) -> Session:
+    return store.join(group, member, info={"host": "test"}, ttl=ttl, static=False)
+
+
+def _lead(store: Backend, session: Session) -> int:
+    record = store.elect(session)
+    assert record is not None and record.session_id == session.session_id
+    return record.epoch
+
+
+def _cycle(store: Backend, group: str) -> None:
+    """Everything a member does once, through ``store``: proves a connection is usable."""
+    session = _join(store, group, "m1")
+    epoch = _lead(store, session)
+    store.update_resources(group, replace=[Resource("a")])
+    watch = store.watch(group)
+    try:
+        gen = store.publish(
+            session, epoch, {"m1": ["a"]}, phase=Phase.RUNNING, resources_version=1
+        ).generation
+        assert watch.wait(5), "the watch missed the publication"
+        assert store.claim(session, ["a"], gen) == {"a": 1}
+        store.commit(session, "a", 1, {"offset": 7})
+        assert store.progress(group, ["a"])["a"].value == {"offset": 7}
+    finally:
+        watch.close()
+    store.leave(session)
+
+
+@pytest.fixture
+def store(redis_backend_url: str) -> Iterator[Backend]:
+    with open_backend(redis_backend_url) as handle:
+        yield handle
+
+
+# -- the backend as registered -----------------------------------------------------------------
+
+
+def test_capabilities_and_options_are_declared(redis_backend_url: str) -> None:
+    with open_backend(
+        redis_backend_url,
+        require=[
+            Capability.PUSH_NOTIFICATIONS,
+            Capability.MULTI_HOST,
+            Capability.AUTHENTICATION,
+            Capability.PAUSE_TOLERANT,
+        ],
+    ) as handle:
+        assert isinstance(handle, RedisBackend)
+        assert Capability.DURABLE not in handle.capabilities  # progress is lost with Redis' data
+    with pytest.raises(ConfigurationError, match="timeout"):
+        open_backend(redis_backend_url + "?timout=3")
+
+
+def test_every_script_has_a_header_naming_keys_argv_and_returns() -> None:
+    for module in SCRIPT_MODULES:
+        source = inspect.getsource(module)
+        for name in module.__all__:
+            header = source[: source.index(f"\n{name} = ")].rsplit("\n\n", 1)[-1]
+            assert header.startswith(f"# {name} --"), f"{name} has no header comment"
+            for part in ("KEYS[1]", "ARGV", "Returns"):
+                assert part in header, f"the header of {name} does not state {part}"
+        ast.parse(source)
+
+
+def test_a_flushed_script_cache_is_reloaded(store: RedisBackend) -> None:
+    group = _group()
+    _join(store, group, "m1")
+    store.client.script_flush()
+    assert "m1" in store.state(group).members  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
+
+
+def test_a_join_retried_with_the_same_session_id_is_not_a_duplicate(store: RedisBackend) -> None:
+    group, sid = _group(), uuid.uuid4().hex
+    args = ["m1", sid, 30_000, "{}", "0", 0, "", 0, -1]
+    store.run("JOIN", group, args, "joining")
+    store.run("JOIN", group, args, "joining")  # the reply of the first was lost
+    assert store.state(group).members["m1"].session_id == sid
+
+
+def test_the_lease_is_a_key_whose_expiry_redis_decides(store: RedisBackend) -> None:
+    group = _group()
+    session = _join(store, group, "m1", ttl=4.0)
+    key = f"rb:{{{group}}}:lease:{session.session_id}"
+    assert 3000 < store.client.pttl(key) <= 4000
+    store.client.pexpire(key, 1)  # Redis, not the member, says when the lease is over
+    wait_for(lambda: "m1" not in store.state(group).members, timeout=5, what="lease expiry")
+    with pytest.raises(SessionExpired, match="'m1'"):
+        store.renew(session)
+
+
+# -- key space -----------------------------------------------------------------------------
+
+SPECIAL_IDS = [
+    "a:b",
+    "{group}",
+    "}{",
+    "rb:{other}:meta",
+    "*",
+    "?[a]*",
+    " ",
+    "with space",
+    "ключ/значение",
+    "🙂" * 256,
+    "x" * MAX_RESOURCE_ID_BYTES,
+    "lease:0123",
+]
+
+
+def _resource_ids() -> st.SearchStrategy[str]:
+    text = st.text(st.characters(codec="utf-8"), min_size=1, max_size=300)
+    return st.one_of(st.sampled_from(SPECIAL_IDS), text).filter(
+        lambda s: s.isprintable() and len(s.encode()) <= MAX_RESOURCE_ID_BYTES
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(ids=st.lists(_resource_ids(), min_size=1, max_size=8, unique=True))
+def test_resource_ids_stay_inside_the_group_key_space(
+    redis_session_server: RedisServer, ids: list[str]
+) -> None:
+    db = 9  # a database of its own, so that every key in it belongs to this test
+    with open_backend(redis_session_server.url(db)) as store:
+        assert isinstance(store, RedisBackend)
+        store.client.flushdb()
+        group = _group()
+        session = _join(store, group, "m:1@x")
+        epoch = _lead(store, session)
+        store.update_resources(group, replace=[Resource(i, 2.0) for i in ids])
+        gen = store.publish(
+            session, epoch, {"m:1@x": ids}, phase=Phase.RUNNING, resources_version=1
+        ).generation
+        assert store.claim(session, ids, gen) == dict.fromkeys(ids, 1)
+        for i in ids:
+            store.commit(session, i, 1, {"id": i})
+        state = store.state(group)
+        assert set(state.resources) == set(ids) and set(state.claims) == set(ids)
+        assert {r: p.value for r, p in store.progress(group, ids).items()} == {
+            i: {"id": i} for i in ids
+        }
+        assert store.member_view(session).target == frozenset(ids)
+        keys = list(store.client.scan_iter(count=1000))
+        head = f"rb:{{{group}}}:"
+        assert keys and all(k.startswith(head) for k in keys), keys
+        assert {key_slot(k.encode()) for k in keys} == {key_slot(f"{head}meta".encode())}
+        sid = session.session_id
+        assert {k[len(head) :] for k in keys} <= {
+            *["meta", "members", "sessions", "info", "acked", "leaving", "static", "ttl"],
+            *["resources", "tmembers", "owner", "epochs", "progress", "t:m:1@x"],
+            f"lease:{sid}",
+            f"held:{sid}",
+        }, "a resource id became part of a key name"
+        store.client.flushdb()
+
+
+@pytest.mark.parametrize("name", ["a{b}", "a:b", "", "a b", "x" * 129, "*"])
+def test_group_names_that_could_escape_the_key_space_are_refused(store: Backend, name: str) -> None:
+    with pytest.raises(ConfigurationError, match="group name"):
+        store.state(name)
+
+
+def test_a_foreign_key_in_the_group_space_is_reported_as_corrupt(store: RedisBackend) -> None:
+    group = _group()
+    _join(store, group, "m1")
+    store.client.delete(f"rb:{{{group}}}:members")
+    store.client.set(f"rb:{{{group}}}:members", "not a hash")
+    with pytest.raises(CorruptStateError, match="WRONGTYPE"):
+        store.state(group)
+
+
+def test_forged_session_ids_are_refused(store: Backend) -> None:
+    forged = Session(_group(), "m1", "../../x:{y}", 1.0)
+    with pytest.raises(SessionExpired, match="not issued"):
+        store.renew(forged)
+
+
+# -- notifications -------------------------------------------------------------------------------
+
+
+def test_a_watch_does_not_wake_by_itself(store: Backend) -> None:
+    group = _group()
+    lives = _join(store, group, "lives", ttl=1.0)
+    watch = store.watch(group)
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:
+            store.renew(lives)  # renewals publish nothing and are not expiries
+            assert watch.wait(0.1) is False
+    finally:
+        watch.close()
+
+
+def test_an_expiry_is_reported_even_when_a_write_comes_after_it(store: Backend) -> None:
+    group = _group()
+    _join(store, group, "dies", ttl=0.3)
+    watch = store.watch(group)
+    try:
+        wait_for(lambda: "dies" not in store.state(group).members, timeout=5, what="expiry")
+        store.update_resources(group, add=[Resource("x")])  # a write after the expiry
+        assert watch.wait(1) is True
+        assert watch.wait(0.3) is True, "the expiry itself was hidden by the later write"
+        assert watch.wait(0.3) is False, "an expiry is reported once"
+    finally:
+        watch.close()
+
+
+def test_the_watch_wakes_when_a_quarantine_ends(redis_server: RedisServer) -> None:
+    group, ttl = _group(), 0.8
+    with open_backend(redis_server.url()) as store:
+        assert isinstance(store, RedisBackend)
+        _lead(store, _join(store, group, "m1", ttl))
+        redis_server.restart()
+        session = wait_for(lambda: _rejoined(store, group, "m1", ttl), timeout=5, what="rejoin")
+        assert session is not None
+        stop = threading.Event()
+
+        def keep_renewing() -> None:
+            while not stop.wait(0.05):
+                store.renew(session)
+
+        renewer = threading.Thread(target=keep_renewing)
+        renewer.start()
+        watch = store.watch(group)
+        try:
+            started = time.monotonic()
+            assert watch.wait(5) is True
+            assert time.monotonic() - started < ttl + 0.5, "woke at the quarantine's end"
+            assert not store.client.exists(f"rb:{{{group}}}:quarantine")
+        finally:
+            stop.set()
+            renewer.join()
+            watch.close()
+
+
+def test_a_watch_survives_a_restart_and_never_raises(redis_server: RedisServer) -> None:
+    group = _group()
+    with open_backend(redis_server.url()) as store, open_backend(redis_server.url()) as other:
+        watch = store.watch(group)
+        try:
+            redis_server.kill()
+            started = time.monotonic()
+            watch.wait(0.5)  # the connection dropped: a change may be reported, no error
+            assert watch.wait(0.5) is False
+            assert time.monotonic() - started < 3
+            redis_server.start()
+            assert watch.wait(10) is True, "no wake-up after the reconnection"
+            other.update_resources(group, add=[Resource("a")])
+            assert wait_for(lambda: watch.wait(0.2), timeout=5, what="the next publication")
+        finally:
+            watch.close()
+
+
+def test_a_lease_gone_in_redis_before_its_local_deadline_is_reported(store: RedisBackend) -> None:
+    # The watch's deadline is Redis' expiry plus the reply's travel time, so a forced re-read
+    # (after a join message) can find a lease already gone that is not yet due locally: that
+    # expiry must be reported, not dropped with the old deadlines.
+    group = _group()
+    dying = _join(store, group, "dying")
+    watch = store.watch(group)
+    try:
+        store.client.pexpire(f"rb:{{{group}}}:lease:{dying.session_id}", 1)  # gone in Redis
+        wait_for(lambda: "dying" not in store.state(group).members, timeout=5, what="expiry")
+        _join(store, group, "other")  # a 'join': the watch reads every lease again
+        assert watch.wait(5) is True  # the join
+        assert watch.wait(1) is True, "the expiry found by the re-read was dropped"
+        assert watch.wait(0.3) is False, "an expiry is reported once"
+    finally:
+        watch.close()
+
+
+def test_watch_can_start_while_redis_is_down(redis_server: RedisServer) -> None:
+    with open_backend(redis_server.url()) as store:
+        redis_server.kill()
+        watch = store.watch(_group())
+        try:
+            assert watch.wait(0.2) is False
+            redis_server.start()
+            assert watch.wait(10) is True
+        finally:
+            watch.close()
+
+
+# -- epochs across data loss ---------------------------------------------------------------
+
+
+def _renewed(store: Backend, session: Session) -> bool:
+    try:
+        store.renew(session)
+    except BackendUnavailable:
+        return False
+    return True
+
+
+def _rejoined(store: Backend, group: str, member: str, ttl: float) -> Session | None:
+    try:
+        return _join(store, group, member, ttl)
+    except BackendUnavailable:
+        return None
+
+
+def test_epochs_keep_growing_and_stale_commits_stay_refused_after_data_loss(
+    redis_server: RedisServer,
+) -> None:
+    group, ttl = _group(), 1.5
+    a, b = open_backend(redis_server.url()), open_backend(redis_server.url())
+    try:
+        m1 = _join(a, group, "m1", ttl)
+        _join(b, group, "m2", ttl)
+        old_coordinator = _lead(a, m1)
+        a.update_resources(group, replace=[Resource("r"), Resource("s")])
+        gen = a.publish(
+            m1, old_coordinator, {"m1": ["r", "s"], "m2": []}, phase=Phase.RUNNING,
+            resources_version=1,
+        ).generation  # fmt: skip
+        old = a.claim(m1, ["r", "s"], gen)
+        a.commit(m1, "r", old["r"], "before")
+        assert b.state(group).claims["r"].member_id == "m1"
+
+        redis_server.restart()  # no persistence: everything is gone
+
+        with pytest.raises(FencedError, match="'r'"):
+            a.commit(m1, "r", old["r"], "stale")
+        new_m1 = wait_for(lambda: _rejoined(a, group, "m1", ttl), timeout=5, what="rejoin")
+        assert new_m1 is not None
+        state = b.state(group)
+        assert set(state.resources) == {"r", "s"}, "m1 re-declared the set it last saw"
+        new_m2 = _join(b, group, "m2", ttl)
+        epoch = _lead(b, new_m2)
+        assert epoch > old_coordinator
+        target = b.publish(
+            new_m2, epoch, {"m2": ["r", "s"], "m1": []}, phase=Phase.RUNNING,
+            resources_version=state.resources_version,
+        )  # fmt: skip
+        assert target.generation > gen
+        assert b.claim(new_m2, ["r"], target.generation) == {}, "granted during the quarantine"
+        started = time.monotonic()
+
+        def claim() -> dict[str, int]:
+            b.renew(new_m2)
+            return b.claim(new_m2, ["r", "s"], target.generation)
+
+        granted = wait_for(claim, timeout=5, what="the end of the quarantine")
+        assert time.monotonic() - started <= ttl + 0.5
+        assert granted["r"] > old["r"] and granted["s"] > old["s"]
+        for stale in (m1, new_m1):
+            with pytest.raises(FencedError, match="'m2'"):
+                a.commit(stale, "r", old["r"], "stale")
+        b.commit(new_m2, "r", granted["r"], "after")
+        assert a.progress(group, ["r"])["r"].value == "after"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_old_member_lifts_the_epochs_of_a_group_recreated_without_it(
+    redis_server: RedisServer,
+) -> None:
+    group, ttl = _group(), 1.0
+    with open_backend(redis_server.url()) as old, open_backend(redis_server.url()) as fresh:
+        session = _join(old, group, "old", ttl)
+        seen = [_lead(old, session)]
+        for _ in range(3):
+            old.resign(session, seen[-1])
+            seen.append(_lead(old, session))
+        redis_server.restart()
+        # A process that never saw the group recreates it: it cannot know better.
+        newcomer = wait_for(lambda: _rejoined(fresh, group, "new", ttl), timeout=5, what="join")
+        assert newcomer is not None and _lead(fresh, newcomer) == 1
+        fresh.resign(newcomer, 1)
+        # The old member rejoins and presents what it saw: epochs jump above it.
+        _join(old, group, "old", ttl)
+        assert _lead(fresh, newcomer) > max(seen)
+
+
+def test_a_restart_from_an_older_snapshot_hands_out_no_number_twice(
+    redis_server: RedisServer,
+) -> None:
+    # Redis' default persistence is RDB snapshots: after kill -9 it reloads the last one, with
+    # the same incarnation id, older counters and claims that were released since.
+    group, ttl = _group(), 1.5
+    with open_backend(redis_server.url()) as a, open_backend(redis_server.url()) as b:
+        assert isinstance(a, RedisBackend) and isinstance(b, RedisBackend)
+        a.update_resources(group, replace=[Resource("r")])
+        m1, m2 = _join(a, group, "m1", ttl), _join(b, group, "m2", ttl)
+        epoch = _lead(a, m1)
+        gen1 = a.publish(
+            m1, epoch, {"m1": ["r"], "m2": []}, phase=Phase.RUNNING, resources_version=1
+        ).generation
+        first = a.claim(m1, ["r"], gen1)
+        a.client.save()  # the snapshot, as a `save` rule would write it
+        a.release(m1, first)
+        gen2 = a.publish(
+            m1, epoch, {"m1": [], "m2": ["r"]}, phase=Phase.RUNNING, resources_version=1
+        ).generation
+        second = b.claim(m2, ["r"], gen2)
+        assert second["r"] > first["r"]
+        b.commit(m2, "r", second["r"], "after the snapshot")
+
+        redis_server.restart()  # kill -9, then the server loads the older snapshot
+        assert b.client.hget(f"rb:{{{group}}}:owner", "r") == m1.session_id, "no snapshot?"
+
+        with pytest.raises(SessionExpired):  # b saw numbers Redis no longer has: rejoin
+            wait_for(lambda: _renewed(b, m2), timeout=5, what="Redis to answer")
+        new_m2 = _join(b, group, "m2", ttl)
+        assert "r" not in b.state(group).claims, "the claim released after the snapshot is back"
+        with pytest.raises(SessionExpired):
+            a.member_view(m1)  # every session of the snapshot was ended
+        assert b.client.exists(f"rb:{{{group}}}:quarantine"), "no quarantine"
+        new_epoch = _lead(b, new_m2)
+        assert new_epoch > epoch
+        target = b.publish(
+            new_m2, new_epoch, {"m2": ["r"]}, phase=Phase.RUNNING, resources_version=1
+        )
+        assert target.generation > gen2
+        assert b.claim(new_m2, ["r"], target.generation) == {}, "granted during the quarantine"
+
+        def claim() -> dict[str, int]:
+            b.renew(new_m2)
+            return b.claim(new_m2, ["r"], target.generation)
+
+        granted = wait_for(claim, timeout=ttl + 5, what="the end of the quarantine")
+        assert granted["r"] > second["r"], "a resource epoch was handed out twice"
+        with pytest.raises(FencedError):
+            b.commit(m2, "r", second["r"], "stale")
+
+
+def test_a_server_up_since_before_the_loss_does_not_shorten_the_quarantine(
+    redis_server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # The URL comes to reach another, empty server that has been running for a while (a
+    # DNS/VIP switch to a standby, a promoted empty replica): its start time says nothing
+    # about when the group's data was lost, so the quarantine must run a full ttl from now.
+    standby = RedisServer(tmp_path / "standby")
+    standby.start()
+    request.addfinalizer(standby.stop)
+    group, ttl = _group(), 1.5
+    with open_backend(redis_server.url()) as store:
+        assert isinstance(store, RedisBackend)
+        _lead(store, _join(store, group, "m1", ttl))
+        with redis.Redis(port=standby.port) as peek:
+            wait_for(
+                lambda: int(peek.info("server")["uptime_in_seconds"]) >= ttl + 1.5,
+                timeout=10,
+                what="the standby to have been up a while",
+            )
+        redis_server.kill()
+        pool = store.client.connection_pool
+        pool.disconnect()
+        pool.connection_kwargs["port"] = standby.port  # the switch
+        pool.reset()
+        _join(store, group, "m1", ttl)
+        left = store.client.pttl(f"rb:{{{group}}}:quarantine")
+        assert left > ttl * 1000 - 500, f"quarantine of {left} ms after a switch"
+
+
+# -- security ----------------------------------------------------------------------------------
+
+
+def test_an_acl_user_can_do_everything_the_backend_needs(redis_acl_server: AclServer) -> None:
+    password = quote(redis_acl_server.password, safe="")
+    url = redis_acl_server.server.url(user="rebalancer", password=password)
+    with open_backend(url, require=[Capability.AUTHENTICATION]) as store:
+        _cycle(store, _group())
+        assert redis_acl_server.password not in repr(store)
+        # ... including what it does when Redis comes back empty.
+        group = _group()
+        old = _join(store, group, "m1", 1.0)
+        _lead(store, old)
+        store.update_resources(group, replace=[Resource("a")])
+        redis_acl_server.server.restart()
+        with pytest.raises(SessionExpired):
+            wait_for(lambda: _renewed(store, old), timeout=5, what="Redis to answer")
+        assert wait_for(lambda: _rejoined(store, group, "m1", 1.0), timeout=5, what="rejoin")
+        assert store.state(group).resources == {"a": Resource("a")}
+
+
+def test_another_acl_identity_is_kept_out_of_the_group(redis_acl_server: AclServer) -> None:
+    server, pw = redis_acl_server.server, redis_acl_server.intruder_password
+    with open_backend(server.url(user="intruder", password=pw)) as intruder:
+        with pytest.raises(BackendUnavailable, match="ACL user 'intruder'") as caught:
+            intruder.state(_group())
+        assert pw not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "password", ["wrong", "p@ss:w/rd#?", "s3cr3t-Pw:@#/?x-not", "ünïcødé-密码", "%41%42"]
+)
+def test_a_wrong_password_fails_at_open_without_showing_it(
+    redis_acl_server: AclServer, password: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = redis_acl_server.server.url(user="rebalancer", password=quote(password, safe=""))
+    with caplog.at_level("DEBUG"), pytest.raises(BackendUnavailable, match="credentials") as caught:
+        open_backend(url)
+    for shown in (str(caught.value), repr(caught.value), caplog.text):
+        assert password not in shown and quote(password, safe="") not in shown
+    assert "***" in str(caught.value)
+
+
+def test_no_credentials_is_a_clear_error(redis_acl_server: AclServer) -> None:
+    with pytest.raises(BackendUnavailable, match=r"credentials|NOAUTH|disabled"):
+        open_backend(redis_acl_server.server.url())
+
+
+@settings(max_examples=25, deadline=None)
+@given(secret=st.text(st.characters(codec="utf-8"), min_size=1, max_size=40))
+def test_secrets_never_appear_in_errors_or_reprs(secret: str) -> None:
+    password = "pw-" + secret  # "pw-" appears nowhere else in a message
+    url = f"redis://user:{quote(password, safe='')}@127.0.0.1:1/0?timeout=1&connect_timeout=1"
+    with pytest.raises((BackendUnavailable, ConfigurationError)) as caught:
+        open_backend(url)
+    shown = f"{caught.value} {caught.value!r}"
+    assert password not in shown and quote(password, safe="") not in shown
+
+
+def test_tls_with_a_verified_certificate(redis_tls: TlsServer) -> None:
+    files = redis_tls.files
+    with open_backend(redis_tls.server.url(query=f"ca_file={quote(str(files.ca))}")) as store:
+        _cycle(store, _group())
+    mutual = f"ca_file={files.ca}&cert_file={files.client_cert}&key_file={files.client_key}"
+    with open_backend(redis_tls.server.url(query=mutual)) as store:
+        _cycle(store, _group())
+
+
+def test_tls_refuses_a_certificate_from_an_unknown_ca(redis_tls: TlsServer) -> None:
+    url = redis_tls.server.url(query=f"ca_file={redis_tls.files.other_ca}&connect_timeout=3")
+    with pytest.raises(BackendUnavailable, match="certificate"):
+        open_backend(url)
+
+
+def test_tls_options_need_rediss_and_readable_files(redis_tls: TlsServer) -> None:
+    plain = redis_tls.server.url().replace("rediss://", "redis://")
+    with pytest.raises(ConfigurationError, match="rediss://"):
+        open_backend(f"{plain}?ca_file={redis_tls.files.ca}")
+    with pytest.raises(ConfigurationError, match="not a readable file"):
+        open_backend(redis_tls.server.url(query="ca_file=/nonexistent/ca.pem"))
+    with pytest.raises(BackendUnavailable):
+        open_backend(plain + "?timeout=2&connect_timeout=2")  # plain text to a TLS port
+
+
+# -- scale -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_100k_resources_and_100_members_publish_and_read_back(
+    redis_backend_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    group, n_res, n_mem = _group(), 100_000, 100
+    members = [f"m{i:03d}" for i in range(n_mem)]
+    ids = [f"s3://bucket/prefix/{i:06d}/" for i in range(n_res)]
+    assignment = {m: ids[k::n_mem] for k, m in enumerate(members)}
+    timings: dict[str, float] = {}
+
+    def timed(name: str, call: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        result = call()
+        timings[name] = time.perf_counter() - started
+        return result
+
+    with open_backend(redis_backend_url) as store:
+        assert isinstance(store, RedisBackend)
+        sessions = {m: _join(store, group, m) for m in members}
+        resources = [Resource(i) for i in ids]
+        timed("update_resources", lambda: store.update_resources(group, replace=resources))
+        epoch, lead = _lead(store, sessions[members[0]]), sessions[members[0]]
+        timed("publish", lambda: store.publish(lead, epoch, assignment, phase=Phase.RUNNING,
+                                               resources_version=1))  # fmt: skip
+        state = timed("state", lambda: store.state(group))
+        assert len(state.resources) == n_res and state.target is not None
+        assert state.target.assignment == {m: frozenset(rs) for m, rs in assignment.items()}
+        view = timed("member_view", lambda: store.member_view(sessions["m042"]))
+        assert view.target == frozenset(assignment["m042"])
+        granted = timed("claim 1000", lambda: store.claim(
+            sessions["m042"], assignment["m042"], view.generation))  # fmt: skip
+        assert len(granted) == n_res // n_mem
+        timed("republish", lambda: store.publish(lead, epoch, assignment, phase=Phase.RUNNING,
+                                                 resources_version=1))  # fmt: skip
+        store.client.delete(*store.client.keys(f"rb:{{{group}}}:*"))
+    with capsys.disabled():
+        print("\n100k x 100 on Redis:", ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+    assert sum(timings.values()) < 120
+
+
+# -- faults of member processes and of Redis itself -------------------------------------------
+
+FAULT_TTL = 2.0
+FAULT_RESOURCES = [f"res-{i:03d}" for i in range(24)]
+
+
+@pytest.fixture
+def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[MemberProcesses]:
+    members = MemberProcesses(
+        redis_server.url(),
+        _group(),
+        tmp_path,
+        observer_url=redis_server.url() + "?timeout=1&connect_timeout=1",
+        session_timeout=FAULT_TTL,
+        stability_window=0.05,
+    )
+    yield members
+    members.close()
+
+
+def _start_three(procs: MemberProcesses) -> GroupState:
+    procs.start("m0", FAULT_RESOURCES)
+    procs.start("m1")
+    procs.start("m2")
+    return procs.wait_stable(3, timeout=20)
+
+
+@pytest.mark.slow
+def test_kill_9_and_sigstop_of_members(procs: MemberProcesses) -> None:
+    _start_three(procs)
+    killed = time.monotonic()
+    procs.kill("m1")
+    state = procs.wait_stable(2, timeout=FAULT_TTL + 10, resources=FAULT_RESOURCES)
+    took = time.monotonic() - killed
+    assert set(state.claims) == set(FAULT_RESOURCES)
+    assert took < FAULT_TTL + 1.0, f"owned again {took:.2f} s after kill -9"
+    procs.signal("m2", signal.SIGSTOP)
+    stopped = time.monotonic()
+    state = procs.wait_stable(1, timeout=FAULT_TTL + 10, resources=FAULT_RESOURCES)
+    took = time.monotonic() - stopped
+    procs.signal("m2", signal.SIGCONT)
+    assert set(state.claims) == set(FAULT_RESOURCES)
+    assert took < FAULT_TTL + 1.0, f"owned again {took:.2f} s after SIGSTOP"
+    state = procs.wait_stable(2, timeout=FAULT_TTL + 10, resources=FAULT_RESOURCES)
+    assert set(state.claims) == set(FAULT_RESOURCES)
+    procs.assert_trail_is_clean()
+
+
+@pytest.mark.slow
+def test_a_redis_restart_without_persistence_loses_no_safety(
+    procs: MemberProcesses, redis_server: RedisServer
+) -> None:
+    before = _start_three(procs)
+    old_epochs = {r: c.epoch for r, c in before.claims.items()}
+    redis_server.restart()
+    recovered = time.monotonic()
+    state = procs.wait_stable(3, timeout=FAULT_TTL + 15, resources=FAULT_RESOURCES)
+    took = time.monotonic() - recovered
+    assert set(state.claims) == set(FAULT_RESOURCES)
+    assert all(state.claims[r].epoch > e for r, e in old_epochs.items()), "an epoch went back"
+    print(f"owned again {took:.2f} s after the restart")  # shown with -s
+    assert took < FAULT_TTL + 1.0, f"owned again {took:.2f} s after the restart"
+    procs.assert_trail_is_clean(progress_survives=False)  # lost with the data: documented
+
+
+@pytest.mark.slow
+def test_redis_paused_past_the_lease(procs: MemberProcesses, redis_server: RedisServer) -> None:
+    before = _start_three(procs)
+    redis_server.pause()
+    paused = time.monotonic()
+    try:
+
+        def all_stopped() -> bool:
+            lost = {r["resource"] for r in procs.records() if r["kind"] == "lost"}
+            return lost >= set(before.claims) and time.monotonic() - paused > FAULT_TTL + 0.5
+
+        wait_for(all_stopped, timeout=FAULT_TTL + 10, what="every member to stop its work")
+    finally:
+        redis_server.resume()
+    resumed = time.monotonic()
+    state = procs.wait_stable(3, timeout=FAULT_TTL + 15, resources=FAULT_RESOURCES)
+    took = time.monotonic() - resumed
+    assert set(state.claims) == set(FAULT_RESOURCES)
+    print(f"owned again {took:.2f} s after SIGCONT")  # shown with -s
+    assert took < FAULT_TTL + 1.0, f"owned again {took:.2f} s after SIGCONT"
+    procs.assert_trail_is_clean()
+
+
+def test_concurrent_handles_claim_each_resource_once(redis_backend_url: str) -> None:
+    group = _group()
+    with open_backend(redis_backend_url) as a, open_backend(redis_backend_url) as b:
+        s1, s2 = _join(a, group, "m1"), _join(b, group, "m2")
+        epoch = _lead(a, s1)
+        gen = a.publish(
+            s1, epoch, {"m1": ["x"], "m2": ["x"]}, phase=Phase.RUNNING, resources_version=0
+        ).generation  # a broken target giving x to both: the store still grants it once
+        results: list[dict[str, int]] = []
+        threads = [
+            threading.Thread(target=lambda h=h, s=s: results.append(h.claim(s, ["x"], gen)))
+            for h, s in ((a, s1), (b, s2))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(len(r) for r in results) == [0, 1]
+
+
+def test_a_duplicate_member_id_names_the_holder(store: Backend) -> None:
+    group = _group()
+    store.join(group, "m1", info={"host": "h1", "pid": "42"}, ttl=TTL, static=True)
+    with pytest.raises(MemberIdInUse, match=r"'m1'.*host h1, pid 42"):
+        _join(store, group, "m1")
+
+
+def test_an_evicting_server_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
+) -> None:
+    server = RedisServer(tmp_path / "evicting", ["--maxmemory", "64mb", "--maxmemory-policy",
+                                                "volatile-lru"])  # fmt: skip
+    server.start()
+    request.addfinalizer(server.stop)
+    with caplog.at_level("WARNING"), open_backend(server.url()):
+        pass
+    assert "maxmemory-policy noeviction" in caplog.text
+
+
+def test_an_unreachable_server_is_a_clear_error() -> None:
+    with pytest.raises(BackendUnavailable, match=r"redis://127\.0\.0\.1:1/0.*cannot be reached"):
+        open_backend("redis://127.0.0.1:1/0?connect_timeout=1")
+
+
+def test_closed_backend_refuses_calls(redis_backend_url: str) -> None:
+    store = open_backend(redis_backend_url)
+    store.close()
+    store.close()
+    with pytest.raises(BackendUnavailable, match="closed"):
+        store.state(_group())
+
+
+def test_raw_keys_are_only_under_the_prefix(store: RedisBackend) -> None:
+    group = _group()
+    _cycle(store, group)
+    keys = [str(k) for k in store.client.keys(f"*{group}*")]
+    assert keys and all(k.startswith(f"rb:{{{group}}}:") for k in keys)
+    assert isinstance(store.client, redis.Redis)

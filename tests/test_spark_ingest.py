@@ -1,0 +1,250 @@
+"""The Spark glue on this process's one SparkSession: file source, batches, ingest, audit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark.audit import verify_table
+from rebalancer_spark.core.errors import ConfigurationError, RebalancerError, SourceError
+from rebalancer_spark.sources import open_source
+from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.spark.ingest import run_ingest
+from rebalancer_spark.spark.options import JobConfig
+from rebalancer_spark.spark.session import assigned_sources, start
+from rebalancer_spark.spark.source import AssignedSource
+from tests.helpers import wait_for
+
+# Spark's collect() leaves its local socket to the garbage collector.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
+)
+
+
+def _landing(root: Path, dirs: int, files: int, rows: int = 3) -> set[str]:
+    """CSV files ``id,value`` under root/dNN/; returns every id written."""
+    ids: set[str] = set()
+    for d in range(dirs):
+        for f in range(files):
+            path = root / f"d{d:02d}" / f"part-{f:03d}.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lines = []
+            for r in range(rows):
+                ident = f"d{d:02d}-{f:03d}-{r}"
+                ids.add(ident)
+                lines.append(f"{ident},{r}")
+            path.write_text("\n".join(lines) + "\n")
+    return ids
+
+
+# -- the file-share source ------------------------------------------------------------------
+
+
+def test_sub_directories_are_resources_and_hidden_names_are_ignored(tmp_path: Path) -> None:
+    for name in ("b", "a", ".hidden", "_temporary"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "a" / "x.csv").write_text("1\n")
+    (tmp_path / "a" / "deep").mkdir()
+    (tmp_path / "a" / "deep" / "y.csv").write_text("2\n")
+    (tmp_path / "a" / ".x.csv.tmp").write_text("partial")
+    (tmp_path / "a" / "_SUCCESS").write_text("")
+    (tmp_path / "file-at-top.csv").write_text("")
+    source = open_source(tmp_path.as_uri() + "/")
+    assert isinstance(source, FileShareSource)
+    assert [r.id for r in source.discover()] == ["a", "b"]
+    assert [f.name for f in source.files("a")] == ["deep/y.csv", "x.csv"]
+    assert source.location("a") == (tmp_path / "a").as_uri() + "/"
+    with pytest.raises(SourceError, match="leave the directory"):
+        source.files("../outside")
+
+
+def test_an_unreachable_share_is_a_source_error(tmp_path: Path) -> None:
+    source = FileShareSource((tmp_path / "not-mounted").as_uri() + "/")
+    with pytest.raises(SourceError, match=r"not-mounted.*mounted"):
+        source.discover()
+    with pytest.raises(ConfigurationError, match="file:///"):
+        FileShareSource("file://host/dir/")
+
+
+def test_weights_can_be_bytes(tmp_path: Path) -> None:
+    (tmp_path / "big").mkdir()
+    (tmp_path / "small").mkdir()
+    (tmp_path / "big" / "f").write_bytes(b"x" * 1000)
+    (tmp_path / "small" / "f").write_bytes(b"x" * 10)
+    source = FileShareSource(tmp_path.as_uri() + "/", weigh="bytes")
+    assert {r.id: r.weight for r in source.discover()} == {"big": 1000.0, "small": 10.0}
+
+
+# -- batches, fenced -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def members(tmp_path: Path, group: str) -> Iterator[dict[str, Any]]:
+    ctx: dict[str, Any] = {
+        "url": f"sqlite://{tmp_path}/groups.db?poll=0.005",
+        "group": group,
+        "started": [],
+    }
+    yield ctx
+    for m in ctx["started"]:
+        m.stop(drain=False)
+
+
+def _member(ctx: dict[str, Any], name: str, **kw: Any) -> Member:
+    config = MemberConfig(
+        group=ctx["group"],
+        backend=ctx["url"],
+        member_id=name,
+        session_timeout=2.0,
+        stability_window=0.02,
+    )
+    m = Member(config, **kw).start()
+    ctx["started"].append(m)
+    return m
+
+
+def _source_for(member: Member, resource: str, source: FileShareSource) -> AssignedSource:
+    owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
+    assert owned is not None
+    return AssignedSource(
+        group=member.group,
+        resource=resource,
+        epoch=owned.epoch,
+        progress=owned.progress,
+        source=source,
+        commit=lambda r, v, e: member.commit(r, v, epoch=e),
+        before_first_read=lambda: None,
+        schema="id STRING, value INT",
+        max_files_per_batch=2,
+    )
+
+
+def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    _landing(landing, dirs=1, files=5)
+    source = FileShareSource(landing.as_uri() + "/")
+    output = str(tmp_path / "out")
+    a = _member(members, "a", resources=["d00"])
+    src_a = _source_for(a, "d00", source)
+    df = src_a.read(spark)
+    assert df is not None
+    first = src_a.batch
+    assert first is not None and first.files == ("part-000.csv", "part-001.csv")
+    description = spark.sparkContext.getLocalProperty("spark.job.description")
+    assert f"group={members['group']} resource=d00 epoch={src_a.epoch} batch=1" in description
+    df.write.mode("overwrite").parquet(src_a.output_path(output))
+    # a dies between writing and committing; b takes over.
+    b = _member(members, "b")
+    a.stop(drain=False)
+    src_b = _source_for(b, "d00", source)
+    assert src_b.epoch > src_a.epoch
+    assert src_b.batch == first, "the unfinished batch is handed over as planned"
+    with pytest.raises(FencedError):
+        src_a.commit()
+    while (df := src_b.read(spark)) is not None:
+        df.write.mode("overwrite").parquet(src_b.output_path(output))
+        src_b.commit()
+    assert src_b.pending_files() == []
+    out = spark.read.parquet(output)
+    assert out.count() == 15
+    assert out.select("id").distinct().count() == 15
+    assert sorted(r["batch"] for r in out.select("batch").distinct().collect()) == [1, 2, 3]
+
+
+def test_reading_without_a_file_source_says_what_to_do(members: dict[str, Any]) -> None:
+    a = _member(members, "a", resources=["q1"])
+    owned = wait_for(lambda: a.owns("q1"), timeout=10, what="q1 owned")
+    assert owned is not None
+    src = AssignedSource(
+        group=a.group,
+        resource="q1",
+        epoch=owned.epoch,
+        progress=None,
+        source=None,
+        commit=lambda r, v, e: a.commit(r, v, epoch=e),
+        before_first_read=lambda: None,
+    )
+    with pytest.raises(RebalancerError, match="--source"):
+        src.pending_files()
+    src.commit({"offset": 7})
+    assert src.progress == {"offset": 7}
+
+
+# -- the node on the driver and the ingest loop ------------------------------------------------
+
+
+def test_assigned_sources_without_a_node_is_a_clear_error() -> None:
+    with pytest.raises(RebalancerError, match=r"start\(spark, job\)"):
+        assigned_sources()
+
+
+def test_one_job_ingests_every_file_exactly_once_and_audits_it(
+    spark: Any, tmp_path: Path, group: str
+) -> None:
+    landing = tmp_path / "landing"
+    ids = _landing(landing, dirs=3, files=4)
+    output = tmp_path / "out"
+    audit = tmp_path / "audit"
+    job = JobConfig(
+        member=MemberConfig(
+            group=group,
+            backend=f"sqlite://{tmp_path}/groups.db?poll=0.005",
+            member_id="driver-1",
+            session_timeout=3.0,
+            stability_window=0.02,
+        ),
+        source=landing.as_uri() + "/",
+        output=str(output),
+        audit=str(audit),
+        schema="id STRING, value INT",
+        max_files_per_batch=3,
+        poll_interval=0.05,
+        discovery_interval=0.2,
+    )
+    node = start(spark, job)
+    stop = threading.Event()
+    result: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: result.append(run_ingest(spark, node, str(output), stop))
+    )
+    runner.start()
+    try:
+        wait_for(
+            lambda: (
+                len(assigned_sources()) == 3
+                and all(not s.pending_files() and s.batch is None for s in assigned_sources())
+            ),
+            timeout=120,
+            what="every file to be ingested",
+        )
+        # A directory that appears later is discovered and ingested too.
+        ids |= {f"late-{r}" for r in range(2)}
+        late = landing / "d99"
+        late.mkdir()
+        (late / ".part.tmp").write_text("late-0,0\nlate-1,1\n")
+        (late / ".part.tmp").rename(late / "part.csv")
+        wait_for(
+            lambda: any(
+                s.resource == "d99" and s.batch is None and not s.pending_files()
+                for s in assigned_sources()
+            ),
+            timeout=60,
+            what="the late directory to be ingested",
+        )
+    finally:
+        stop.set()
+        runner.join(60)
+        node.stop()
+    out = spark.read.parquet(str(output))
+    got = [r["id"] for r in out.select("id").collect()]
+    assert sorted(got) == sorted(ids), "every input row exactly once"
+    assert result and result[0].fenced == 0
+    verdict = verify_table(str(audit), group=group)
+    assert verdict.ok and verdict.resources == 4

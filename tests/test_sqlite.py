@@ -1,0 +1,84 @@
+"""SQLite-specific behaviour the contract suite cannot pin down: clocks, boots, foreign files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rebalancer_spark.backends.sqlite import SqliteBackend
+from rebalancer_spark.core.clock import ManualClock
+from rebalancer_spark.core.urls import parse_backend_url
+
+
+def _pair(path: Path, clock: ManualClock) -> tuple[SqliteBackend, SqliteBackend]:
+    url = parse_backend_url(f"sqlite://{path}?poll=0.001")
+    return SqliteBackend(url, clock=clock), SqliteBackend(url, clock=clock)
+
+
+def test_an_expiry_is_reported_even_when_other_writes_come_after_it(sqlite_path: Path) -> None:
+    clock = ManualClock()
+    store, other = _pair(sqlite_path, clock)
+    store.join("g", "dies", info={}, ttl=1.0, static=False)
+    lives = other.join("g", "lives", info={}, ttl=30.0, static=False)
+    watch = store.watch("g")
+    try:
+        assert watch.wait(0.01) is False
+        clock.advance(1.5)  # "dies" has expired ...
+        other.renew(lives)  # ... and an unrelated write changes the file afterwards
+        assert watch.wait(0.2) is True, "the expiry was hidden by the later renewal"
+        assert watch.wait(0.01) is False, "an expiry is reported once"
+    finally:
+        watch.close()
+        store.close()
+        other.close()
+
+
+def test_leases_are_judged_on_the_injected_clock(sqlite_path: Path) -> None:
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    session = store.join("g", "m", info={}, ttl=5.0, static=False)
+    clock.advance(4.9)
+    store.renew(session)
+    clock.advance(4.9)
+    assert "m" in store.state("g").members
+    clock.advance(0.2)
+    assert "m" not in store.state("g").members
+
+
+def test_sessions_of_a_previous_boot_are_dead(sqlite_path: Path) -> None:
+    import sqlite3
+
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    store.join("g", "m", info={}, ttl=600.0, static=False)
+    store.close()
+    conn = sqlite3.connect(sqlite_path)
+    conn.execute("UPDATE rebalancer_meta SET value='another-boot' WHERE key='boot_id'")
+    conn.commit()
+    conn.close()
+    reopened, _ = _pair(sqlite_path, clock)
+    assert reopened.state("g").members == {}
+
+
+def test_opening_and_reading_need_no_write_lock(sqlite_path: Path) -> None:
+    import sqlite3
+
+    from rebalancer_spark.core.errors import BackendUnavailable
+
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    store.join("g", "m", info={}, ttl=30.0, static=False)
+    paused = sqlite3.connect(sqlite_path, isolation_level=None)
+    paused.execute("BEGIN IMMEDIATE")  # as a member SIGSTOPped inside a write would
+    try:
+        url = parse_backend_url(f"sqlite://{sqlite_path}?busy_timeout=0.2")
+        observer = SqliteBackend(url, clock=clock)
+        assert set(observer.state("g").members) == {"m"}
+        with pytest.raises(BackendUnavailable, match="locked"):
+            observer.update_resources("g", replace=[])
+        observer.close()
+    finally:
+        paused.execute("ROLLBACK")
+        paused.close()
+        store.close()

@@ -1,0 +1,875 @@
+"""The ZooKeeper backend's own tests: negotiated timeouts, escaping, the 1 MB limit, security,
+corrupt data, watches, connection loss and session expiry, and faults of a 3-server ensemble.
+
+The shared contract suite (tests/contract) and the member tests run against this backend too;
+these tests cover what only ZooKeeper has.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import make_digest_acl_credential
+
+from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
+from rebalancer_spark.backends import Backend, Capability, Session, open_backend
+from rebalancer_spark.backends.zookeeper import ZookeeperBackend
+from rebalancer_spark.backends.zookeeper.layout import CHUNK_BYTES, REQUEST_BYTES, escape, unescape
+from rebalancer_spark.core import audit
+from rebalancer_spark.core.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    CorruptStateError,
+    FencedError,
+    SessionExpired,
+)
+from rebalancer_spark.core.model import GroupState, Phase, Resource, validate_resource_id
+from rebalancer_spark.core.urls import parse_backend_url
+from tests.helpers import wait_for
+from tests.procs import MemberProcesses
+from tests.servers.zookeeper import Ensemble, TcpProxy, ZkServer, free_ports
+
+TTL = 2.0
+ETTL = 3.0
+"""Session timeout of the ensemble fault tests (an election must fit in it comfortably)."""
+RESOURCES = [f"res-{i:03d}" for i in range(24)]
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _raw(hosts: str, user: str | None = None, password: str | None = None) -> Any:
+    auth = [("digest", f"{user}:{password}")] if user else None
+    client = KazooClient(hosts=hosts, auth_data=auth)
+    client.start(timeout=15)
+    return client
+
+
+@pytest.fixture
+def raw(zookeeper_server: ZkServer) -> Iterator[Any]:
+    """A plain kazoo client on the standalone server, with no identity."""
+    client = _raw(f"127.0.0.1:{zookeeper_server.port}")
+    yield client
+    client.stop()
+    client.close()
+
+
+def _zk(store: Backend) -> ZookeeperBackend:
+    assert isinstance(store, ZookeeperBackend)
+    return store
+
+
+def _walk(client: Any, path: str) -> Iterator[str]:
+    yield path
+    for child in client.get_children(path):
+        yield from _walk(client, f"{path.rstrip('/')}/{child}")
+
+
+def _lead_and_publish(
+    store: Backend, group: str, assignment: dict[str, list[str]]
+) -> tuple[Session, int, int]:
+    session = store.join(group, next(iter(assignment)), info={}, ttl=10, static=False)
+    record = store.elect(session)
+    assert record is not None
+    version = store.update_resources(
+        group, replace=[Resource(r) for rs in assignment.values() for r in rs]
+    )
+    target = store.publish(
+        session, record.epoch, assignment, phase=Phase.RUNNING, resources_version=version
+    )
+    return session, record.epoch, target.generation
+
+
+# -- sessions: negotiated timeouts, expiry, connection loss --------------------------------------
+
+
+@pytest.mark.parametrize(("asked", "granted"), [(0.6, 1.0), (2.0, 2.0), (30.0, 10.0)])
+def test_the_session_ttl_is_the_timeout_the_server_negotiated(
+    zookeeper_backend_url: str, group: str, asked: float, granted: float
+) -> None:
+    # The server clamps to [2, 20] x tickTime = [1, 10] s: the member must use what it got.
+    with open_backend(zookeeper_backend_url) as store:
+        session = store.join(group, "m1", info={}, ttl=asked, static=False)
+        assert session.ttl == granted
+
+
+def test_a_session_expired_by_zookeeper_is_over_for_good(
+    zookeeper_backend_url: str, group: str, zookeeper_server: ZkServer
+) -> None:
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": ["a"]})
+        assert store.claim(session, ["a"], generation) == {"a": 1}
+        hosted = _zk(store)._sessions.get(session.session_id)
+        assert hosted is not None
+        # kazoo's own way to expire a session: a second client resumes it, then closes it.
+        thief = KazooClient(hosts=f"127.0.0.1:{zookeeper_server.port}", client_id=hosted.client_id)
+        thief.start(timeout=15)
+        thief.stop()
+        thief.close()
+        wait_for(lambda: "m1" not in store.state(group).members, timeout=5, what="expiry")
+        assert store.state(group).claims == {}
+
+        def renew_refused() -> bool:
+            try:
+                store.renew(session)
+            except SessionExpired:
+                return True
+            except BackendUnavailable:
+                return False
+            return False
+
+        wait_for(renew_refused, timeout=TTL + 5, what="renew to report the session expired")
+        with pytest.raises(FencedError):
+            store.commit(session, "a", 1, "late")
+        with pytest.raises(SessionExpired):
+            store.member_view(session)
+        assert store.elect(session) is None
+        # The member id is free again at once.
+        assert store.join(group, "m1", info={}, ttl=TTL, static=True).ttl == TTL
+
+
+def test_a_dropped_connection_is_unavailable_not_expired_then_resumes(
+    zookeeper_server: ZkServer, group: str
+) -> None:
+    proxy = TcpProxy(zookeeper_server.port)
+    url = f"zookeeper://127.0.0.1:{proxy.port}/rb-{uuid.uuid4().hex[:12]}?connect_timeout=2"
+    try:
+        with open_backend(url) as store:
+            session = store.join(group, "m1", info={}, ttl=4.0, static=False)
+            proxy.cut()
+
+            def unavailable() -> bool:
+                try:
+                    store.renew(session)
+                except BackendUnavailable:
+                    return True
+                return False
+
+            wait_for(unavailable, timeout=4, what="renew to fail as unavailable")
+            proxy.restore()
+
+            def renewed() -> bool:
+                try:
+                    store.renew(session)
+                except BackendUnavailable:
+                    return False
+                return True
+
+            wait_for(renewed, timeout=4, what="the same session to be renewed again")
+            assert store.state(group).members["m1"].session_id == session.session_id
+    finally:
+        proxy.close()
+
+
+def test_a_lease_not_renewed_ends_the_zookeeper_session(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # kazoo would keep the session alive for ever with its pings: the backend ends it when
+    # the member stops renewing, and ZooKeeper deletes its znodes at once.
+    with open_backend(zookeeper_backend_url) as store:
+        session = store.join(group, "m1", info={}, ttl=1.0, static=False)
+        started = time.monotonic()
+        wait_for(lambda: "m1" not in store.state(group).members, timeout=5, what="the lapse")
+        assert time.monotonic() - started < 1.0 + 1.0
+        chroot = parse_backend_url(zookeeper_backend_url).path
+        assert raw.get_children(f"{chroot}/groups/{group}/sessions") == []
+        with pytest.raises(SessionExpired, match="not renewed"):
+            store.renew(session)
+
+
+def test_progress_read_right_behind_a_claim_is_never_stale(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    def target(store: Backend, session: Session, epoch: int, owner: str) -> int:
+        other = "m2" if owner == "m1" else "m1"
+        assignment = {owner: ["r"], other: []}
+        published = store.publish(
+            session, epoch, assignment, phase=Phase.RUNNING, resources_version=1
+        )
+        return published.generation
+
+    with open_backend(zookeeper_backend_url) as a, open_backend(zookeeper_backend_url) as b:
+        s1, epoch, generation = _lead_and_publish(a, group, {"m1": ["r"], "m2": []})
+        s2 = b.join(group, "m2", info={}, ttl=10, static=False)
+        assert a.claim(s1, ["r"], generation) == {"r": 1}  # progress read behind it: none
+        a.commit(s1, "r", 1, 5)
+        assert a.progress(group, ["r"])["r"].value == 5  # the commit outdated that read
+        a.release(s1, {"r": 1})
+        assert a.claim(s1, ["r"], generation) == {"r": 2}  # read behind it: 5
+        a.release(s1, {"r": 2})
+        assert b.claim(s2, ["r"], target(a, s1, epoch, "m2")) == {"r": 3}
+        b.commit(s2, "r", 3, 6)
+        assert a.progress(group, ["r"])["r"].value == 6  # released: a's read no longer counts
+        b.release(s2, {"r": 3})
+        assert a.claim(s1, ["r"], target(a, s1, epoch, "m1")) == {"r": 4}  # read behind: 6
+        a.leave(s1)
+        record = b.elect(s2)
+        assert record is not None and record.session_id == s2.session_id
+        assert b.claim(s2, ["r"], target(b, s2, record.epoch, "m2")) == {"r": 5}
+        b.commit(s2, "r", 5, 7)
+        assert a.progress(group, ["r"])["r"].value == 7  # a's session ended: nor does this
+
+
+def test_servers_without_multiread_are_read_one_znode_at_a_time(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ZooKeeper before 3.6 answers multiRead with "unimplemented"; the reader then falls back.
+    monkeypatch.setattr(KazooClient, "_rebalancer_spark_no_multiread", True, raising=False)
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": ["a", "b"]})
+        assert store.claim(session, ["a", "b"], generation) == {"a": 1, "b": 1}
+        store.commit(session, "a", 1, {"n": 1})
+        state = store.state(group)
+        assert set(state.claims) == {"a", "b"} and set(state.resources) == {"a", "b"}
+        assert store.member_view(session).owned == {"a": 1, "b": 1}
+        assert store.progress(group, ["a", "b"])["a"].value == {"n": 1}
+
+
+# -- escaping ------------------------------------------------------------------------------------
+
+
+def _acceptable(text: str) -> bool:
+    try:
+        validate_resource_id(text)
+    except ConfigurationError:
+        return False
+    return True
+
+
+resource_ids = st.one_of(
+    st.text(min_size=1, max_size=40),
+    st.sampled_from([".", "..", "%", "%2F", "/", "a/../../b", "zookeeper", "é" * 512]),
+    st.text(alphabet="/.%\\ é日\ufffd", min_size=1, max_size=20),
+).filter(_acceptable)
+
+
+@given(resource_ids)
+def test_an_escaped_resource_id_is_one_plain_znode_name_and_round_trips(resource: str) -> None:
+    name = escape(resource)
+    assert "/" not in name and name not in (".", "..")
+    assert re.fullmatch(r"[A-Za-z0-9._~%-]+", name), name
+    assert len(name) <= 3 * 1024
+    assert unescape(name, "/g/claims") == resource
+
+
+@pytest.mark.parametrize("name", ["a%2", "a%2f", "a b", "%2E%2e", "caf%C3", "x%2D"])
+def test_a_name_escape_never_writes_is_corrupt_data(name: str) -> None:
+    with pytest.raises(CorruptStateError, match=re.escape(f"/g/claims/{name}")):
+        unescape(name, "/g/claims")
+
+
+def test_resource_ids_that_look_like_paths_stay_inside_the_group(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    ids = ["../../escape", "/abs", ".", "..", "%2F", "zookeeper", "x" * 1024, "é" * 512, "日本/語"]
+    chroot = parse_backend_url(zookeeper_backend_url).path
+    before = set(raw.get_children("/"))
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": ids})
+        assert store.claim(session, ids, generation) == dict.fromkeys(ids, 1)
+        for i in ids:
+            store.commit(session, i, 1, {"id": i})
+        assert {r: p.value for r, p in store.progress(group, ids).items()} == {
+            i: {"id": i} for i in ids
+        }
+        assert set(store.state(group).claims) == set(ids)
+        base = f"{chroot}/groups/{group}"
+        for directory in ("claims", "epochs", "progress"):
+            assert set(raw.get_children(f"{base}/{directory}")) == {escape(i) for i in ids}
+        assert all(p.startswith(chroot) for p in _walk(raw, chroot))
+    assert set(raw.get_children("/")) == before | {chroot.strip("/")}
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(resource_ids, min_size=1, max_size=6, unique=True))
+def test_any_resource_ids_round_trip_through_zookeeper(
+    zookeeper_backend_url: str, ids: list[str]
+) -> None:
+    with open_backend(zookeeper_backend_url) as store:
+        store.update_resources("hypothesis", replace=[Resource(i) for i in ids])
+        assert set(store.state("hypothesis").resources) == set(ids)
+
+
+# -- the 1 MB limit ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("resources", "members", "id_of"),
+    [
+        (100_000, 100, lambda i: f"s3://lake/raw/orders/{i:06d}/"),
+        (3_000, 30, lambda i: f"{i:06d}-x" + "é" * 508),  # 1024 UTF-8 bytes each
+    ],
+    ids=["100k-x-100", "1KB-ids"],
+)
+def test_no_znode_and_no_request_comes_near_1_mb(
+    zookeeper_backend_url: str,
+    group: str,
+    raw: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    resources: int,
+    members: int,
+    id_of: Callable[[int], str],
+) -> None:
+    sizes: list[int] = []
+    send = KazooClient._call
+
+    def measured(self: Any, request: Any, async_object: Any) -> Any:
+        sizes.append(len(request.serialize()))
+        return send(self, request, async_object)
+
+    monkeypatch.setattr(KazooClient, "_call", measured)
+    ids = [id_of(i) for i in range(resources)]
+    names = [f"member-{k:03d}" for k in range(members)]
+    assignment = {m: ids[k::members] for k, m in enumerate(names)}
+    with open_backend(zookeeper_backend_url) as store:
+        _lead_and_publish(store, group, assignment)
+    with open_backend(zookeeper_backend_url) as reader:
+        state = reader.state(group)
+    assert state.target is not None
+    assert state.target.assignment == {m: frozenset(rs) for m, rs in assignment.items()}
+    assert set(state.resources) == set(ids)
+    chroot = parse_backend_url(zookeeper_backend_url).path
+    largest = max(raw.exists(p).dataLength for p in _walk(raw, chroot))
+    assert largest <= CHUNK_BYTES < 1024 * 1024 // 8
+    assert max(sizes) <= REQUEST_BYTES < 1024 * 1024 // 2
+
+
+# -- security ------------------------------------------------------------------------------------
+
+
+def test_digest_acls_keep_every_other_identity_out(
+    zookeeper_server: ZkServer, group: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(1)  # everything, kazoo's dumps of every request included
+    hosts = f"127.0.0.1:{zookeeper_server.port}"
+    chroot = f"/rb-{uuid.uuid4().hex[:12]}"
+    url = f"zookeeper://alice:s3cret-pw@{hosts}{chroot}"
+    with open_backend(url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": ["a", "b"]})
+        store.claim(session, ["a"], generation)
+        store.commit(session, "a", 1, {"offset": 1})
+        alice = _raw(hosts, "alice", "s3cret-pw")
+        try:
+            paths = list(_walk(alice, chroot))
+            digest = make_digest_acl_credential("alice", "s3cret-pw")
+            for path in paths:
+                acls, _ = alice.get_acls(path)
+                assert [(a.perms, a.id.scheme, a.id.id) for a in acls] == [(31, "digest", digest)]
+        finally:
+            alice.stop()
+            alice.close()
+        assert any("/claims/" in p for p in paths) and any("/progress/" in p for p in paths)
+        for user, password in [(None, None), ("bob", "b0b-pw")]:
+            other = _raw(hosts, user, password)
+            try:
+                for path in paths:
+                    with pytest.raises(NoAuthError):
+                        other.get(path)
+                    with pytest.raises(NoAuthError):
+                        other.get_children(path)
+                    with pytest.raises(NoAuthError):
+                        other.set(path, b"mine now")
+                    with pytest.raises(NoAuthError):
+                        other.create(f"{path}/intruder", b"")
+                    if path != chroot:
+                        with pytest.raises(NoAuthError):
+                            other.delete(path)
+            finally:
+                other.stop()
+                other.close()
+        with pytest.raises(ConfigurationError, match="NoAuth") as refused:
+            open_backend(f"zookeeper://bob:b0b-pw@{hosts}{chroot}")
+        assert "b0b-pw" not in str(refused.value) and "bob:***@" in str(refused.value)
+        assert store.progress(group, ["a"])["a"].value == {"offset": 1}
+    # The test's own raw clients log through "kazoo.client"; the backend's through its child.
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name != "kazoo.client")
+    assert "Auth(" in logged  # kazoo did log its requests, the digest packet included...
+    for secret in ("s3cret-pw", digest.split(":", 1)[1], "b0b-pw"):
+        assert secret not in logged  # ...with every credential redacted
+
+
+def test_the_backend_can_be_required_to_have_its_capabilities(zookeeper_backend_url: str) -> None:
+    with open_backend(zookeeper_backend_url, require=list(Capability)) as store:
+        assert set(type(store).capabilities) == set(Capability)
+
+
+def test_credentials_never_appear_in_errors(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(1)
+    (port,) = free_ports(1)  # nothing listens there
+    with pytest.raises(BackendUnavailable) as failed:
+        open_backend(f"zookeeper://alice:s3cret-pw@127.0.0.1:{port}/x?connect_timeout=0.5")
+    assert "s3cret-pw" not in str(failed.value) and "alice:***@" in str(failed.value)
+    assert "s3cret-pw" not in caplog.text
+    with pytest.raises(ConfigurationError, match="user name without a password"):
+        open_backend(f"zookeeper://alice@127.0.0.1:{port}/x")
+    with pytest.raises(ConfigurationError, match="conect_timeout"):
+        open_backend(f"zookeeper://127.0.0.1:{port}/x?conect_timeout=1")
+
+
+# -- corrupt and foreign data ------------------------------------------------------------------
+
+
+def test_a_chroot_holding_someone_elses_tree_is_refused_and_left_alone(
+    zookeeper_server: ZkServer, raw: Any
+) -> None:
+    chroot = f"/theirs-{uuid.uuid4().hex[:8]}"
+    raw.create(f"{chroot}/app/config", b"their data", makepath=True)
+    with pytest.raises(CorruptStateError, match=rf"{chroot}.*app") as refused:
+        open_backend(f"zookeeper://127.0.0.1:{zookeeper_server.port}{chroot}")
+    assert "another chroot" in str(refused.value) or "chroot of its own" in str(refused.value)
+    assert raw.get_children(chroot) == ["app"]
+    assert raw.get(f"{chroot}/app/config")[0] == b"their data"
+
+
+@pytest.mark.parametrize("where", ["target", "members/m1", "claims/a", "resources", "epoch"])
+def test_unreadable_data_is_a_clear_error_naming_the_znode_and_nothing_is_deleted(
+    zookeeper_backend_url: str, group: str, raw: Any, where: str
+) -> None:
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": ["a"]})
+        store.claim(session, ["a"], generation)
+        path = f"{parse_backend_url(zookeeper_backend_url).path}/groups/{group}/{where}"
+        raw.set(path, b"{not json")
+        with (
+            open_backend(zookeeper_backend_url) as fresh,
+            pytest.raises(CorruptStateError, match=re.escape(path)),
+        ):
+            fresh.state(group)
+        assert raw.get(path)[0] == b"{not json"
+
+
+def test_foreign_children_are_reported_not_deleted(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    with open_backend(zookeeper_backend_url) as store:
+        _lead_and_publish(store, group, {"m1": ["a"]})
+        base = f"{parse_backend_url(zookeeper_backend_url).path}/groups/{group}"
+        raw.create(f"{base}/claims/not%escaped", b"")
+        with open_backend(zookeeper_backend_url) as fresh:
+            with pytest.raises(CorruptStateError, match=re.escape(f"{base}/claims/not%escaped")):
+                fresh.state(group)
+            raw.delete(f"{base}/claims/not%escaped")
+            raw.create(f"{base}/notes", b"mine")
+        with (
+            open_backend(zookeeper_backend_url) as fresh,
+            pytest.raises(CorruptStateError, match=r"unexpected children \['notes'\]"),
+        ):
+            fresh.state(group)
+        assert raw.get(f"{base}/notes")[0] == b"mine"
+
+
+def test_a_member_rides_out_corrupt_data_without_crash_looping(
+    zookeeper_backend_url: str, group: str, raw: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rebalancer_spark")
+    config = MemberConfig(
+        group=group,
+        backend=zookeeper_backend_url,
+        member_id="a",
+        session_timeout=TTL,
+        stability_window=0.05,
+    )
+    with Member(config, resources=["x", "y"]) as member:
+        wait_for(lambda: len(member.assigned()) == 2, timeout=10, what="a to own x and y")
+        base = f"{parse_backend_url(zookeeper_backend_url).path}/groups/{group}"
+        good = raw.get(f"{base}/target")[0]
+        caplog.clear()
+        raw.set(f"{base}/target", b"garbage")
+        raw.set(f"{base}/changes", b"")  # wake everyone
+        wait_for(
+            lambda: f"{base}/target" in caplog.text, timeout=5, what="the corrupt target reported"
+        )
+        started = time.monotonic()
+        wait_for(lambda: time.monotonic() - started > 2, timeout=5, what="two seconds to pass")
+        assert member.error is None and member.state.value == "running"
+        assert len(caplog.records) < 40, "a tight retry loop"
+        assert {o.resource for o in member.assigned()} == {"x", "y"}
+        raw.set(f"{base}/target", good)
+        raw.set(f"{base}/changes", b"")
+        member.add_resources(["z"])
+        wait_for(lambda: len(member.assigned()) == 3, timeout=10, what="recovery")
+
+
+# -- watches -----------------------------------------------------------------------------------
+
+
+def test_watches_push_each_change_and_renewals_wake_nobody(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    with open_backend(zookeeper_backend_url) as a, open_backend(zookeeper_backend_url) as b:
+        session = a.join(group, "m1", info={}, ttl=TTL, static=False)
+        watch = b.watch(group)
+        try:
+            for _ in range(5):
+                a.renew(session)
+            assert watch.wait(0.3) is False
+            for change in (
+                lambda: a.update_resources(group, add=[Resource("x")]),
+                lambda: a.elect(session),
+                lambda: a.set_leaving(session),
+                lambda: a.leave(session),
+            ):
+                started = time.monotonic()
+                change()
+                assert watch.wait(5), "a change did not wake the watch"
+                assert time.monotonic() - started < 1.0
+        finally:
+            watch.close()
+
+
+ARM_DELAY = 0.5
+"""How long the tests below hold back each request that sets a watch."""
+
+
+def _delay_watch_requests(store: Backend, delay: float = ARM_DELAY) -> list[float]:
+    """Stretch the transit of every watch-setting request of ``store``'s shared client to
+    ``delay`` seconds, as a slow link (or a lagging server of an ensemble) would: the request
+    is sent that much later, its answer handed over when the server gives it. Returns the
+    send times of the delayed requests."""
+    client = _zk(store)._client
+    sent: list[float] = []
+
+    def later(send: Callable[..., Any]) -> Callable[..., Any]:
+        def call(path: str, watch: Any = None) -> Any:
+            if watch is None:
+                return send(path)
+            result = client.handler.async_result()
+
+            def relay(answer: Any) -> None:
+                if answer.successful():
+                    result.set(answer.value)
+                else:
+                    result.set_exception(answer.exception)
+
+            def go() -> None:
+                sent.append(time.monotonic())
+                send(path, watch=watch).rawlink(relay)
+
+            timer = threading.Timer(delay, go)
+            timer.daemon = True
+            timer.start()
+            return result
+
+        return call
+
+    client.exists_async = later(client.exists_async)
+    client.get_children_async = later(client.get_children_async)
+    return sent
+
+
+def test_a_change_racing_the_re_arm_of_a_watch_still_wakes_the_next_wait(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # A change C1 fires the watch; the waiter wakes and reads its view through its session's
+    # own connection; a change C2 lands before the re-arm reached the server. The waiter must
+    # be woken only once the re-arm is registered, so that C2 fires it again. (C1 and C2 each
+    # fire one watch, `changes`: no second re-arm can wake the waiter by chance.)
+    with open_backend(zookeeper_backend_url) as a, open_backend(zookeeper_backend_url) as b:
+        mine = a.join(group, "a", info={}, ttl=5, static=False)
+        other = b.join(group, "b", info={}, ttl=5, static=False)
+        watch = a.watch(group)
+        try:
+            time.sleep(ARM_DELAY)  # the first arm is answered (watch() now waits for it)
+            assert watch.wait(0) is False
+            sent = _delay_watch_requests(a)
+            b.update_resources(group, add=[Resource("x")])  # C1
+            assert watch.wait(5), "C1 did not wake the watch"
+            re_armed_before_waking = bool(sent)
+            a.member_view(mine)  # what the member reads right after a wake-up
+            b.set_leaving(other)  # C2, while the re-arm may still be on its way
+            started = time.monotonic()
+            assert watch.wait(3 * ARM_DELAY + 2), "C2 was missed: it landed before the re-arm"
+            assert time.monotonic() - started < 2 * ARM_DELAY + 1
+            assert re_armed_before_waking, "the waiter was woken before the re-arm was sent"
+            assert a.state(group).members["b"].leaving
+        finally:
+            watch.close()
+
+
+def test_a_change_right_after_watch_returned_wakes_the_next_wait(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    with open_backend(zookeeper_backend_url) as a, open_backend(zookeeper_backend_url) as b:
+        other = b.join(group, "b", info={}, ttl=5, static=False)
+        a.state(group)  # the group exists for a
+        _delay_watch_requests(a)
+        watch = a.watch(group)
+        try:
+            b.set_leaving(other)
+            assert watch.wait(3 * ARM_DELAY + 2), "a change made after watch() returned was missed"
+        finally:
+            watch.close()
+
+
+def test_a_members_view_syncs_its_sessions_connection_ahead_of_its_reads(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # In an ensemble the session's server may lag the one the watches are on: the view must
+    # be read after a sync of the session's connection, sent ahead of the reads.
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": ["a", "b"]})
+        assert store.claim(session, ["a"], generation) == {"a": 1}
+        hosted = _zk(store)._sessions.get(session.session_id)
+        assert hosted is not None
+        client = hosted.client
+        calls: list[str] = []
+        sync, call = client.sync_async, client._call
+
+        def spy_sync(path: str) -> Any:
+            calls.append("sync")
+            return sync(path)
+
+        def spy_call(request: Any, result: Any) -> Any:
+            calls.append(type(request).__name__)
+            return call(request, result)
+
+        client.sync_async, client._call = spy_sync, spy_call
+        view = store.member_view(session)
+        assert view.generation == generation and view.owned == {"a": 1}
+        assert view.target == frozenset({"a", "b"})
+        assert calls[0] == "sync" and "MultiRead" in calls[1:], calls
+
+
+# -- faults: a member cut off, an expired session ---------------------------------------------
+
+
+class Events:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[OwnershipEvent] = []
+
+    def __call__(self, event: OwnershipEvent) -> None:
+        with self.lock:
+            self.items.append(event)
+
+    def of(self, kind: EventKind) -> dict[str, float]:
+        with self.lock:
+            return {e.resource: e.at for e in self.items if e.kind is kind}
+
+    def records(self) -> list[dict[str, object]]:
+        with self.lock:
+            return [
+                {
+                    "kind": e.kind.value,
+                    "resource": e.resource,
+                    "member_id": e.member_id,
+                    "session_id": e.session_id,
+                    "epoch": e.epoch,
+                    "at": e.at,
+                }
+                for e in self.items
+            ]
+
+
+def _member(url: str, group: str, member_id: str, events: Events, **extra: Any) -> Member:
+    config = MemberConfig(
+        group=group,
+        backend=url,
+        member_id=member_id,
+        session_timeout=TTL,
+        stability_window=0.05,
+        max_rebalance_delay=1.0,
+    )
+    return Member(config, event_sinks=[events], **extra).start()
+
+
+def _stable(store: Backend, group: str, members: int, timeout: float) -> GroupState:
+    def check() -> GroupState | None:
+        try:
+            state = store.state(group)
+        except BackendError:
+            return None
+        live = [m for m in state.members.values() if not m.leaving]
+        return state if len(live) == members and state.is_stable() else None
+
+    state = wait_for(check, timeout=timeout, what=f"a stable group of {members} members")
+    assert state is not None
+    return state
+
+
+def test_a_member_cut_off_past_its_timeout_stops_first_then_rejoins_under_its_id(
+    zookeeper_server: ZkServer, group: str
+) -> None:
+    proxy = TcpProxy(zookeeper_server.port)
+    chroot = f"/rb-{uuid.uuid4().hex[:12]}"
+    direct = f"zookeeper://127.0.0.1:{zookeeper_server.port}{chroot}"
+    cut_off = f"zookeeper://127.0.0.1:{proxy.port}{chroot}?connect_timeout=2"
+    a_events, b_events = Events(), Events()
+    a = _member(cut_off, group, "a", a_events, resources=RESOURCES)
+    b = _member(direct, group, "b", b_events)
+    try:
+        with open_backend(direct) as observer:
+            before = _stable(observer, group, 2, timeout=10)
+            mine = {r for r, c in before.claims.items() if c.member_id == "a"}
+            wait_for(
+                lambda: {o.resource for o in a.assigned()} == mine,
+                timeout=5,
+                what="a's memory to catch up with its claims",
+            )
+            proxy.cut()
+            wait_for(
+                lambda: mine <= set(b_events.of(EventKind.ACQUIRED)),
+                timeout=TTL + 5,
+                what="b to take a's resources",
+            )
+            lost, taken = a_events.of(EventKind.LOST), b_events.of(EventKind.ACQUIRED)
+            assert all(lost[r] <= taken[r] for r in mine), (lost, taken)
+            proxy.restore()
+            after = _stable(observer, group, 2, timeout=TTL + 10)
+            assert after.members["a"].session_id != before.members["a"].session_id
+        overlaps = audit.overlaps(audit.intervals(a_events.records() + b_events.records()))
+        assert overlaps == []
+    finally:
+        a.stop(drain=False)
+        b.stop(drain=False)
+        proxy.close()
+
+
+def test_a_session_closed_behind_a_members_back_fences_its_commits_and_it_rejoins(
+    zookeeper_backend_url: str, group: str, zookeeper_server: ZkServer
+) -> None:
+    # kazoo's way to expire a session: a second client resumes it and closes it. ZooKeeper
+    # then deletes the member's znodes at once, not a timeout after its last renewal, so the
+    # member cannot have stopped first (an operator deleting its znodes is the same case):
+    # what protects the data is the store refusing every write of the old session.
+    a_events, b_events = Events(), Events()
+    a = _member(zookeeper_backend_url, group, "a", a_events, resources=RESOURCES)
+    b = _member(zookeeper_backend_url, group, "b", b_events)
+    try:
+        with open_backend(zookeeper_backend_url) as observer:
+            before = _stable(observer, group, 2, timeout=10)
+            mine = {r: c for r, c in before.claims.items() if c.member_id == "a"}
+            wait_for(
+                lambda: {o.resource for o in a.assigned()} == set(mine),
+                timeout=5,
+                what="a's memory to catch up with its claims",
+            )
+            backend = cast(ZookeeperBackend, a._backend)
+            assert a.session is not None
+            old = a.session
+            hosted = backend._sessions.get(old.session_id)
+            assert hosted is not None
+            thief = KazooClient(
+                hosts=f"127.0.0.1:{zookeeper_server.port}", client_id=hosted.client_id
+            )
+            thief.start(timeout=15)
+            thief.stop()
+            thief.close()
+            expired_at = time.monotonic()
+            resource, claim = next(iter(mine.items()))
+            with pytest.raises(FencedError):
+                observer.commit(old, resource, claim.epoch, "from the closed session")
+            after = _stable(observer, group, 2, timeout=TTL + 10)
+            assert time.monotonic() - expired_at < TTL + 1.0
+            assert after.members["a"].session_id != old.session_id
+            assert set(a_events.of(EventKind.LOST)) == set(mine)
+            assert all(
+                after.claims[r].epoch > c.epoch for r, c in mine.items() if r in after.claims
+            )
+    finally:
+        a.stop(drain=False)
+        b.stop(drain=False)
+
+
+# -- faults of a three-server ensemble ----------------------------------------------------------
+
+
+@pytest.fixture
+def ensemble_procs(
+    zookeeper_ensemble: Ensemble, group: str, tmp_path: Path
+) -> Iterator[MemberProcesses]:
+    url = zookeeper_ensemble.url(query="connect_timeout=2")
+    procs = MemberProcesses(url, group, tmp_path, session_timeout=ETTL, stability_window=0.05)
+    yield procs
+    procs.close()
+
+
+@pytest.mark.slow
+def test_killing_the_ensemble_leader_during_a_rebalance(
+    zookeeper_ensemble: Ensemble, ensemble_procs: MemberProcesses
+) -> None:
+    procs = ensemble_procs
+    procs.start("m0", RESOURCES)
+    procs.start("m1")
+    procs.start("m2")
+    procs.wait_stable(3, timeout=15)
+    leader = zookeeper_ensemble.leader()
+    procs.start("m3")  # the rebalance to four members starts now...
+    leader.kill()  # ...and the leader dies in the middle of it
+    zookeeper_ensemble.leader(timeout=30)
+    recovered = time.monotonic()
+    procs.wait_stable(4, timeout=ETTL + 1.0)
+    assert time.monotonic() - recovered < ETTL + 1.0
+    procs.assert_trail_is_clean()
+
+
+@pytest.mark.slow
+def test_stopping_the_whole_ensemble_past_the_session_timeout(
+    zookeeper_ensemble: Ensemble, ensemble_procs: MemberProcesses
+) -> None:
+    procs = ensemble_procs
+    procs.start("m0", RESOURCES)
+    procs.start("m1")
+    procs.start("m2")
+    before = procs.wait_stable(3, timeout=15)
+    for server in zookeeper_ensemble.servers:
+        server.stop()
+    stopped = time.monotonic()
+    wait_for(
+        lambda: (
+            {r["resource"] for r in procs.records() if r["kind"] == "lost"} >= set(before.claims)
+        ),
+        timeout=ETTL + 5,
+        what="every member to stop work on everything it held",
+    )
+    wait_for(
+        lambda: time.monotonic() - stopped > ETTL + 0.5,
+        timeout=ETTL + 5,
+        what="the outage to outlast the session timeout",
+    )
+    for server in zookeeper_ensemble.servers:
+        server.start()
+    zookeeper_ensemble.wait_quorum()
+    recovered = time.monotonic()
+    procs.wait_stable(3, timeout=ETTL + 1.0)
+    assert time.monotonic() - recovered < ETTL + 1.0
+    procs.assert_trail_is_clean()
+
+
+@pytest.mark.slow
+def test_kill_9_and_sigstop_members_of_an_ensemble_group(
+    zookeeper_ensemble: Ensemble, ensemble_procs: MemberProcesses
+) -> None:
+    procs = ensemble_procs
+    procs.start("m0", RESOURCES)
+    procs.start("m1")
+    procs.start("m2")
+    procs.wait_stable(3, timeout=15)
+    killed = time.monotonic()
+    procs.kill("m1")
+    procs.wait_stable(2, timeout=ETTL + 1.0)
+    assert time.monotonic() - killed < ETTL + 1.0
+    procs.signal("m2", signal.SIGSTOP)
+    paused = time.monotonic()
+    procs.wait_stable(1, timeout=ETTL + 1.0)
+    assert time.monotonic() - paused < ETTL + 1.0
+    procs.signal("m2", signal.SIGCONT)
+    procs.wait_stable(2, timeout=ETTL + 10)
+    procs.assert_trail_is_clean()
