@@ -16,7 +16,7 @@ from rebalancer_spark.backends import Backend, open_backend
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 # Each server backend's fixtures (real servers on free ports) live in their own plugin module.
-pytest_plugins = ["tests.servers.zookeeper", "tests.servers.redis"]
+pytest_plugins = ["tests.servers.zookeeper", "tests.servers.redis", "tests.servers.cloud"]
 
 # Every backend the contract suite (and every test taking ``backend_url``) runs against. A
 # backend whose server cannot be started here shows up as a visible skip with its reason,
