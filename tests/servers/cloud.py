@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -104,7 +104,7 @@ class MotoServer:
         except OSError:
             return "(no log)"
 
-    def client(self, service: str) -> Any:
+    def client(self, service: Literal["s3", "sqs"]) -> Any:
         import boto3
 
         return boto3.client(
@@ -228,7 +228,7 @@ def rabbitmq(request: pytest.FixtureRequest) -> Iterator[RabbitMq]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
-    report = outcome.get_result()
+    report = outcome.get_result()  # type: ignore[attr-defined]
     if report.when != "call" or not report.failed:
         return
     for value in getattr(item, "funcargs", {}).values():
