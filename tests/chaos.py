@@ -1,0 +1,575 @@
+"""A seeded chaos schedule against real member processes and a real store.
+
+:func:`run_chaos` starts ``members`` member processes (``tests/procs.py`` MemberProcesses, each
+committing a counter per owned resource every 20 ms, writing its JSON-lines trail and the Delta
+audit table), waits for a stable group, then for ``seconds`` injects random faults at random
+(seeded) intervals:
+
+* ``kill -9`` of a random member, restarted later under the same static id;
+* ``kill -9`` of the coordinator (leader loss on our side), restarted the same way;
+* ``SIGSTOP`` of a member for longer than the session timeout, then ``SIGCONT``;
+* whatever the :class:`StoreFaults` of the backend offers: a ZooKeeper ensemble's leader
+  killed and restarted later, a standalone ZooKeeper server restarted, Redis restarted without
+  persistence (its data is lost) or paused past the lease. SQLite has no server; its documented
+  limit (a member paused inside a write transaction stalls every writer until it resumes) is
+  exercised by the SIGSTOP fault itself.
+
+At most one member fault and one store fault are in force at any time, so the group keeps a
+quorum of the schedule's own making. When the time is up every fault is healed, and the driver
+measures how long the group takes to be stable again with every resource owned and committed
+to by its owner. Then it checks the invariants from the independent witnesses:
+
+* double ownerships: overlapping ownership intervals in the member trails (``audit.overlaps``)
+  and in the Delta audit table (``verify_table``), both must be 0;
+* lost commits: an acknowledged commit (``ok``) whose value a later owner was not handed, or
+  that the store no longer holds at the end. A loss is *documented* (not counted as lost) only
+  when the store lost its data (a Redis restart) between the commit and the evidence;
+* the trail check of ``MemberProcesses.assert_trail_is_clean`` (values and epochs only go up,
+  no stale commit accepted).
+
+The same driver serves ``tests/test_chaos.py`` and ``benchmarks/bench_chaos.py``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import random
+import signal
+import statistics
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rebalancer_spark.backends import Backend, open_backend
+from rebalancer_spark.core import audit
+from rebalancer_spark.core.errors import BackendError
+from tests.helpers import wait_for
+from tests.procs import MemberProcesses
+
+
+class StoreFaults(Protocol):
+    """The faults a backend's store can suffer, and how to heal them."""
+
+    name: str
+    kinds: tuple[str, ...]
+    """Names of the faults :meth:`inject` knows; empty for a store without a server."""
+
+    def inject(self, kind: str, rng: random.Random) -> float:
+        """Inflict ``kind`` now; return after how many seconds :meth:`heal` should undo it
+        (0 when the fault is instantaneous, like a restart)."""
+        ...
+
+    def heal(self) -> None:
+        """Undo every fault in force (start what is down, resume what is paused) and return
+        once the store serves again."""
+        ...
+
+    def data_lost(self) -> bool:
+        """True if the last :meth:`inject` lost the store's data."""
+        ...
+
+
+@dataclass
+class NoStoreFaults:
+    """SQLite: there is no server to harm."""
+
+    name: str = "sqlite"
+    kinds: tuple[str, ...] = ()
+
+    def inject(self, kind: str, rng: random.Random) -> float:
+        raise AssertionError(f"sqlite has no store fault {kind!r}")
+
+    def heal(self) -> None:
+        return None
+
+    def data_lost(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    """Monotonic time the read started."""
+    generation: int
+    settled: bool
+    """Stable, with every resource of the run claimed by its target owner."""
+    members: frozenset[str]
+
+
+class Observer:
+    """Reads the group's state every ``interval`` seconds on a thread of its own, through a
+    handle it opens again after a store error (a store that is down reads as unsettled)."""
+
+    def __init__(self, procs: MemberProcesses, resources: Sequence[str], interval: float) -> None:
+        self.procs = procs
+        self.resources = set(resources)
+        self.interval = interval
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-observer", daemon=True)
+
+    def __enter__(self) -> Observer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        handle: Backend | None = None
+        while not self._stop.wait(self.interval):
+            at = time.monotonic()
+            try:
+                if handle is None:
+                    handle = open_backend(self.procs.observer_url)
+                state = handle.state(self.procs.group)
+            except BackendError:
+                if handle is not None:
+                    with contextlib.suppress(BackendError):
+                        handle.close()
+                handle = None
+                self.samples.append(Sample(at, -1, False, frozenset()))
+                continue
+            settled = state.is_stable() and set(state.claims) == self.resources
+            holders = frozenset(c.member_id for c in state.claims.values())
+            generation = state.target.generation if state.target else 0
+            self.samples.append(Sample(at, generation, settled, holders))
+        if handle is not None:
+            with contextlib.suppress(BackendError):
+                handle.close()
+
+    def generations(self, since: float) -> int:
+        """Distinct target generations seen since ``since`` (sampled: a lower bound)."""
+        return len({s.generation for s in self.samples if s.at >= since and s.generation > 0})
+
+    def settled_after(self, fault: Fault) -> float | None:
+        """Seconds from the fault's injection to the first settled state without the victim
+        holding anything (or, once the fault was healed, with it): None if never seen."""
+        for s in self.samples:
+            if s.at <= fault.injected or not s.settled:
+                continue
+            healed = fault.healed is not None and s.at > fault.healed
+            if fault.victim is None and (healed or fault.instant):
+                return s.at - fault.injected
+            if fault.victim is not None and (healed or fault.victim not in s.members):
+                return s.at - fault.injected
+        return None
+
+
+@dataclass
+class Fault:
+    kind: str
+    victim: str | None
+    """The member harmed; None for a store fault."""
+    injected: float
+    healed: float | None = None
+    instant: bool = False
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seconds: float = 15.0
+    """How long faults are injected."""
+    seed: int = 0
+    members: int = 3
+    resources: int = 24
+    session_timeout: float = 2.0
+    mean_gap: float = 1.0
+    """Mean of the random (exponential) wait between two injections, in seconds."""
+    store_fault_share: float = 0.3
+    """Chance that an injection is a store fault (when the store has any)."""
+    recovery_timeout: float = 60.0
+    """Longest wait for the group to settle after the faults stop (generous under load)."""
+
+
+@dataclass
+class ChaosReport:
+    backend: str
+    seed: int
+    seconds: float
+    members: int
+    resources: int
+    session_timeout: float
+    faults: Counter[str] = field(default_factory=Counter)
+    schedule: list[str] = field(default_factory=list)
+    rebalances: int = 0
+    commits_acknowledged: int = 0
+    double_ownerships_trail: int = 0
+    double_ownerships_audit: int = 0
+    audit_events: int = 0
+    lost_commits: int = 0
+    lost_examples: list[str] = field(default_factory=list)
+    lost_with_store_data: int = 0
+    """Acknowledged commits gone with the store's data (Redis restarted without persistence):
+    documented, not counted in ``lost_commits``."""
+    recovery_s: float = float("nan")
+    """From the moment every fault was healed to a stable group with every resource owned."""
+    working_again_s: float = float("nan")
+    """From the same moment until every resource had a commit accepted again."""
+    longest_unowned_s: float = 0.0
+    settled_after: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """Fault kind -> seconds from each injection to the next settled state that no longer
+    counts on the victim (or follows the heal)."""
+
+    def lines(self) -> list[str]:
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
+        return [
+            f"chaos on {self.backend}: seed {self.seed}, {self.seconds:g} s of faults, "
+            f"{self.members} members, {self.resources} resources, "
+            f"session timeout {self.session_timeout:g} s",
+            f"  faults injected      {sum(self.faults.values())} ({faults})",
+            f"  rebalances           {self.rebalances} (distinct target generations seen)",
+            f"  commits acknowledged {self.commits_acknowledged}",
+            f"  double ownerships    {self.double_ownerships_trail} in the member trails, "
+            f"{self.double_ownerships_audit} in the Delta audit table "
+            f"({self.audit_events} events)",
+            f"  lost commits         {self.lost_commits}"
+            + (
+                f" (+ {self.lost_with_store_data} gone with the store's data: documented)"
+                if self.lost_with_store_data
+                else ""
+            ),
+            f"  recovery             {self.recovery_s:.2f} s to a stable group owning every "
+            f"resource, {self.working_again_s:.2f} s until each had a new commit",
+            f"  longest unowned gap  {self.longest_unowned_s:.2f} s (during the faults)",
+        ] + [
+            f"  settled after {kind:<28} median {_median(times):.2f} s, max {max(times):.2f} s"
+            f" (n={len(times)})"
+            for kind, times in sorted(self.settled_after.items())
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["faults"] = dict(self.faults)
+        out["settled_after"] = dict(self.settled_after)
+        out.pop("schedule")
+        return out
+
+
+class Chaos:
+    """The schedule: one member fault and one store fault in force at most."""
+
+    def __init__(
+        self,
+        procs: MemberProcesses,
+        store: StoreFaults,
+        config: ChaosConfig,
+        report: ChaosReport,
+        log: Callable[[str], None],
+    ) -> None:
+        self.procs = procs
+        self.store = store
+        self.config = config
+        self.report = report
+        self.rng = random.Random(config.seed)
+        self.log = log
+        self.started = time.monotonic()
+        self.faults: list[Fault] = []
+        self.member_fault: tuple[Fault, float] | None = None
+        """The member fault in force and the monotonic time to heal it."""
+        self.store_fault: tuple[Fault, float] | None = None
+        self.data_lost_at: list[float] = []
+        """Wall-clock times at which the store lost its data."""
+
+    def say(self, what: str) -> None:
+        line = f"{time.monotonic() - self.started:7.2f} s  {what}"
+        self.report.schedule.append(line)
+        self.log(line)
+
+    def add(self, kind: str, victim: str | None, what: str, *, instant: bool = False) -> Fault:
+        fault = Fault(kind, victim, time.monotonic(), instant=instant)
+        self.faults.append(fault)
+        self.report.faults[kind] += 1
+        self.say(what)
+        return fault
+
+    # -- member faults ----------------------------------------------------------------------
+
+    def coordinator(self) -> str | None:
+        with contextlib.suppress(BackendError):
+            state = self.procs.state()
+            if state.coordinator is not None:
+                return state.coordinator.member_id
+        return None
+
+    def inject_member_fault(self) -> None:
+        ttl = self.config.session_timeout
+        kind = self.rng.choice(["kill-9", "kill-9-coordinator", "sigstop"])
+        live = sorted(self.procs.procs)
+        victim = self.rng.choice(live)
+        if kind == "kill-9-coordinator":
+            coordinator = self.coordinator()
+            if coordinator not in live:
+                kind = "kill-9"  # no coordinator known right now: an ordinary kill
+            else:
+                victim = coordinator
+        if kind == "sigstop":
+            pause = ttl + self.rng.uniform(0.3, 1.5)
+            fault = self.add(kind, victim, f"SIGSTOP {victim} for {pause:.2f} s (lease {ttl:g} s)")
+            self.procs.signal(victim, signal.SIGSTOP)
+            self.member_fault = (fault, time.monotonic() + pause)
+        else:
+            down = self.rng.uniform(0.0, ttl)
+            fault = self.add(
+                kind, victim, f"kill -9 {victim}; restart after its lease + {down:.2f} s"
+            )
+            self.procs.kill(victim)
+            self.member_fault = (fault, time.monotonic() + ttl + down)
+
+    def heal_member(self, *, final: bool = False) -> bool:
+        """Undo the member fault; a killed member is restarted only once the store dropped its
+        old session (a static id in use is refused). False if it must wait for that."""
+        assert self.member_fault is not None
+        fault, _ = self.member_fault
+        victim = fault.victim
+        assert victim is not None
+        if fault.kind == "sigstop":
+            self.procs.signal(victim, signal.SIGCONT)
+            self.say(f"SIGCONT {victim}")
+        else:
+            if final:
+                wait_for(
+                    lambda: not self.session_alive(victim),
+                    timeout=self.config.session_timeout + self.config.recovery_timeout,
+                    what=f"the store to drop the session of {victim}, killed with -9",
+                )
+            elif self.session_alive(victim):
+                return False
+            end_log_line(self.procs.log_path(victim))
+            self.procs.start(victim)
+            self.say(f"restarted {victim} under its static id")
+        fault.healed = time.monotonic()
+        self.member_fault = None
+        return True
+
+    def session_alive(self, member_id: str) -> bool:
+        try:
+            return member_id in self.procs.state().members
+        except BackendError:
+            return True  # the store is down: its sessions are not known to be gone
+
+    # -- store faults -----------------------------------------------------------------------
+
+    def inject_store_fault(self) -> None:
+        kind = self.rng.choice(self.store.kinds)
+        fault = self.add(kind, None, f"{kind} on {self.store.name}")
+        hold = self.store.inject(kind, self.rng)
+        if self.store.data_lost():
+            self.data_lost_at.append(time.time())
+        if hold > 0:
+            self.say(f"  ({kind} held for {hold:.2f} s)")
+            self.store_fault = (fault, time.monotonic() + hold)
+        else:
+            fault.instant = True
+            fault.healed = time.monotonic()
+
+    def heal_store(self) -> None:
+        self.store.heal()
+        if self.store_fault is not None:
+            self.store_fault[0].healed = time.monotonic()
+            self.say(f"{self.store.name} healed")
+        self.store_fault = None
+
+    def run(self) -> None:
+        end = self.started + self.config.seconds
+        next_fault = self.started + self.rng.expovariate(1 / self.config.mean_gap)
+        while True:
+            now = time.monotonic()
+            due = self.member_fault
+            if due is not None and now >= due[1] and not self.heal_member():
+                self.member_fault = (due[0], now + 0.1)  # its old session is still alive
+            if self.store_fault is not None and now >= self.store_fault[1]:
+                self.heal_store()
+            if now >= end:
+                break
+            if now >= next_fault:
+                store_turn = bool(self.store.kinds) and (
+                    self.rng.random() < self.config.store_fault_share
+                )
+                if store_turn and self.store_fault is None:
+                    self.inject_store_fault()
+                elif not store_turn and self.member_fault is None:
+                    self.inject_member_fault()
+                next_fault = time.monotonic() + self.rng.expovariate(1 / self.config.mean_gap)
+            wake = [end, next_fault]
+            if self.member_fault is not None:
+                wake.append(self.member_fault[1])
+            if self.store_fault is not None:
+                wake.append(self.store_fault[1])
+            # The schedule's own virtual time between faults: the workload, not synchronisation.
+            time.sleep(max(min(wake) - time.monotonic(), 0.0))
+        self.heal_store()
+        if self.member_fault is not None:
+            self.heal_member(final=True)
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def end_log_line(path: Path) -> None:
+    """A trail cut short by kill -9 gets its line ended, so the next process's first record
+    starts a line of its own."""
+    if path.exists() and path.stat().st_size:
+        with path.open("rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+# -- invariants ----------------------------------------------------------------------------
+
+
+def count_lost_commits(
+    records: Sequence[dict[str, Any]],
+    final: dict[str, tuple[float, int]],
+    data_lost_at: Sequence[float],
+) -> tuple[int, int, list[str]]:
+    """(lost, lost with the store's data, examples).
+
+    Evidence that an acknowledged commit survived: the first ``handed`` record of the resource
+    at a higher epoch written after the commit's answer (the next owner read the progress after
+    its claim, which the store grants only after every accepted commit of older epochs), or
+    else the store's progress at the end (``final``: resource -> (read start, value)), is at
+    least the commit's value. A commit whose evidence is short is lost, unless the store lost
+    its data between the commit's request and the evidence (documented for Redis)."""
+    losses = sorted(data_lost_at)
+    handed: dict[str, list[tuple[float, int, int]]] = {}
+    for r in records:
+        if r["kind"] == "handed":
+            value = r["progress"] if isinstance(r["progress"], int) else 0
+            handed.setdefault(r["resource"], []).append((float(r["at"]), int(r["epoch"]), value))
+    for items in handed.values():
+        items.sort()
+    lost = documented = 0
+    examples: list[str] = []
+    for r in records:
+        if r["kind"] != "commit" or not r["ok"]:
+            continue
+        acked, epoch = float(r["at"]), int(r["epoch"])
+        found = next(
+            ((at, v) for at, e, v in handed.get(r["resource"], []) if at > acked and e > epoch),
+            None,
+        )
+        if found is None:
+            at, v = final[r["resource"]]
+            if at <= acked:
+                continue  # answered after the last read: nothing can tell
+            found = (at, v)
+        seen_at, seen = found
+        if seen >= r["value"]:
+            continue
+        between = bisect.bisect_right(losses, seen_at) - bisect.bisect_left(
+            losses, float(r["started_at"])
+        )
+        if between > 0:
+            documented += 1
+        else:
+            lost += 1
+            if len(examples) < 5:
+                examples.append(
+                    f"{r['resource']}: value {r['value']} (epoch {epoch}) acknowledged at "
+                    f"{acked:.3f}, but {seen} was read at {seen_at:.3f}"
+                )
+    return lost, documented, examples
+
+
+def run_chaos(
+    procs: MemberProcesses,
+    store: StoreFaults,
+    config: ChaosConfig,
+    *,
+    log: Callable[[str], None] = print,
+) -> ChaosReport:
+    """Run the schedule on ``procs`` (no member started yet) and measure; assert nothing (the
+    caller asserts on the report, the benchmark prints it), except that the group settles."""
+    report = ChaosReport(
+        store.name,
+        config.seed,
+        config.seconds,
+        config.members,
+        config.resources,
+        config.session_timeout,
+    )
+    log(f"chaos seed {config.seed} on {store.name}")
+    resources = [f"res-{i:03d}" for i in range(config.resources)]
+    procs.start("m0", resources)
+    for i in range(1, config.members):
+        procs.start(f"m{i}")
+    procs.wait_stable(config.members, timeout=config.recovery_timeout, resources=resources)
+    with Observer(procs, resources, interval=0.02) as observer:
+        chaos = Chaos(procs, store, config, report, log)
+        chaos.run()
+        healed, healed_wall = time.monotonic(), time.time()
+        procs.wait_stable(
+            config.members,
+            timeout=config.session_timeout + config.recovery_timeout,
+            resources=resources,
+        )
+        report.recovery_s = time.monotonic() - healed
+        wait_for(
+            lambda: every_resource_committed(procs, resources, since=healed_wall),
+            timeout=config.recovery_timeout,
+            what="a commit accepted for every resource after the faults stopped",
+        )
+        report.working_again_s = time.monotonic() - healed
+    report.rebalances = observer.generations(chaos.started) - 1
+    for fault in chaos.faults:
+        took = observer.settled_after(fault)
+        report.settled_after[fault.kind].append(float("nan") if took is None else took)
+    check(procs, report, resources, chaos.data_lost_at)
+    return report
+
+
+def every_resource_committed(
+    procs: MemberProcesses, resources: Sequence[str], since: float
+) -> bool:
+    done = {
+        r["resource"]
+        for r in procs.records()
+        if r["kind"] == "commit" and r["ok"] and r["started_at"] > since
+    }
+    return done >= set(resources)
+
+
+def check(
+    procs: MemberProcesses,
+    report: ChaosReport,
+    resources: Sequence[str],
+    data_lost_at: Sequence[float],
+) -> None:
+    """Fill the report's invariant figures from the trails, the audit table and the store."""
+    from rebalancer_spark.audit import verify_table
+
+    records = procs.records()
+    owned = [r for r in records if r["kind"] in ("acquired", "released", "lost")]
+    by_resource = audit.intervals(owned)
+    report.double_ownerships_trail = len(audit.overlaps(by_resource))
+    report.longest_unowned_s = max((g.seconds for g in audit.gaps(by_resource)), default=0.0)
+    verdict = verify_table(str(procs.audit_path), group=procs.group)
+    report.double_ownerships_audit = len(verdict.overlaps)
+    report.audit_events = verdict.events
+    report.commits_acknowledged = sum(1 for r in records if r["kind"] == "commit" and r["ok"])
+    final = read_final_progress(procs, resources)
+    later = procs.records()  # commits acknowledged before the read above are all in here
+    lost, documented, examples = count_lost_commits(later, final, data_lost_at)
+    report.lost_commits, report.lost_with_store_data = lost, documented
+    report.lost_examples = examples
+
+
+def read_final_progress(
+    procs: MemberProcesses, resources: Sequence[str]
+) -> dict[str, tuple[float, int]]:
+    with open_backend(procs.observer_url) as store:
+        at = time.time()
+        progress = store.progress(procs.group, resources)
+    return {r: (at, p.value if isinstance(p.value, int) else 0) for r, p in progress.items()} | {
+        r: (at, 0) for r in resources if r not in progress
+    }

@@ -1,0 +1,91 @@
+"""The store faults of ``tests/chaos.py`` for the servers of ``tests/servers``."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from tests.servers.redis import RedisServer
+from tests.servers.zookeeper import Ensemble, ZkServer
+
+
+@dataclass
+class EnsembleFaults:
+    """A three-server ZooKeeper ensemble: its leader is killed with -9 and started again
+    1 to 4 s later (one server down at a time, so a quorum remains)."""
+
+    ensemble: Ensemble
+    name: str = "zookeeper (3-server ensemble)"
+    kinds: tuple[str, ...] = ("zk-leader-kill-9",)
+    down: list[ZkServer] = field(default_factory=list)
+
+    def inject(self, kind: str, rng: random.Random) -> float:
+        assert kind in self.kinds, kind
+        leader = self.ensemble.leader(timeout=60)
+        leader.kill()
+        self.down.append(leader)
+        return rng.uniform(1.0, 4.0)
+
+    def heal(self) -> None:
+        for server in self.down:
+            server.start()
+        self.down.clear()
+        self.ensemble.wait_quorum()
+
+    def data_lost(self) -> bool:
+        return False
+
+
+@dataclass
+class StandaloneZkFaults:
+    """A standalone ZooKeeper server stopped for 0.5 s to twice the session timeout and
+    started again (its data is on disk; sessions outlive a short outage)."""
+
+    server: ZkServer
+    session_timeout: float
+    name: str = "zookeeper (standalone)"
+    kinds: tuple[str, ...] = ("zk-server-restart",)
+
+    def inject(self, kind: str, rng: random.Random) -> float:
+        assert kind in self.kinds, kind
+        self.server.stop()
+        return rng.uniform(0.5, 2 * self.session_timeout)
+
+    def heal(self) -> None:
+        if not self.server.running:
+            self.server.start()
+        self.server.wait_serving()
+
+    def data_lost(self) -> bool:
+        return False
+
+
+@dataclass
+class RedisFaults:
+    """redis-server restarted without persistence (everything it held is lost), or paused with
+    SIGSTOP for up to the session timeout + 1 s and resumed."""
+
+    server: RedisServer
+    session_timeout: float
+    name: str = "redis"
+    kinds: tuple[str, ...] = ("redis-restart-no-persistence", "redis-sigstop")
+    paused: bool = False
+    lost: bool = False
+
+    def inject(self, kind: str, rng: random.Random) -> float:
+        assert kind in self.kinds, kind
+        self.lost = kind == "redis-restart-no-persistence"
+        if self.lost:
+            self.server.restart()
+            return 0.0
+        self.server.pause()
+        self.paused = True
+        return rng.uniform(0.5, self.session_timeout + 1.0)
+
+    def heal(self) -> None:
+        if self.paused:
+            self.server.resume()
+            self.paused = False
+
+    def data_lost(self) -> bool:
+        return self.lost
