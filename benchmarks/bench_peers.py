@@ -24,12 +24,15 @@ Figures per scenario: median and p95 seconds to a stable assignment; resources m
 members present before and after) next to ``assignors.minimum_moves``; resources that were
 without an owner, their resource-seconds and the longest gap; imbalance (max - min resources
 per member) once stable; double ownership seen (overlapping ownership intervals: count and
-seconds); store operations during the rebalance: ZooKeeper packets received (``mntr``
-``zk_packets_received``, including the clients' pings) or Redis commands executed
-(``INFO commandstats``, including those run inside Lua scripts), minus the observer's own reads
-(our systems are observed through the store: their reads are counted by calibration). SQLite
-transactions are not counted (``-``). A tooz group that cannot settle because of its start-up
-race (FACTS.md) is reported with the diagnosis, then rebuilt, rather than waited for.
+seconds); store operations from the event to the stable assignment: ZooKeeper packets
+received (``mntr`` ``zk_packets_received``, including every client's pings) or Redis commands
+executed (``INFO commandstats``, including those run inside Lua scripts and the lease
+renewals). Nobody reads the store to observe meanwhile: our members are observed through their
+own trails (timed to the ownership event that completed a balanced, complete, single-owner
+split; the store's own "stable" is checked before and after, outside the window), the peers
+through their in-memory views. SQLite transactions are not counted (``-``). A tooz group that
+cannot settle because of its start-up race (FACTS.md) is reported with the diagnosis, then
+rebuilt, rather than waited for.
 """
 
 from __future__ import annotations
@@ -60,7 +63,6 @@ import bench_rebalance as br
 from peers import KazooMember, PeerMember, ToozMember, diagnose
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.assignors import minimum_moves, moved
-from rebalancer_spark.core.model import GroupState
 from rebalancer_spark.testing import member_process
 
 SYSTEMS = ("sqlite", "zookeeper", "redis", "kazoo", "tooz")
@@ -149,18 +151,7 @@ def window_stats(
 
 
 class QuietGroup(br.Group):
-    """bench_rebalance's group, members committing nothing, the observer's reads counted."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.polls = 0
-        read = self.backend.state
-
-        def counted(group: str) -> GroupState:
-            self.polls += 1
-            return read(group)
-
-        setattr(self.backend, "state", counted)  # noqa: B010 - wrap the one method observed
+    """bench_rebalance's group, its members committing nothing."""
 
     def spawn(self, resources: Sequence[str] | None = None) -> br.MemberProc:
         original = member_process.command
@@ -174,43 +165,113 @@ class QuietGroup(br.Group):
         finally:
             member_process.command = original
 
-    def per_poll(self, ops: Ops | None) -> float:
-        """Store operations of one observer read, measured now (the group is idle)."""
-        if ops is None:
-            return 0.0
-        before = ops.read()
-        for _ in range(10):
-            self.backend.state(self.group)
-        return max(ops.read() - before - 1, 0) / 10
+
+def trail_owners(members: Sequence[br.MemberProc]) -> tuple[dict[str, set[str]], float]:
+    """Member -> what its own trail says it owns now, and the time of the latest ownership
+    event among them."""
+    owners: dict[str, set[str]] = {}
+    last = 0.0
+    for member in members:
+        held: set[str] = set()
+        for r in br.read_records(member.log):
+            kind = r.get("kind")
+            if kind == "acquired":
+                held.add(str(r["resource"]))
+            elif kind in ("released", "lost"):
+                held.discard(str(r["resource"]))
+            else:
+                continue
+            last = max(last, float(r["at"]))
+        owners[member.member_id] = held
+    return owners, last
 
 
-def counted_settle(
-    group: QuietGroup, ops: Ops | None, calib: float, expected: int, timeout: float, what: str,
-    act: Callable[[], float], leaving: br.MemberProc | None = None,
-) -> tuple[float, float, GroupState, float | None]:  # fmt: skip
-    """Run ``act`` (returns its wall-clock start), wait for the stable state; returns (start,
-    seen, state, store operations net of the observer's reads)."""
-    before_ops = ops.read() if ops else 0
-    before_polls = group.polls
-    start = act()
-    seen, state = group.settled(expected, timeout, what, leaving=leaving)
-    if ops is None:
-        return start, seen, state, None
-    used = ops.read() - before_ops - 1 - (group.polls - before_polls) * calib
-    return start, seen, state, used
+def trail_settled(
+    group: QuietGroup,
+    expected: int,
+    resources: set[str],
+    timeout: float,
+    what: str,
+    leaving: br.MemberProc | None = None,
+) -> tuple[float, dict[str, set[str]]]:
+    """Wait until the members' own trails (not the store: its reads would be counted) show
+    every resource owned by exactly one of ``expected`` members, balanced within one; returns
+    the time of the ownership event that completed it, and who owns what."""
+    deadline = time.monotonic() + timeout
+    while True:
+        live = [m for m in group.members if m is not leaving]
+        if len(live) == expected:
+            owners, last = trail_owners(live)
+            sizes = [len(v) for v in owners.values()]
+            if (
+                sum(sizes) == len(resources)
+                and set().union(*owners.values()) == resources
+                and max(sizes) - min(sizes) <= 1
+            ):
+                return last, owners
+        if time.monotonic() >= deadline:
+            raise br.BenchmarkError(f"{what}: the member trails did not settle in {timeout:g} s")
+        time.sleep(br.POLL)
 
 
 def run_ours(
     kind: str, url: str, ops: Ops | None, args: argparse.Namespace, workdir: Path
 ) -> list[Row]:
+    """Our member processes; each scenario is timed to the ownership event that completed a
+    balanced, complete, single-owner split in the members' trails, with the store's own idea
+    of stable (``bench_rebalance``'s observer) checked before and after, outside the window
+    in which store operations are counted."""
     n, ttl = args.members, args.session_timeout
     resources = [f"r{i:04d}" for i in range(args.resources)]
+    wanted = set(resources)
+    workdir.mkdir(parents=True, exist_ok=True)
     group = QuietGroup(url, f"peers-{uuid.uuid4().hex[:8]}", workdir, ttl)
     rows = {
         s: Row(kind, "ours", s, f"{n}->{m}")
         for s, m in (("join", n + 1), ("graceful leave", n - 1), ("crash", n - 1))
     }
     timeout = br.SETTLE_TIMEOUT + ttl
+
+    def measure(row: Row, expected: int, act: Callable[[], tuple[float, br.MemberProc | None]],
+                leaving: bool = False) -> br.MemberProc | None:  # fmt: skip
+        group.settled(n, timeout, f"before {row.scenario}")
+        _, before = trail_settled(group, n, wanted, timeout, f"before {row.scenario}")
+        c0 = ops.read() if ops else 0
+        start, member = act()
+        seen, after = trail_settled(
+            group, expected, wanted, br.READY_TIMEOUT + timeout, row.scenario,
+            leaving=member if leaving else None,
+        )  # fmt: skip
+        used = float(ops.read() - c0) if ops else None
+        group.settled(expected, timeout, f"after {row.scenario}", leaving=member)
+        weights = dict.fromkeys(resources, 1.0)
+        row.points.append(
+            Point(
+                seen - start,
+                moved(before, after),
+                minimum_moves(set(after), weights, before),
+                imbalance(after),
+                used,
+                (start, seen),
+            )
+        )
+        return member
+
+    def join() -> tuple[float, br.MemberProc | None]:
+        member = group.spawn()
+        group.await_ready(member)
+        return group.started_at(member), member
+
+    def leave() -> tuple[float, br.MemberProc | None]:
+        victim = group.victim(group.backend.state(group.group))
+        at = time.time()
+        victim.popen.send_signal(signal.SIGTERM)
+        return at, victim
+
+    def crash() -> tuple[float, br.MemberProc | None]:
+        victim = group.victim(group.backend.state(group.group))
+        return group.kill(victim), None
+
     try:
         group.await_ready(group.spawn(resources))
         for _ in range(n - 1):
@@ -218,46 +279,14 @@ def run_ours(
         for member in group.members:
             group.await_ready(member)
         for _ in range(args.repeats):
-            _, before = group.settled(n, timeout, "before a join")
-            calib = group.per_poll(ops)
-            box: list[br.MemberProc] = []
-
-            def join(box: list[br.MemberProc] = box) -> float:
-                box.append(group.spawn())
-                return time.time()
-
-            spawned, seen, after, used = counted_settle(
-                group, ops, calib, n + 1, br.READY_TIMEOUT + timeout, "join", join
-            )
-            group.await_ready(box[0])
-            add_point(rows["join"], seen - group.started_at(box[0]), before, after, used,
-                      (spawned, seen))  # fmt: skip
-            group.terminate(box[0])
-
-            _, before = group.settled(n, timeout, "before a leave")
-            calib = group.per_poll(ops)
-            victim = group.victim(before)
-
-            def leave(victim: br.MemberProc = victim) -> float:
-                at = time.time()
-                victim.popen.send_signal(signal.SIGTERM)
-                return at
-
-            start, seen, after, used = counted_settle(
-                group, ops, calib, n - 1, timeout, "leave", leave, leaving=victim
-            )
-            group.wait_exit(victim)
-            add_point(rows["graceful leave"], seen - start, before, after, used, (start, seen))
+            joined = measure(rows["join"], n + 1, join)
+            assert joined is not None
+            group.terminate(joined)
+            leaver = measure(rows["graceful leave"], n - 1, leave, leaving=True)
+            assert leaver is not None
+            group.wait_exit(leaver)
             br.restore(group)
-
-            _, before = group.settled(n, timeout, "before a crash")
-            calib = group.per_poll(ops)
-            victim = group.victim(before)
-            start, seen, after, used = counted_settle(
-                group, ops, calib, n - 1, timeout, "crash",
-                lambda victim=victim: group.kill(victim),  # type: ignore[misc]
-            )  # fmt: skip
-            add_point(rows["crash"], seen - start, before, after, used, (start, seen))
+            measure(rows["crash"], n - 1, crash)
             br.restore(group)
         group.settled(n, timeout, "after the last measurement")
     finally:
@@ -265,19 +294,6 @@ def run_ours(
     _, adjusted = br.ownership(group)
     window_stats(adjusted, list(rows.values()))
     return list(rows.values())
-
-
-def add_point(
-    row: Row,
-    seconds: float,
-    before: GroupState,
-    after: GroupState,
-    used: float | None,
-    window: tuple[float, float],
-) -> None:
-    n_moved, n_min = br.moves(before, after)
-    owners = br.owners(after)
-    row.points.append(Point(seconds, n_moved, n_min, imbalance(owners), used, window))
 
 
 # -- the peers ----------------------------------------------------------------------------------

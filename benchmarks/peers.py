@@ -81,6 +81,8 @@ class PeerMember:
     def set_owned(self, owned: frozenset[str], at: float | None = None) -> None:
         at = time.time() if at is None else at
         with self._lock:
+            if self._stop.is_set():
+                return  # left or crashed: the thread's last look must not own anything again
             for item in owned - self.owned:
                 self._since[item] = at
             for item in self.owned - owned:
@@ -103,7 +105,8 @@ class PeerMember:
     def leave(self) -> None:
         """Graceful leave; ownership ends now."""
         self.set_owned(frozenset())
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         self._thread.join(30)
         self.depart()
         self.dead = True
@@ -113,9 +116,9 @@ class PeerMember:
         """Cut the network as a kill -9 would; ownership ends now. Returns the time."""
         at = time.time()
         self.proxy.cut()
-        self._stop.set()
         self.dead = True
         with self._lock:
+            self._stop.set()
             for item in list(self._since):
                 self._close(item, at)
             self.owned = frozenset()
