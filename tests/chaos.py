@@ -14,10 +14,11 @@ audit table), waits for a stable group, then for ``seconds`` injects random faul
   limit (a member paused inside a write transaction stalls every writer until it resumes) is
   exercised by the SIGSTOP fault itself.
 
-At most one member fault and one store fault are in force at any time, so the group keeps a
-quorum of the schedule's own making. When the time is up every fault is healed, and the driver
-measures how long the group takes to be stable again with every resource owned and committed
-to by its owner. Then it checks the invariants from the independent witnesses:
+At most ``members - 1`` member faults and one store fault are in force at any time (so one
+member is always running, and a ZooKeeper ensemble keeps its quorum). When the time is up
+every fault is healed, and the driver measures how long the group takes to be stable again
+with every resource owned and committed to by its owner. Then it checks the invariants from
+the independent witnesses:
 
 * double ownerships: overlapping ownership intervals in the member trails (``audit.overlaps``)
   and in the Delta audit table (``verify_table``), both must be 0;
@@ -213,7 +214,10 @@ class ChaosReport:
     """From the moment every fault was healed to a stable group with every resource owned."""
     working_again_s: float = float("nan")
     """From the same moment until every resource had a commit accepted again."""
-    longest_unowned_s: float = 0.0
+    longest_gap_s: float = 0.0
+    """The longest time a resource went without an owner in the trails, where a paused or
+    killed member's ownership counts until it reports it lost or its successor starts (so a
+    kill's gap shows in ``settled_after``, not here)."""
     settled_after: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     """Fault kind -> seconds from each injection to the next settled state that no longer
     counts on the victim (or follows the heal)."""
@@ -238,7 +242,8 @@ class ChaosReport:
             ),
             f"  recovery             {self.recovery_s:.2f} s to a stable group owning every "
             f"resource, {self.working_again_s:.2f} s until each had a new commit",
-            f"  longest unowned gap  {self.longest_unowned_s:.2f} s (during the faults)",
+            f"  longest trail gap    {self.longest_gap_s:.2f} s (a killed member owns until "
+            "its successor starts)",
         ] + [
             f"  settled after {kind:<28} median {_median(times):.2f} s, max {max(times):.2f} s"
             f" (n={len(times)})"
@@ -246,15 +251,14 @@ class ChaosReport:
         ]
 
     def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["faults"] = dict(self.faults)
         out["settled_after"] = dict(self.settled_after)
-        out.pop("schedule")
         return out
 
 
 class Chaos:
-    """The schedule: one member fault and one store fault in force at most."""
+    """The schedule: at most ``members - 1`` member faults and one store fault in force."""
 
     def __init__(
         self,
@@ -272,8 +276,8 @@ class Chaos:
         self.log = log
         self.started = time.monotonic()
         self.faults: list[Fault] = []
-        self.member_fault: tuple[Fault, float] | None = None
-        """The member fault in force and the monotonic time to heal it."""
+        self.member_faults: dict[str, tuple[Fault, float]] = {}
+        """Member id -> the fault in force on it and the monotonic time to heal it."""
         self.store_fault: tuple[Fault, float] | None = None
         self.data_lost_at: list[float] = []
         """Wall-clock times at which the store lost its data."""
@@ -302,7 +306,7 @@ class Chaos:
     def inject_member_fault(self) -> None:
         ttl = self.config.session_timeout
         kind = self.rng.choice(["kill-9", "kill-9-coordinator", "sigstop"])
-        live = sorted(self.procs.procs)
+        live = sorted(set(self.procs.procs) - set(self.member_faults))
         victim = self.rng.choice(live)
         if kind == "kill-9-coordinator":
             coordinator = self.coordinator()
@@ -314,22 +318,19 @@ class Chaos:
             pause = ttl + self.rng.uniform(0.3, 1.5)
             fault = self.add(kind, victim, f"SIGSTOP {victim} for {pause:.2f} s (lease {ttl:g} s)")
             self.procs.signal(victim, signal.SIGSTOP)
-            self.member_fault = (fault, time.monotonic() + pause)
+            self.member_faults[victim] = (fault, time.monotonic() + pause)
         else:
             down = self.rng.uniform(0.0, ttl)
             fault = self.add(
                 kind, victim, f"kill -9 {victim}; restart after its lease + {down:.2f} s"
             )
             self.procs.kill(victim)
-            self.member_fault = (fault, time.monotonic() + ttl + down)
+            self.member_faults[victim] = (fault, time.monotonic() + ttl + down)
 
-    def heal_member(self, *, final: bool = False) -> bool:
+    def heal_member(self, victim: str, *, final: bool = False) -> bool:
         """Undo the member fault; a killed member is restarted only once the store dropped its
         old session (a static id in use is refused). False if it must wait for that."""
-        assert self.member_fault is not None
-        fault, _ = self.member_fault
-        victim = fault.victim
-        assert victim is not None
+        fault, _ = self.member_faults[victim]
         if fault.kind == "sigstop":
             self.procs.signal(victim, signal.SIGCONT)
             self.say(f"SIGCONT {victim}")
@@ -346,7 +347,7 @@ class Chaos:
             self.procs.start(victim)
             self.say(f"restarted {victim} under its static id")
         fault.healed = time.monotonic()
-        self.member_fault = None
+        del self.member_faults[victim]
         return True
 
     def session_alive(self, member_id: str) -> bool:
@@ -382,9 +383,9 @@ class Chaos:
         next_fault = self.started + self.rng.expovariate(1 / self.config.mean_gap)
         while True:
             now = time.monotonic()
-            due = self.member_fault
-            if due is not None and now >= due[1] and not self.heal_member():
-                self.member_fault = (due[0], now + 0.1)  # its old session is still alive
+            for victim, (fault, due) in sorted(self.member_faults.items()):
+                if now >= due and not self.heal_member(victim):
+                    self.member_faults[victim] = (fault, now + 0.1)  # its old session lives
             if self.store_fault is not None and now >= self.store_fault[1]:
                 self.heal_store()
             if now >= end:
@@ -395,19 +396,18 @@ class Chaos:
                 )
                 if store_turn and self.store_fault is None:
                     self.inject_store_fault()
-                elif not store_turn and self.member_fault is None:
+                elif not store_turn and len(self.member_faults) < self.config.members - 1:
                     self.inject_member_fault()
                 next_fault = time.monotonic() + self.rng.expovariate(1 / self.config.mean_gap)
             wake = [end, next_fault]
-            if self.member_fault is not None:
-                wake.append(self.member_fault[1])
+            wake += [due for _, due in self.member_faults.values()]
             if self.store_fault is not None:
                 wake.append(self.store_fault[1])
             # The schedule's own virtual time between faults: the workload, not synchronisation.
             time.sleep(max(min(wake) - time.monotonic(), 0.0))
         self.heal_store()
-        if self.member_fault is not None:
-            self.heal_member(final=True)
+        for victim in sorted(self.member_faults):
+            self.heal_member(victim, final=True)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -552,7 +552,7 @@ def check(
     owned = [r for r in records if r["kind"] in ("acquired", "released", "lost")]
     by_resource = audit.intervals(owned)
     report.double_ownerships_trail = len(audit.overlaps(by_resource))
-    report.longest_unowned_s = max((g.seconds for g in audit.gaps(by_resource)), default=0.0)
+    report.longest_gap_s = max((g.seconds for g in audit.gaps(by_resource)), default=0.0)
     verdict = verify_table(str(procs.audit_path), group=procs.group)
     report.double_ownerships_audit = len(verdict.overlaps)
     report.audit_events = verdict.events
