@@ -85,7 +85,12 @@ def store_for(
         finally:
             redis.stop()
     else:
-        yield kind, kind, NoStoreFaults(name=kind.split("://", 1)[0] + " (member faults only)")
+        name = kind.split("://", 1)[0] + " (member faults only)"
+        yield (
+            kind,
+            kind,
+            NoStoreFaults(name, paused_member_stalls_writers=kind.startswith("sqlite")),
+        )
 
 
 def run_one(kind: str, args: argparse.Namespace, seed: int) -> ChaosReport:

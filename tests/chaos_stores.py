@@ -17,6 +17,7 @@ class EnsembleFaults:
     ensemble: Ensemble
     name: str = "zookeeper (3-server ensemble)"
     kinds: tuple[str, ...] = ("zk-leader-kill-9",)
+    paused_member_stalls_writers: bool = False
     down: list[ZkServer] = field(default_factory=list)
 
     def inject(self, kind: str, rng: random.Random) -> float:
@@ -45,6 +46,7 @@ class StandaloneZkFaults:
     session_timeout: float
     name: str = "zookeeper (standalone)"
     kinds: tuple[str, ...] = ("zk-server-restart",)
+    paused_member_stalls_writers: bool = False
 
     def inject(self, kind: str, rng: random.Random) -> float:
         assert kind in self.kinds, kind
@@ -69,6 +71,7 @@ class RedisFaults:
     session_timeout: float
     name: str = "redis"
     kinds: tuple[str, ...] = ("redis-restart-no-persistence", "redis-sigstop")
+    paused_member_stalls_writers: bool = False
     paused: bool = False
     lost: bool = False
 
