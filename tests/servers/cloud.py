@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -171,6 +171,41 @@ class RabbitMq:
         finally:
             conn.close()
         return queue
+
+    def publish(
+        self,
+        queue: str,
+        messages: Sequence[tuple[str | None, bytes]],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Publish ``(message_id, body)`` pairs (persistent) to the queue named ``queue``."""
+        import pika
+
+        conn = self.connection()
+        try:
+            channel = conn.channel()
+            for message_id, body in messages:
+                props = pika.BasicProperties(
+                    message_id=message_id, headers=headers, delivery_mode=2
+                )
+                channel.basic_publish(exchange="", routing_key=queue, body=body, properties=props)
+        finally:
+            conn.close()
+
+    def depth(self, queue: str) -> int:
+        conn = self.connection()
+        try:
+            count: int = (
+                conn.channel().queue_declare(queue=queue, passive=True).method.message_count
+            )
+            return count
+        finally:
+            conn.close()
+
+    def source_url(self, **options: str) -> str:
+        """A rabbitmq:// source URL on this broker with these query options."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return self.url.replace("amqp://", "rabbitmq://", 1) + ("?" + query if query else "")
 
     def cleanup(self) -> None:
         if not self.made:

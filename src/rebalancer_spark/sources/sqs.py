@@ -101,6 +101,8 @@ class SqsSource(QueueSource):
                 f"1 to {_MAX_VISIBILITY}: make it longer than one batch takes to write"
             )
         self.visibility_timeout = int(text)
+        self.page_size = 1000
+        """Queue URLs per ListQueues page (1 to 1000; SQS's maximum by default)."""
         self._client: Any = None
         self._urls: dict[str, str] = {}
 
@@ -134,7 +136,7 @@ class SqsSource(QueueSource):
 
     def discover(self) -> list[Resource]:
         names: list[str] = []
-        kwargs: dict[str, Any] = {"QueueNamePrefix": self.prefix, "MaxResults": 1000}
+        kwargs: dict[str, Any] = {"QueueNamePrefix": self.prefix, "MaxResults": self.page_size}
         while True:
             page = self._call("ListQueues", self.client.list_queues, **kwargs)
             for url in page.get("QueueUrls", []):
