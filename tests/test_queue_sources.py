@@ -20,7 +20,7 @@ from rebalancer_spark.sources.queues import DedupeRule, QueueMessage, depth_weig
 from rebalancer_spark.sources.rabbitmq import RabbitMqSource
 from rebalancer_spark.sources.sqs import SqsSource
 from tests.helpers import wait_for
-from tests.servers.cloud import RabbitMq, SqsPrefix
+from tests.servers.cloud import RabbitMq, RabbitMqNode, SqsPrefix
 
 
 def _bodies(n: int, tag: str = "m") -> list[tuple[str | None, bytes]]:
@@ -61,6 +61,32 @@ def test_rabbitmq_lists_the_given_queues_weighted_by_depth(rabbitmq: RabbitMq) -
     assert source.depth(five) == 5
     with pytest.raises(SourceError, match="does not exist"):
         source.depth(missing)
+
+
+def test_rabbitmq_pattern_lists_queues_through_the_management_api(
+    rabbitmq_management: RabbitMqNode,
+) -> None:
+    broker = RabbitMq(rabbitmq_management.url, "pattern-")
+    try:
+        a = broker.declare("orders-a")
+        b = broker.declare("orders-b")
+        broker.declare("other-c")
+        broker.publish(a, _bodies(3))
+        url = broker.url.replace("amqp://", "rabbitmq://", 1)
+        source = RabbitMqSource(
+            f"{url}?pattern=pattern-orders-*&management={rabbitmq_management.management}"
+        )
+        wanted = [Resource(a, 4.0), Resource(b, 1.0)]
+        wait_for(lambda: source.discover() == wanted, timeout=15, what=f"the listing {wanted}")
+        wrong = RabbitMqSource(
+            url.replace("guest:guest@", "guest:n0pe-pw@")
+            + f"?pattern=*&management={rabbitmq_management.management}"
+        )
+        with pytest.raises(SourceError, match="management API") as caught:
+            wrong.discover()
+        assert "n0pe-pw" not in str(caught.value)
+    finally:
+        broker.cleanup()
 
 
 def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:

@@ -192,6 +192,13 @@ class RabbitMqSource(QueueSource):
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
                 listing = json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise SourceError(
+                f"the management API at {self.management} refused to list the queues of vhost "
+                f"{self.vhost!r} for source {self.shown!r} (HTTP {exc.code} {exc.reason}): "
+                "check the user's password and that it may read the vhost (management tag)"
+            ) from None
         except (OSError, ValueError) as exc:
             raise SourceError(
                 f"cannot list the queues of vhost {self.vhost!r} through the management API "
