@@ -136,7 +136,7 @@ def test_a_stale_owner_neither_commits_nor_acks_and_its_batch_goes_to_the_new_ow
     assert loop_a.run_once()
     assert loop_a.stats.fenced == 1 and loop_a.stats.batches == 0
     # A never acknowledged: all 20 are back in the queue (A closed its consumer)
-    assert rabbitmq.depth(queue) == 20
+    wait_for(lambda: rabbitmq.depth(queue) == 20, timeout=10, what="A's 20 messages requeued")
     assert b.owns(queue).epoch > epoch_a  # type: ignore[union-attr]
     loop_b = QueueLoop(b, source, KeyedDeltaOutput(output_path))
     try:

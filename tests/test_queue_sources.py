@@ -154,7 +154,7 @@ def test_rabbitmq_consumer_holds_messages_until_acked_and_close_returns_them(
     last = rest[-1]
     assert last.key.startswith("sha256:") and last.headers == {"event-id": "ev-1"}
     # closed without acknowledging: all nine are back
-    assert rabbitmq.depth(queue) == 9
+    wait_for(lambda: rabbitmq.depth(queue) == 9, timeout=10, what="the nine requeued")
     by_header = RabbitMqSource(rabbitmq.source_url(queues=queue, dedupe="header:event-id"))
     with by_header.consumer(queue) as consumer:
         keys = [m.key for m in consumer.fetch(100)]
