@@ -1,7 +1,8 @@
 """Torture: queue workers killed with -9 at random moments while they drain several queues.
 
 Three member processes (``rebalancer_spark.testing.queue_worker``: the queue loop without Spark,
-see its docstring for why) share six RabbitMQ queues of 500 messages each. Whenever the
+see its docstring for why) share six RabbitMQ queues of 500 messages each (or four SQS queues of
+200, with a 2 s visibility timeout). Whenever the
 messages left fall below the next of a few random thresholds, a random worker is killed with -9,
 wherever it is (fetching, writing the Delta table, committing, acknowledging), and a new worker
 joins. At the end every message is in the output exactly once, without any read-time dedupe,
@@ -21,15 +22,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from rebalancer_spark.audit import verify_table
+from rebalancer_spark.spark.queue_output import KeyedDeltaOutput
 from tests.helpers import wait_for
-from tests.servers.cloud import RabbitMq
+from tests.servers.cloud import RabbitMq, SqsPrefix
 
 QUEUES = 6
 PER_QUEUE = 500
@@ -130,47 +133,120 @@ class Workers:
         self.procs.clear()
 
 
-@pytest.fixture
-def workers(rabbitmq: RabbitMq, tmp_path: Path, group: str) -> Iterator[Workers]:
+@dataclass
+class Scenario:
+    """Queues of ``per_queue`` messages keyed ``<queue>/<i>`` on one broker, and their depth."""
+
+    source: str
+    queues: list[str]
+    per_queue: int
+    kills: int
+    left: Callable[[], int]
+    """Messages not yet acknowledged (SQS: in flight too)."""
+    close: Callable[[], None] = lambda: None
+
+
+def _rabbitmq(rabbitmq: RabbitMq) -> Scenario:
     queues = [rabbitmq.declare(f"t{i}") for i in range(QUEUES)]
     for q in queues:
         rabbitmq.publish(
-            q, [(f"{q}/{i}", json.dumps({"q": q, "i": i}).encode()) for i in range(PER_QUEUE)]
+            q, [(f"{q}/{i}", json.dumps({"id": f"{q}/{i}"}).encode()) for i in range(PER_QUEUE)]
         )
-    source = rabbitmq.source_url(queues=",".join(queues), batch="20")
-    running = Workers(tmp_path, group, source)
+    channel = rabbitmq.connection().channel()  # one connection for the many looks at depths
+    return Scenario(
+        rabbitmq.source_url(queues=",".join(queues), batch="20"),
+        queues,
+        PER_QUEUE,
+        KILLS,
+        lambda: sum(channel.queue_declare(q, passive=True).method.message_count for q in queues),
+        channel.connection.close,
+    )
+
+
+def _sqs(sqs: SqsPrefix) -> Scenario:
+    """Fewer messages and kills: a killed worker's messages wait out a 2 s visibility timeout."""
+    per_queue = 200
+    queues = [sqs.prefix + f"t{i}" for i in range(4)]
+    urls = [sqs.create(f"t{i}") for i in range(4)]
+    for q, url in zip(queues, urls, strict=True):
+        for start in range(0, per_queue, 10):
+            sqs.client.send_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(i), "MessageBody": json.dumps({"id": f"{q}/{i}"})}
+                    for i in range(start, start + 10)
+                ],
+            )
+
+    def left() -> int:
+        total = 0
+        for url in urls:
+            attrs = sqs.client.get_queue_attributes(
+                QueueUrl=url,
+                AttributeNames=[
+                    "ApproximateNumberOfMessages",
+                    "ApproximateNumberOfMessagesNotVisible",
+                ],
+            )["Attributes"]
+            total += sum(int(v) for v in attrs.values())
+        return total
+
+    source = (
+        f"sqs://us-east-1/{sqs.prefix}?endpoint_url={sqs.endpoint}&dedupe=json:id&batch=20"
+        "&visibility_timeout=2"
+    )
+    return Scenario(source, queues, per_queue, 4, left)
+
+
+@pytest.fixture(params=["rabbitmq", "sqs"])
+def scenario(request: pytest.FixtureRequest) -> Iterator[Scenario]:
+    if request.param == "rabbitmq":
+        made = _rabbitmq(request.getfixturevalue("rabbitmq"))
+    else:
+        made = _sqs(request.getfixturevalue("sqs_prefix"))
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def workers(scenario: Scenario, tmp_path: Path, group: str) -> Iterator[Workers]:
+    running = Workers(tmp_path, group, scenario.source)
     yield running
     running.close()
 
 
 @pytest.mark.slow
 def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
-    workers: Workers, rabbitmq: RabbitMq
+    workers: Workers, scenario: Scenario
 ) -> None:
-    queues = [rabbitmq.prefix + f"t{i}" for i in range(QUEUES)]
-    total = QUEUES * PER_QUEUE
+    queues = scenario.queues
+    total = len(queues) * scenario.per_queue
     rng = random.Random(os.environ.get("TORTURE_SEED", f"{time.time_ns()}"))
-    thresholds = sorted(rng.sample(range(total // 10, total * 9 // 10), KILLS), reverse=True)
+    thresholds = sorted(rng.sample(range(total // 10, total * 9 // 10), scenario.kills))
+    thresholds.reverse()
     started = time.monotonic()
     for _ in range(WORKERS):
         workers.start()
-
-    def left() -> int:
-        return sum(rabbitmq.depth(q) for q in queues)
-
+    left = scenario.left
+    output = KeyedDeltaOutput(str(workers.output))
     killed: list[tuple[str, int]] = []
     for threshold in thresholds:
         wait_for(
             lambda t=threshold: left() <= t,  # type: ignore[misc]
             timeout=60,
             what=f"fewer than {threshold} messages left (kills so far: {killed})",
-            interval=0.005,
+            interval=0.01,
         )
         victim = rng.choice(sorted(workers.procs))
         workers.kill(victim)
         killed.append((victim, left()))
         workers.start()
-    wait_for(lambda: left() == 0, timeout=90, what="every queue drained")
+    wait_for(
+        lambda: left() == 0 and len(output.keys()) >= total,
+        timeout=90,
+        what="every queue drained and every message written",
+        interval=0.05,
+    )
     drained = time.monotonic() - started
     codes = workers.stop_all()
     assert all(code == 0 for code, _ in codes.values()), codes
@@ -180,7 +256,7 @@ def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
     rows = list(zip(resources, keys, strict=True))
     doubled = [row for row, n in Counter(rows).items() if n > 1]
     assert doubled == [], f"{len(doubled)} messages written twice, e.g. {doubled[:5]}"
-    expected = {(q, f"{q}/{i}") for q in queues for i in range(PER_QUEUE)}
+    expected = {(q, f"{q}/{i}") for q in queues for i in range(scenario.per_queue)}
     missing = expected - set(rows)
     assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
     assert len(rows) == total
@@ -193,6 +269,6 @@ def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
         for m in re.finditer(r"(\d+) duplicates", text)
     )
     print(
-        f"\n{total} messages, {QUEUES} queues, {len(killed)} kill -9 at {killed}; drained in "
+        f"\n{total} messages, {len(queues)} queues, {len(killed)} kill -9 at {killed}; drained in "
         f"{drained:.1f} s; surviving workers dropped {redelivered} already-written messages"
     )
