@@ -100,6 +100,7 @@ def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:
         f"rabbitmq://u:{secret}@host:5672/?queues=a&dedupe=header:",
         f"rabbitmq://u:{secret}@/?queues=a",
         f"rabbitmq://u:{secret}@host:99999/?queues=a",
+        f"rabbitmq://u:{secret}@host/?queues=a&heartbeat=1.5",
     ]
     for url in bad:
         with pytest.raises(ConfigurationError) as caught:

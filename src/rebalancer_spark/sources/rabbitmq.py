@@ -88,8 +88,9 @@ class RabbitMqSource(QueueSource):
         try:
             host, port = parts.hostname, parts.port
         except ValueError:
-            host, port = None, None
-            raise ConfigurationError(f"{where} has a bad port: write HOST:5672") from None
+            raise ConfigurationError(
+                f"{where} has a port that is not a number from 1 to 65535: write HOST:5672"
+            ) from None
         if not host:
             raise ConfigurationError(
                 f"{where} names no host: write rabbitmq://USER:PASSWORD@HOST:5672/VHOST?queues=a"
@@ -105,6 +106,7 @@ class RabbitMqSource(QueueSource):
         self.batch_size = batch_option(options.get("batch"), where)
         self.dedupe = DedupeRule.parse(options.get("dedupe", "message_id"), where)
         self.heartbeat = _seconds(options.get("heartbeat", "60"), "heartbeat", where)
+        """AMQP heartbeat in whole seconds; 0 turns heartbeats off."""
         self.management = options.get("management")
         self.pattern = options.get("pattern")
         listed = options.get("queues")
@@ -139,7 +141,7 @@ class RabbitMqSource(QueueSource):
             port=self.port,
             virtual_host=self.vhost,
             credentials=pika.PlainCredentials(self.username, self._password),
-            heartbeat=int(self.heartbeat),
+            heartbeat=self.heartbeat,
             blocked_connection_timeout=30,
             connection_attempts=1,
             socket_timeout=10,
@@ -306,16 +308,12 @@ def _close_quietly(conn: Any) -> None:
         log.debug("closing a RabbitMQ connection failed: %s", _why(exc))
 
 
-def _seconds(text: str, name: str, where: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 3600:
+def _seconds(text: str, name: str, where: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 3600:
         raise ConfigurationError(
-            f"{name}={text!r} in {where} is not a number of seconds from 0 to 3600"
+            f"{name}={text!r} in {where} is not a whole number of seconds from 0 to 3600"
         )
-    return value
+    return int(text)
 
 
 def _text(value: object) -> str:
