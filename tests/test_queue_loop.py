@@ -250,3 +250,47 @@ def test_a_spark_job_transforms_batches_and_writes_them_once(
     from rebalancer_spark.audit import verify_table
 
     assert verify_table(str(tmp_path / "audit"), group=group).ok
+
+
+def test_a_queue_revoked_mid_batch_is_not_written_and_its_messages_go_to_the_new_owner(
+    rabbitmq: RabbitMq, tmp_path: Path, group: str, members: list[Member]
+) -> None:
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, [(f"k{i}", b"{}") for i in range(30)])
+    source = RabbitMqSource(rabbitmq.source_url(queues=queue, batch="10"))
+    a = Member(_config(tmp_path, group, "a"), resources=[queue])
+    members.append(a.start())
+    wait_for(lambda: a.owns(queue) is not None, timeout=15, what="a to own the queue")
+    b = Member(_config(tmp_path, group, "b"))
+    members.append(b.start())
+    leaving = threading.Thread(target=a.stop)  # a graceful leave revokes the queue from a
+
+    def revoke_during_the_batch(resource: str, epoch: int, table: pa.Table) -> pa.Table:
+        leaving.start()
+        wait_for(lambda: b.owns(queue) is not None, timeout=20, what="b to get the queue")
+        return table
+
+    output_path = str(tmp_path / "out")
+    loop_a = QueueLoop(a, source, KeyedDeltaOutput(output_path))
+    try:
+        assert loop_a.run_once()  # batch 1: written, committed, acknowledged
+        assert loop_a.open_consumers == [(queue, a.owns(queue).epoch)]  # type: ignore[union-attr]
+        loop_a.process = revoke_during_the_batch
+        assert loop_a.run_once()  # batch 2: revoked before it was written
+        assert loop_a.stats.fenced == 1 and loop_a.stats.written == 10
+        assert loop_a.open_consumers == []
+    finally:
+        loop_a.close()
+        leaving.join(30)
+    wait_for(lambda: rabbitmq.depth(queue) == 20, timeout=10, what="a's second batch requeued")
+    loop_b = QueueLoop(b, source, KeyedDeltaOutput(output_path))
+    try:
+        _drain(loop_b, lambda: rabbitmq.depth(queue) == 0, "b to drain the queue")
+        assert loop_b.open_consumers != []
+        b.stop(drain=False)  # b owns nothing now: its next look closes the consumer
+        assert not loop_b.run_once()
+        assert loop_b.open_consumers == []
+    finally:
+        loop_b.close()
+    assert loop_b.stats.written == 20 and loop_b.stats.duplicates == 0
+    assert KeyedDeltaOutput(output_path).keys() == sorted(f"k{i}" for i in range(30))

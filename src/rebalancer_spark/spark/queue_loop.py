@@ -110,6 +110,11 @@ class QueueLoop:
         self._consumers: dict[tuple[str, int], QueueConsumer] = {}
         self._progress: dict[tuple[str, int], dict[str, Any]] = {}
 
+    @property
+    def open_consumers(self) -> list[tuple[str, int]]:
+        """The (queue, epoch) pairs a consumer is open for now."""
+        return sorted(self._consumers)
+
     def run(self, stop: threading.Event, poll_interval: float) -> QueueStats:
         """Run batches until ``stop`` is set, waiting ``poll_interval`` when nothing came."""
         try:
