@@ -65,7 +65,7 @@ def test_public_surface_is_pinned() -> None:
         "spark_conf_options",
     ]
     job_fields = {"source", "resources", "output", "audit", "format", "schema"}
-    job_fields |= {"max_files_per_batch", "poll_interval", "discovery_interval"}
+    job_fields |= {"max_files_per_batch", "poll_interval", "discovery_interval", "log_format"}
     assert set(OPTION_KEYS) == set(CONFIG_KEYS) | job_fields
 
 
