@@ -120,6 +120,7 @@ def test_metrics_of_a_live_group(pair: tuple[Member, Member, str]) -> None:
 
     lead = coordinator.metrics_text()
     assert value(lead, "rebalancer_group_members") == 2
+    assert value(lead, "rebalancer_group_resources") == len(RESOURCES)
     assert value(lead, "rebalancer_is_coordinator") == 1
     assert value(lead, "rebalancer_coordinator_epoch") >= 1
     assert value(lead, "rebalancer_rebalances_total") >= 2  # m1 alone, then m1 and m2
@@ -129,6 +130,7 @@ def test_metrics_of_a_live_group(pair: tuple[Member, Member, str]) -> None:
     assert value(lead, "rebalancer_resources_moved_total") >= 3  # three went to the joiner
     follower = other.metrics_text()
     assert value(follower, "rebalancer_group_members") == 0  # only the coordinator counts
+    assert value(follower, "rebalancer_group_resources") == 0
     assert value(follower, "rebalancer_is_coordinator") == 0
     assert value(follower, "rebalancer_rebalances_total") == 0
 

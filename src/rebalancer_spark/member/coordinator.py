@@ -96,6 +96,8 @@ class CoordinatorLoop:
         """The latest coordinator epoch this member saw, coordinator or not (logs, metrics)."""
         self.present_members = 0
         """Members the latest target covers, as this member last computed it coordinating."""
+        self.listed_resources = 0
+        """Resources in the group's set, as this member last read it coordinating."""
         self._pending: tuple[frozenset[str], int] | None = None
         self._first_change = 0.0
         self._last_change = 0.0
@@ -258,7 +260,7 @@ class CoordinatorLoop:
     def _coordinate(self, session: Session, epoch: int, state: GroupState) -> float:
         now = self._clock.monotonic()
         present, grace_end = self._present_members(state, now)
-        self.present_members = len(present)
+        self.present_members, self.listed_resources = len(present), len(state.resources)
         target = state.target
         wait = _IDLE_WAIT if grace_end is None else max(grace_end - now, 0.0)
 

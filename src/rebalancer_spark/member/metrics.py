@@ -10,6 +10,8 @@ what each alert means):
 
 * ``rebalancer_group_members``: members the coordinator's target covers; 0 on a member that
   is not coordinator (aggregate with ``max by (group)``);
+* ``rebalancer_group_resources``: resources in the group's set, on the coordinator (0 on the
+  others);
 * ``rebalancer_owned_resources``: resources this member owns now (0 once its lease lapsed);
 * ``rebalancer_is_coordinator``: 1 while this member is the coordinator;
 * ``rebalancer_coordinator_epoch``: the coordinator epoch this member last saw;
@@ -55,9 +57,9 @@ def metrics_available() -> bool:
 class MemberMetrics:
     """The metrics of member ``member`` of ``group``; see the module docstring.
 
-    ``owned``, ``is_coordinator``, ``epoch`` and ``group_members`` are read at scrape time
-    (from memory); the rest is pushed by the member through :meth:`__call__` (an event sink),
-    :meth:`rebalanced` and :meth:`renewed`."""
+    ``owned``, ``is_coordinator``, ``epoch``, ``group_members`` and ``group_resources`` are
+    read at scrape time (from memory); the rest is pushed by the member through
+    :meth:`__call__` (an event sink), :meth:`rebalanced` and :meth:`renewed`."""
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class MemberMetrics:
         is_coordinator: Callable[[], bool],
         epoch: Callable[[], int | None],
         group_members: Callable[[], int],
+        group_resources: Callable[[], int],
     ) -> None:
         try:
             from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -85,6 +88,9 @@ class MemberMetrics:
 
         gauge("rebalancer_group_members", "members the coordinator's target covers", lambda: (
             group_members() if is_coordinator() else 0
+        ))  # fmt: skip
+        gauge("rebalancer_group_resources", "resources in the group's set", lambda: (
+            group_resources() if is_coordinator() else 0
         ))  # fmt: skip
         gauge("rebalancer_owned_resources", "resources this member owns now", owned)
         gauge("rebalancer_is_coordinator", "1 while this member coordinates", is_coordinator)

@@ -359,10 +359,12 @@ class Member:
             owned=lambda: len(self.assigned()),
             is_coordinator=lambda: self.is_coordinator,
             epoch=self._seen_epoch,
-            group_members=lambda: (
-                0 if self._coordinator is None else (self._coordinator.present_members)
-            ),
+            group_members=lambda: self._coordinator_count("present_members"),
+            group_resources=lambda: self._coordinator_count("listed_resources"),
         )
+
+    def _coordinator_count(self, name: str) -> int:
+        return 0 if self._coordinator is None else int(getattr(self._coordinator, name))
 
 
 def _as_resources(resources: Iterable[str | Resource]) -> list[Resource]:
