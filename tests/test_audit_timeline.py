@@ -225,3 +225,26 @@ def test_help_documents_the_exit_codes() -> None:
 
 def test_load_events_feeds_the_statistics(table: str) -> None:
     assert len(rebalances(load_events(table, group=GROUP))) == 3
+
+
+def test_upkeep_as_documented_keeps_the_table_readable_and_writable(tmp_path: Path) -> None:
+    """docs/operations.md: compact, checkpoint and vacuum with deltalake while the table is in
+    use; every event is still there and members can go on appending."""
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "audit")
+    with DeltaAuditLog(path, flush_interval=0) as log:
+        for e in trail():  # one commit per event: many small files
+            log(e)
+            assert log.flush(), log.last_error
+        table = DeltaTable(path)
+        before = len(table.file_uris())
+        assert table.optimize.compact()["numFilesRemoved"] == before
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        removed = table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+        assert len(removed) == before
+        log(event("released", 30.0, "r4", "m2", 1))  # the same writer appends after upkeep
+        assert log.flush(), log.last_error
+    assert len(DeltaTable(path).file_uris()) == 2
+    assert len(load_events(path)) == len(trail()) + 1
