@@ -19,7 +19,9 @@ what each alert means):
 * ``rebalancer_rebalance_duration_seconds``: from the first change seen to the publication;
 * ``rebalancer_resources_moved_total``: resources those targets moved to another member;
 * ``rebalancer_ownership_events_total{kind}``: acquired, released, lost, fenced events;
-* ``rebalancer_fenced_writes_total``: writes of this member refused as ownership moved on;
+* ``rebalancer_fenced_writes_total``: commits of this member refused because it no longer
+  owned the resource (found locally, or by the store: the latter also emit a ``fenced``
+  event);
 * ``rebalancer_lease_renew_seconds``: time a successful lease renewal took.
 
 ``prometheus_client`` is imported when a member is made (``pip install
@@ -125,7 +127,7 @@ class MemberMetrics:
         self._event_children = {kind: self._events.labels(*values, str(kind)) for kind in EventKind}
         self._fenced = Counter(
             "rebalancer_fenced_writes",
-            "writes refused because ownership moved on",
+            "commits refused because ownership moved on",
             labels,
             registry=self.registry,
         ).labels(*values)
@@ -142,10 +144,12 @@ class MemberMetrics:
     # -- what the member pushes ---------------------------------------------------------------
 
     def __call__(self, event: OwnershipEvent) -> None:
-        """The event sink: counts ownership events and fenced writes."""
+        """The event sink: counts ownership events."""
         self._event_children[event.kind].inc()
-        if event.kind is EventKind.FENCED:
-            self._fenced.inc()
+
+    def refused_write(self) -> None:
+        """A commit was refused: the member no longer owned the resource at that epoch."""
+        self._fenced.inc()
 
     def rebalanced(self, seconds: float, moved: int) -> None:
         """A target was published ``seconds`` after the first change, moving ``moved``."""

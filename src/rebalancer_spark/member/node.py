@@ -285,12 +285,12 @@ class Member:
         owned = self.owns(resource)
         session = self._lease.valid_session()
         if owned is None or session is None:
-            raise FencedError(
+            raise self._refused(
                 f"commit for resource {resource!r} refused: member {self.member_id!r} of group "
                 f"{self.group!r} does not own it now; stop working on it"
             )
         if epoch is not None and epoch != owned.epoch:
-            raise FencedError(
+            raise self._refused(
                 f"commit for resource {resource!r} at epoch {epoch} refused: member "
                 f"{self.member_id!r} lost it since and owns it again at epoch {owned.epoch}; "
                 "redo the work from the progress handed over with the new ownership"
@@ -301,7 +301,14 @@ class Member:
         except FencedError as exc:
             self._ownership.emit(EventKind.FENCED, session, resource, owned.epoch, str(exc))
             self._lease.changed.set()
+            self._refused(str(exc))
             raise
+
+    def _refused(self, message: str) -> FencedError:
+        """Count a refused commit (metrics) and return the error to raise."""
+        if self.metrics is not None:
+            self.metrics.refused_write()
+        return FencedError(message)
 
     def set_resources(self, resources: Iterable[str | Resource]) -> int:
         """Replace the group's resource set; returns its new version."""
