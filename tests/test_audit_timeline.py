@@ -198,28 +198,40 @@ def test_history_is_a_top_level_command_with_since(table: str) -> None:
     assert missing.returncode == 2 and "--audit" in missing.stderr
 
 
-def test_rebalances_and_owners_commands(table: str) -> None:
-    human = run("audit", "rebalances", table)
-    assert human.returncode == 0, human.stderr
-    lines = human.stdout.splitlines()
+def here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run the CLI in this process (the subprocess tests above cover the real entry point);
+    return its standard output."""
+    from rebalancer_spark.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # --help
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return captured.out
+
+
+def test_rebalances_and_owners_commands(table: str, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = here(capsys, "audit", "rebalances", table).splitlines()
     assert lines[0].split()[:4] == ["#", "GROUP", "START", "(UTC)"]
     assert lines[2].split()[3:6] == ["0.200", "2", "0"]  # rebalance 2: 0.2 s, 2 moved
     assert lines[-1].startswith("3 rebalances")
-    data = json.loads(run("audit", "rebalances", table, "--json").stdout)
+    data = json.loads(here(capsys, "audit", "rebalances", table, "--json"))
     assert data["rebalances"] == 3 and data["moved"] == 4
     assert [i["moved"] for i in data["items"]] == [0, 2, 2]
     assert data["max_duration"] == pytest.approx(1.0)
 
-    owners = json.loads(run("audit", "owners", table, "--json").stdout)["owners"]
+    owners = json.loads(here(capsys, "audit", "owners", table, "--json"))["owners"]
     assert {o["resource"]: o["member_id"] for o in owners}["r1"] == "m2"
-    table_text = run("audit", "owners", table).stdout
+    table_text = here(capsys, "audit", "owners", table)
     assert table_text.splitlines()[0].split()[:3] == ["GROUP", "RESOURCE", "OWNER"]
     assert len(table_text.splitlines()) == 7
 
 
-def test_help_documents_the_exit_codes() -> None:
+def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     for args in (("history", "--help"), ("audit", "timeline", "--help")):
-        text = run(*args).stdout
+        text = here(capsys, *args)
         assert "exit status: 0 ok; 2 bad input" in " ".join(text.split())
 
 
