@@ -467,7 +467,9 @@ def _parser() -> argparse.ArgumentParser:
         )
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(func=func)
-    audit = commands.add_parser("audit", help="verify the Delta audit table or show its history")
+    audit = commands.add_parser(
+        "audit", help="the Delta audit table: verify, history, owners, rebalances, timeline"
+    )
     audits = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     verify = audits.add_parser(
         "verify", help="prove no resource had two owners at once", epilog=_EPILOG
