@@ -221,7 +221,7 @@ def test_an_unreachable_s3_revokes_nothing(
     before = {o.resource: o.epoch for o in member.assigned()}
     relay.cut()
     error = wait_for(lambda: member.discovery_error, timeout=10, what="the failed listing")
-    assert "cannot be reached" in error
+    assert error is not None and "cannot be reached" in error
     failed_at = time.monotonic()
     wait_for(
         lambda: time.monotonic() - failed_at > 1.0 and member.discovery_error is not None,
