@@ -12,10 +12,16 @@ from rebalancer_spark import Member, MemberConfig
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources import SOURCES, ResourceSource, open_source
 from rebalancer_spark.sources.static import StaticSource
-from rebalancer_spark.spark.options import JobConfig
+from rebalancer_spark.spark.options import JobConfig, parse_command_line, resolve
 from tests.helpers import wait_for
 
 MEMBER = MemberConfig(group="g", backend="sqlite:///tmp/unused.db")
+
+
+def _resources_option(text: str) -> tuple[str, ...] | None:
+    """What ``--resources TEXT`` on a job's command line gives."""
+    argv = ["--group", "g", "--resources", text]
+    return resolve(parse_command_line(argv), {}, default_backend=MEMBER.backend).resources
 
 
 def test_a_static_url_lists_its_resources_sorted() -> None:
@@ -28,7 +34,7 @@ def test_a_static_url_lists_its_resources_sorted() -> None:
 
 @pytest.mark.parametrize("text", ["a,b", " a , b/c ", "s3-prefix/2024-01-01,tenant:7"])
 def test_static_and_resources_accept_the_same_lists(text: str) -> None:
-    from_option = JobConfig(member=MEMBER, resources=text).resources
+    from_option = _resources_option(text)
     assert from_option is not None
     assert sorted(from_option) == [r.id for r in StaticSource(f"static://{text}").discover()]
 
@@ -44,7 +50,7 @@ def test_static_and_resources_accept_the_same_lists(text: str) -> None:
 )
 def test_static_and_resources_refuse_the_same_lists(text: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        JobConfig(member=MEMBER, resources=text)
+        _resources_option(text)
     with pytest.raises(ConfigurationError, match=message):
         StaticSource(f"static://{text}")
 
