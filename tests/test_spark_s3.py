@@ -174,8 +174,19 @@ def test_other_formats_through_the_arrow_path(
     s3_bucket.put("landing/pq/a.parquet", buffer.getvalue())
     s3_bucket.put("landing/js/a.json", '{"id": "j1", "value": 5}\n{"id": "j2", "value": 6}\n')
     s3_bucket.put("landing/tx/a.txt", "line one\nline two\n")
+    s3_bucket.put("landing/hd/a.csv", "id,value\nh1,1\nh2,2\n")
+    s3_bucket.put("landing/hd/b.csv", "")
+    s3_bucket.put("landing/hd/c.csv", "id,value\nh3,3\n")
     source = _source(s3_bucket)
-    a = _member(members, "a", ["pq", "js", "tx"])
+    a = _member(members, "a", ["pq", "js", "tx", "hd"])
+    hd = _assigned(a, "hd", source, read_options={"header": "true"}, max_files_per_batch=3)
+    hd_df = hd.read(spark)
+    assert hd_df is not None
+    assert sorted((r["id"], r["value"]) for r in hd_df.collect()) == [
+        ("h1", 1),
+        ("h2", 2),
+        ("h3", 3),
+    ], "headers skipped, an empty object gives no rows"
     pq_df = _assigned(a, "pq", source, format="parquet", schema="id STRING, value BIGINT").read(
         spark
     )

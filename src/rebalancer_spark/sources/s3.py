@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import difflib
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
@@ -122,7 +123,7 @@ class S3Source(FileSource):
             if name in options:
                 raise ConfigurationError(f"source {shown!r} gives the option {name!r} twice")
             options[name] = value
-        prefix = parts.path.lstrip("/")
+        prefix = unquote(parts.path).lstrip("/")
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         self.url = url
@@ -159,6 +160,7 @@ class S3Source(FileSource):
         """How many listing pages the last :meth:`discover` read."""
         self._client: Any = None
         self._session: Any = None
+        self._lock = threading.RLock()  # boto3 sessions are not thread-safe
 
     def __repr__(self) -> str:
         return f"S3Source({redact_url(self.url)!r})"
@@ -167,6 +169,10 @@ class S3Source(FileSource):
 
     def session(self) -> Any:
         """The boto3 session (credentials chain, region) of this source."""
+        with self._lock:
+            return self._make_session()
+
+    def _make_session(self) -> Any:
         if self._session is None:
             try:
                 import boto3
@@ -183,6 +189,11 @@ class S3Source(FileSource):
         return self._session
 
     def client(self) -> Any:
+        """The boto3 S3 client (thread-safe once made)."""
+        with self._lock:
+            return self._make_client()
+
+    def _make_client(self) -> Any:
         if self._client is None:
             from botocore.config import Config
 
@@ -207,7 +218,8 @@ class S3Source(FileSource):
     def credentials(self) -> tuple[str, str, str | None] | None:
         """(access key, secret key, session token) resolved by boto3, or None (anonymous).
         For readers that cannot use boto3 (pyarrow); never log the result."""
-        creds = self.session().get_credentials()
+        with self._lock:
+            creds = self.session().get_credentials()
         if creds is None:
             return None
         frozen = creds.get_frozen_credentials()
