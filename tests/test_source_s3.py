@@ -92,7 +92,26 @@ def _closed_port() -> int:
     return port  # nothing listens on it once the socket is closed
 
 
-def test_an_unreachable_endpoint_is_a_source_error_soon() -> None:
+@pytest.fixture
+def no_aws_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No credentials anywhere in the boto3 chain (and no instance metadata lookup)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.usefixtures("no_aws_config")
+def test_missing_credentials_are_a_source_error(s3_bucket: S3Bucket) -> None:
+    with pytest.raises(SourceError, match=r"no credentials were found"):
+        S3Source(_url(s3_bucket)).discover()
+
+
+@pytest.mark.usefixtures("no_aws_config")
+def test_an_unreachable_endpoint_is_a_source_error_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     endpoint = f"http://127.0.0.1:{_closed_port()}"
     source = S3Source(f"s3://bucket/p/?endpoint_url={endpoint}&retries=1&connect_timeout=1")
     started = time.monotonic()
