@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.base import FileSource
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.sources.s3 import S3Source
@@ -81,6 +82,15 @@ def _source(bucket: S3Bucket, reader: str = "arrow") -> S3Source:
 def test_auto_uses_the_arrow_path_where_spark_has_no_s3a(spark: Any) -> None:
     # pyspark from PyPI has no hadoop-aws (FACTS.md): this pins what `reader=auto` picks here
     assert not s3a_available(spark)
+
+
+def test_reader_s3a_without_hadoop_aws_says_what_to_do(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+) -> None:
+    s3_bucket.put("landing/r1/a.csv", "x,1\n")
+    src = _assigned(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
+    with pytest.raises(ConfigurationError, match=r"S3AFileSystem.*hadoop-aws.*reader=arrow"):
+        src.read(spark)
 
 
 def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
