@@ -82,8 +82,8 @@ OPTIONS = (
            "sticky (balanced, moves the fewest) or round_robin"),
     Option("source", "text", SOURCE, "URL",
            "where the resources are discovered, each sub-prefix, sub-directory or queue one "
-           "resource: s3://bucket/prefix/, file:///mount/dir/, rabbitmq://..., sqs://...; "
-           "not with --resources", "none"),
+           "resource: s3://bucket/prefix/, file:///mount/dir/, rabbitmq://..., sqs://..., or "
+           "static://a,b,c (the same as --resources a,b,c); not with --resources", "none"),
     Option("resources", "list", SOURCE, "A,B,...",
            "a static comma-separated list of resources, instead of --source", "none"),
     Option("output", "text", SOURCE, "PATH", "where the job writes its results", "none"),
