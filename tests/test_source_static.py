@@ -80,13 +80,21 @@ def test_a_member_discovers_a_static_list(tmp_path: Path, group: str) -> None:
 def test_the_registry_names_every_source_kind() -> None:
     assert SOURCES == {
         "amqp": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+        "amqps": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
         "file": "rebalancer_spark.sources.files:FileShareSource",
         "rabbitmq": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+        "rabbitmqs": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
         "s3": "rebalancer_spark.sources.s3:S3Source",
         "sqs": "rebalancer_spark.sources.sqs:SqsSource",
         "static": "rebalancer_spark.sources.static:StaticSource",
     }
-    for scheme, url in [("s3", "s3://b/p/"), ("file", "file:///tmp/"), ("static", "static:a")]:
+    cases = [
+        ("s3", "s3://b/p/"),
+        ("file", "file:///tmp/"),
+        ("static", "static:a"),
+        ("amqps", "amqps://u:p@127.0.0.1:5671/%2F?queues=a"),
+    ]
+    for scheme, url in cases:
         source = open_source(url)
         assert isinstance(source, ResourceSource)
         assert type(source).__name__ == SOURCES[scheme].split(":")[1]
@@ -96,7 +104,7 @@ def test_an_unknown_scheme_lists_the_known_ones_without_secrets() -> None:
     with pytest.raises(ConfigurationError) as caught:
         open_source("ftp://user:hunter2@host/dir/")
     message = str(caught.value)
-    assert "'ftp'" in message and "amqp, file, rabbitmq, s3, sqs, static" in message
+    assert "'ftp'" in message and "amqp, amqps, file, rabbitmq, rabbitmqs, s3, sqs, static" in message
     assert "hunter2" not in message
 
 

@@ -25,15 +25,24 @@ __all__ = ["SOURCES", "FileEntry", "FileSource", "ResourceSource", "open_source"
 
 SOURCES: dict[str, str] = {
     "amqp": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+    "amqps": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
     "file": "rebalancer_spark.sources.files:FileShareSource",
     "rabbitmq": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+    "rabbitmqs": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
     "s3": "rebalancer_spark.sources.s3:S3Source",
     "sqs": "rebalancer_spark.sources.sqs:SqsSource",
     "static": "rebalancer_spark.sources.static:StaticSource",
 }
 """Scheme → ``module:Class`` of the plug-in that reads it."""
 
-_EXTRAS = {"s3": "s3", "sqs": "sqs", "rabbitmq": "rabbitmq", "amqp": "rabbitmq"}
+_EXTRAS = {
+    "s3": "s3",
+    "sqs": "sqs",
+    "rabbitmq": "rabbitmq",
+    "rabbitmqs": "rabbitmq",
+    "amqp": "rabbitmq",
+    "amqps": "rabbitmq",
+}
 
 
 def open_source(url: str) -> ResourceSource:
