@@ -283,8 +283,8 @@ def plan_target(
         if eligible and orphans:
             loads = {m: result[m] for m in eligible}
             placed = keep_assignment(eligible, {**orphans, **_weights_of(loads, weights)}, loads)
-            for member, mine in placed.items():
-                result[member].update(mine)
+            for member, got in placed.items():
+                result[member].update(got)
         return {m: frozenset(rs) for m, rs in result.items()}
     free = {r: w for r, w in weights.items() if r not in pinned}
     prev = {m: frozenset(previous.get(m, frozenset())) - pinned.keys() for m in eligible}
@@ -295,8 +295,8 @@ def plan_target(
         base = kept
     else:
         base = assignor(eligible, free, prev)
-    for member, mine in base.items():
-        result[member].update(mine)
+    for member, given in base.items():
+        result[member].update(given)
     for resource, member in pinned.items():
         result[member].add(resource)
     return {m: frozenset(rs) for m, rs in result.items()}
