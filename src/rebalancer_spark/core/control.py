@@ -37,6 +37,7 @@ __all__ = [
     "MAX_CONTROL_ENTRIES",
     "Control",
     "ControlMode",
+    "control_changes",
     "imbalance",
     "keep_assignment",
     "plan_target",
@@ -186,6 +187,30 @@ def _check_size(what: str, size: int) -> None:
             f"a group's control record may hold at most {MAX_CONTROL_ENTRIES} {what}, this "
             f"change would make {size}: remove some first"
         )
+
+
+def control_changes(old: Control, new: Control) -> list[tuple[str, str]]:
+    """The transitions from ``old`` to ``new`` as (resource or ``""``, reason) pairs, in a
+    fixed order: what the coordinator writes to the audit trail when it applies ``new``."""
+    out: list[tuple[str, str]] = []
+    tag = f"control v{new.version}"
+    if old.mode is not new.mode:
+        out.append(("", f"{tag}: {'paused' if new.mode is ControlMode.PAUSED else 'resumed'}"))
+    if new.rebalance_requests > old.rebalance_requests:
+        out.append(("", f"{tag}: rebalance requested"))
+    out.extend(("", f"{tag}: drain {m}") for m in sorted(new.drain - old.drain))
+    out.extend(("", f"{tag}: undrain {m}") for m in sorted(old.drain - new.drain))
+    for resource in sorted(set(old.pins) | set(new.pins)):
+        before, after = old.pins.get(resource), new.pins.get(resource)
+        if after is not None and after != before:
+            out.append((resource, f"{tag}: pin to {after}"))
+        elif after is None:
+            out.append((resource, f"{tag}: unpin from {before}"))
+    if old.imbalance_threshold != new.imbalance_threshold:
+        out.append(("", f"{tag}: imbalance threshold {new.imbalance_threshold:g}"))
+    if not out and new.version != old.version:
+        out.append(("", f"{tag}: no change"))
+    return out
 
 
 # -- the pure planning the coordinator applies ------------------------------------------
