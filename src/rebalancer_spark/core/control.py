@@ -34,6 +34,7 @@ from rebalancer_spark.core.assignors import Assignor
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 
 __all__ = [
+    "HISTORY_LENGTH",
     "MAX_CONTROL_ENTRIES",
     "Control",
     "ControlMode",
@@ -45,6 +46,9 @@ __all__ = [
 
 MAX_CONTROL_ENTRIES = 100
 """Most pins, and most drained members, one group's control record may hold."""
+
+HISTORY_LENGTH = 20
+"""How many of the latest transitions a control record keeps (for ``status``)."""
 
 
 class ControlMode(StrEnum):
@@ -76,8 +80,11 @@ class Control:
     balance)."""
     version: int = 0
     """Raised by one with every change; the compare-and-set token."""
+    history: tuple[tuple[int, float, str], ...] = ()
+    """The latest transitions, oldest first: (version, wall-clock time, what and by whom)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "history", tuple(self.history)[-HISTORY_LENGTH:])
         object.__setattr__(self, "pins", MappingProxyType(dict(self.pins)))
         object.__setattr__(self, "drain", frozenset(self.drain))
         t = self.imbalance_threshold
@@ -92,6 +99,10 @@ class Control:
 
     def _next(self, **changes: object) -> Control:
         return replace(self, version=self.version + 1, **changes)  # type: ignore[arg-type]
+
+    def noted(self, at: float, what: str) -> Control:
+        """This record with the transition to it noted in :attr:`history` (same version)."""
+        return replace(self, history=(*self.history, (self.version, float(at), what[:200])))
 
     def pause(self) -> Control:
         return self._next(mode=ControlMode.PAUSED)
@@ -130,7 +141,11 @@ class Control:
     def reset(self) -> Control:
         """The default record (active, no drains, no pins, threshold 0); the rebalance
         request counter is kept so that it never goes back."""
-        return Control(rebalance_requests=self.rebalance_requests, version=self.version + 1)
+        return Control(
+            rebalance_requests=self.rebalance_requests,
+            version=self.version + 1,
+            history=self.history,
+        )
 
     # -- storage -------------------------------------------------------------------------
 
@@ -143,6 +158,7 @@ class Control:
                 "drain": sorted(self.drain),
                 "pins": dict(sorted(self.pins.items())),
                 "imbalance_threshold": self.imbalance_threshold,
+                "history": [list(h) for h in self.history],
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -162,6 +178,9 @@ class Control:
                 pins={str(r): str(m) for r, m in dict(raw["pins"]).items()},
                 imbalance_threshold=float(raw["imbalance_threshold"]),
                 version=int(version),
+                history=tuple(
+                    (int(v), float(at), str(what)) for v, at, what in raw.get("history", [])
+                ),
             )
         except (ValueError, TypeError, KeyError, ConfigurationError) as exc:
             shown = text[:80] if isinstance(text, str) else text[:80].decode("utf-8", "replace")

@@ -393,9 +393,9 @@ class CoordinatorLoop:
             return False
         # On a conflict someone else changed it: the next look sees the new record.
         with contextlib.suppress(ControlConflict):
-            self._backend.update_control(
-                session.group, control.version, control.undrain_members(gone)
-            )
+            note = f"undrain {', '.join(sorted(gone))}: left the group (by coordinator)"
+            changed = control.undrain_members(gone).noted(self._clock.wall(), note)
+            self._backend.update_control(session.group, control.version, changed)
         log.info(
             "group %s: drained members %s left the group: drain ended", session.group, sorted(gone)
         )
