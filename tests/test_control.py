@@ -46,7 +46,7 @@ def cases(draw: st.DrawFn, mode: ControlMode | None = None) -> Case:
         weights = {r: 1.0 for r in ids}
     else:
         weights = {r: draw(st.floats(0.5, 10.0)) for r in ids}
-    universe = ids + ["gone-resource"]
+    universe = [*ids, "gone-resource"]
     owners = [*MEMBERS, "gone-member"]
     previous: dict[str, set[str]] = {}
     for r in universe:
@@ -135,9 +135,7 @@ def test_paused_nothing_owned_moves_and_orphans_find_an_owner(case: Case) -> Non
 def test_under_the_threshold_nothing_owned_by_an_eligible_member_moves(case: Case) -> None:
     plan = _plan(case)
     eligible = _eligible(case)
-    pinned = {
-        r for r, m in case.control.pins.items() if r in case.weights and m in eligible
-    }
+    pinned = {r for r, m in case.control.pins.items() if r in case.weights and m in eligible}
     free = {r: w for r, w in case.weights.items() if r not in pinned}
     previous = {m: case.previous.get(m, frozenset()) - pinned for m in eligible}
     kept = keep_assignment(eligible, free, previous)
@@ -157,9 +155,7 @@ def test_under_the_threshold_nothing_owned_by_an_eligible_member_moves(case: Cas
 def test_a_forced_rebalance_ignores_the_threshold(case: Case) -> None:
     eligible = _eligible(case)
     plan = _plan(case, forced=True)
-    pinned = {
-        r for r, m in case.control.pins.items() if r in case.weights and m in eligible
-    }
+    pinned = {r for r, m in case.control.pins.items() if r in case.weights and m in eligible}
     free = {r: w for r, w in case.weights.items() if r not in pinned}
     previous = {m: case.previous.get(m, frozenset()) - pinned for m in eligible}
     assert {m: plan[m] - pinned for m in eligible} == sticky_balanced(eligible, free, previous)
@@ -224,7 +220,7 @@ def test_transitions_raise_the_version_and_reset_keeps_the_request_counter() -> 
 def test_the_record_round_trips_and_garbage_is_refused() -> None:
     c = Control().pin("s3://b/é x/", "m:1@h").drain_member("m2").with_threshold(1.5)
     assert Control.decode("g", c.encode(), c.version) == c
-    with pytest.raises(CorruptStateError, match="control record of group 'g'.*reset --group g"):
+    with pytest.raises(CorruptStateError, match=r"control record of group 'g'.*reset --group g"):
         Control.decode("g", '{"mode": "sleeping"}', 1)
     with pytest.raises(CorruptStateError, match="not one rebalancer-spark writes"):
         Control.decode("g", b"\xff\x00", 1)
@@ -232,7 +228,7 @@ def test_the_record_round_trips_and_garbage_is_refused() -> None:
 
 @pytest.mark.parametrize("bad", [-1, math.inf, math.nan, True, "2"])
 def test_a_bad_threshold_is_refused(bad: object) -> None:
-    with pytest.raises(ConfigurationError, match="imbalance threshold .* finite number >= 0"):
+    with pytest.raises(ConfigurationError, match=r"imbalance threshold .* finite number >= 0"):
         Control().with_threshold(bad)  # type: ignore[arg-type]
 
 

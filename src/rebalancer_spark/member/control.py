@@ -43,6 +43,7 @@ class DrainProgress:
 
     member: str
     owned: int
+    """Resources the member still owns or (while present) is still given by the target."""
     present: bool
 
     @property
@@ -172,11 +173,11 @@ class GroupControl:
 
     def drain_progress(self, member: str, state: GroupState | None = None) -> DrainProgress:
         state = state or self.state()
-        owned = sum(1 for c in state.claims.values() if c.member_id == member)
-        target = state.target.assignment.get(member, frozenset()) if state.target else frozenset()
+        owned = {r for r, c in state.claims.items() if c.member_id == member}
         present = member in state.members
+        target = state.target.assignment.get(member, frozenset()) if state.target else frozenset()
         # Done once it holds nothing and the target gives it nothing (or it left the group).
-        left = owned + (len(target) if present else 0)
+        left = len(owned | target) if present else len(owned)
         return DrainProgress(member, left, present)
 
     def wait_drained(self, member: str, timeout: float) -> DrainProgress:
