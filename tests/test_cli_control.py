@@ -26,8 +26,6 @@ from rebalancer_spark.core.model import GroupState
 from tests.helpers import wait_for
 from tests.procs import MemberProcesses
 
-pytestmark = pytest.mark.slow
-
 TTL = 4.0
 RESOURCES = [f"r{i:02d}" for i in range(12)]
 WAIT = 40.0
@@ -49,18 +47,13 @@ def procs(url: str, group: str, tmp_path: Path) -> Iterator[MemberProcesses]:
 
 
 def cli(procs: MemberProcesses, *args: str) -> subprocess.CompletedProcess[str]:
+    return run(*args, "--group", procs.group, "--backend", procs.url)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rebalancer_spark.cli",
-            *args,
-            "--group",
-            procs.group,
-            "--backend",
-            procs.url,
-        ],
+        [sys.executable, "-m", "rebalancer_spark.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -102,6 +95,7 @@ def settled(procs: MemberProcesses, members: set[str], what: str) -> GroupState:
     return found
 
 
+@pytest.mark.slow
 def test_pause_resume_threshold_pin_drain_as_an_operator(procs: MemberProcesses) -> None:
     procs.start("a", RESOURCES)
     procs.start("b")
@@ -208,6 +202,7 @@ def test_pause_resume_threshold_pin_drain_as_an_operator(procs: MemberProcesses)
     procs.assert_trail_is_clean()
 
 
+@pytest.mark.slow
 def test_drain_times_out_with_exit_4_while_the_coordinator_is_stopped(
     redis_backend_url: str, group: str, tmp_path: Path
 ) -> None:
@@ -234,3 +229,42 @@ def test_drain_times_out_with_exit_4_while_the_coordinator_is_stopped(
         assert "drain of b done" in again.stdout
     finally:
         procs.close()
+
+
+def _error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    assert result.returncode == code, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rebalancer-spark: error: "), result.stderr
+    return lines[0]
+
+
+def test_control_commands_without_members_exit_codes_and_one_line_errors(
+    tmp_path: Path,
+) -> None:
+    where = ("--group", "g1", "--backend", f"sqlite://{tmp_path}/g.db")
+    assert run("pause", *where).stdout == "group g1: paused (control version 1)\n"
+    assert run("pause", *where).stdout == "group g1: already paused (control version 1)\n"
+    assert "resume --group g1" in _error(run("rebalance", *where), 3)
+    assert "is paused" in _error(run("drain", "m1", *where), 3)
+    assert "run 'rebalancer-spark resume" in _error(run("drain", "m1", *where), 3)
+    assert "resumed" in run("resume", *where).stdout
+    assert "'m1' is not a live member of group 'g1' (live: none)" in _error(
+        run("drain", "m1", *where), 2
+    )
+    assert "resource 'r9' is not in group 'g1'" in _error(run("pin", "r9", "m1", *where), 2)
+    assert "imbalance threshold '-1'" in _error(run("threshold", "-1", *where), 2)
+    assert "imbalance threshold 'nan'" in _error(run("threshold", "nan", *where), 2)
+    assert "member id 'bad/id'" in _error(run("undrain", "bad/id", *where), 2)
+    assert "timeout '-2'" in _error(run("drain", "m1", "--timeout", "-2", *where), 2)
+    assert "set to 3" in run("threshold", "3", *where).stdout
+    reset = json.loads(run("reset", *where, "--json").stdout)
+    assert reset["changed"] and reset["control"]["imbalance_threshold"] == 0
+    assert [h["what"].split(" by ")[0] for h in reset["control"]["history"]] == [
+        "pause",
+        "resume",
+        "imbalance threshold 3",
+        "reset",
+    ]
+    assert "already at the default" in run("reset", *where).stdout
+    secret = _error(run("pause", "--group", "g1", "--backend", "redis://u:s3cret@127.0.0.1:1"), 2)
+    assert "s3cret" not in secret and "***" in secret

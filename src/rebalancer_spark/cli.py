@@ -452,6 +452,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+_POSITIONAL_HELP = {
+    "member": "a member id, as 'rebalancer-spark members' shows it",
+    "resource": "a resource id, as 'rebalancer-spark assignments' shows it",
+    "value": "a number >= 0 (counts, or weights for weighted resources); 0 always balances",
+}
+
+
 def _add_control_commands(commands: Any) -> None:
     specs: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ("pause", "freeze ownership: nothing owned moves; orphans still get an owner", ()),
@@ -480,7 +487,7 @@ def _add_control_commands(commands: Any) -> None:
         sub = commands.add_parser(name, help=text, description=text, epilog=_EPILOG)
         for dest, metavar in positionals:
             kind = _threshold if dest == "value" else str
-            sub.add_argument(dest, metavar=metavar, type=kind)
+            sub.add_argument(dest, metavar=metavar, type=kind, help=_POSITIONAL_HELP[dest])
         if name == "drain":
             sub.add_argument(
                 "--timeout",
@@ -503,7 +510,7 @@ def _add_control_commands(commands: Any) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="the operator's view of a group and of its audit trail",
+        description="the operator's view and control of a group, and of its audit trail",
         epilog=_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
