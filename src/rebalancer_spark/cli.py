@@ -190,11 +190,13 @@ def _control_status(state: GroupState) -> dict[str, Any]:
             }
             for r, m in sorted(c.pins.items())
         ],
-        "history": [{"version": v, "at": _utc(at), "what": what} for v, at, what in c.history],
+        "history": [
+            {"version": v, "at": _control_time(at), "what": what} for v, at, what in c.history
+        ],
     }
 
 
-def _utc(seconds: float) -> str:
+def _control_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
 
 
@@ -430,7 +432,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
     return code
 
 
-def _threshold(text: str) -> float:
+def _threshold_value(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -442,7 +444,7 @@ def _threshold(text: str) -> float:
     return value
 
 
-def _seconds(text: str) -> float:
+def _timeout_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -486,12 +488,12 @@ def _add_control_commands(commands: Any) -> None:
     for name, text, positionals in specs:
         sub = commands.add_parser(name, help=text, description=text, epilog=_EPILOG)
         for dest, metavar in positionals:
-            kind = _threshold if dest == "value" else str
+            kind = _threshold_value if dest == "value" else str
             sub.add_argument(dest, metavar=metavar, type=kind, help=_POSITIONAL_HELP[dest])
         if name == "drain":
             sub.add_argument(
                 "--timeout",
-                type=_seconds,
+                type=_timeout_seconds,
                 default=60.0,
                 metavar="SECONDS",
                 help="how long to wait for the member to own nothing (default 60; 0: no wait)",
