@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rebalancer_spark.audit.verify import history, verify_events
 from rebalancer_spark.core.assignors import moved, sticky_balanced
 from rebalancer_spark.core.control import (
     MAX_CONTROL_ENTRIES,
@@ -261,3 +262,28 @@ def test_changes_are_listed_one_per_transition() -> None:
         ("", "control v4: imbalance threshold 2"),
     ]
     assert control_changes(new, new.resume()) == [("", "control v5: resumed")]
+
+
+def test_the_audit_verdict_ignores_control_rows() -> None:
+    def row(kind: str, resource: str, member: str, at: float) -> dict[str, object]:
+        return {
+            "kind": kind,
+            "resource": resource,
+            "member_id": member,
+            "session_id": f"s-{member}",
+            "epoch": 1,
+            "at": at,
+            "reason": "control v2: pin to m2" if kind == "control" else "",
+        }
+
+    trail = [
+        row("acquired", "r", "m1", 1.0),
+        row("control", "", "m1", 1.5),
+        row("control", "r", "m2", 1.6),
+        row("released", "r", "m1", 2.0),
+        row("acquired", "r", "m2", 2.5),
+    ]
+    verdict = verify_events(trail)
+    assert verdict.ok and verdict.events == 3 and verdict.resources == 1
+    assert verdict.intervals == 2 and verdict.members == 2
+    assert sum("control" in line for line in history(trail)) == 2
