@@ -4,7 +4,11 @@
     rebalancer-spark members     --group G [--backend URL] [--json]
     rebalancer-spark assignments --group G [--backend URL] [--json]
     rebalancer-spark audit verify  PATH [--group G] [--tolerance S] [--json]
-    rebalancer-spark audit history PATH [--group G] [--resource R] [--json]
+    rebalancer-spark audit history PATH [--group G] [--resource R] [--since T] [--json]
+    rebalancer-spark history --audit PATH [--group G] [--resource R] [--since T] [--json]
+    rebalancer-spark audit timeline PATH --out FILE.png [--group G] [--since T] [--json]
+    rebalancer-spark audit rebalances PATH [--group G] [--window S] [--since T] [--json]
+    rebalancer-spark audit owners PATH [--group G] [--json]
     rebalancer-spark pause|resume|rebalance|reset --group G [--backend URL] [--json]
     rebalancer-spark drain MEMBER [--timeout S] | undrain MEMBER   --group G [--backend URL]
     rebalancer-spark pin RESOURCE MEMBER | unpin RESOURCE           --group G [--backend URL]
@@ -18,14 +22,15 @@ group, not created. The control commands change the group's control record (see
 * 0: done (``status`` is informative and never fails a check; a control change that is
   already in effect is done too);
 * 1: a check failed: ``audit verify`` found a resource owned by two members at once;
-* 2: bad input (usage, URL, group, member or resource name) or a store that cannot be reached;
+* 2: bad input (usage, URL, group, member or resource name, audit path, nothing to draw) or a
+  store that cannot be reached;
 * 3: refused by the group's state (``rebalance`` or ``drain`` while paused);
 * 4: timed out: ``drain`` saw the member still owning resources after ``--timeout``;
 * 130: interrupted (Ctrl-C).
 
 An error is one line on standard error saying what happened and what to do; passwords in
 URLs are shown as ``***``. Only the standard library and the core are imported at start-up;
-the audit commands import ``deltalake`` when they run.
+the audit commands import ``deltalake`` when they run, ``audit timeline`` also matplotlib.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import math
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -339,11 +345,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
-    group = validate_group(args.group) if args.group is not None else None
     audit = _audit()
-    events = audit.load_events(args.path, group=group)
-    if args.resource is not None:
-        events = [e for e in events if e["resource"] == args.resource]
+    events = _audit_events(args)
     lines: list[str] = audit.history(events)
     _emit(args.json, {"events": events}, lambda: print("\n".join(lines) or "no events"))
     return EXIT_OK
@@ -506,6 +509,175 @@ def _add_control_commands(commands: Any) -> None:
         sub.set_defaults(func=_cmd_control)
 
 
+# -- the audit table over time: timeline, rebalances, owners ----------------------------------
+
+_AUDIT_EPILOG = (
+    "exit status: 0 ok; 2 bad input (no audit table at PATH, a bad --since, nothing to draw, "
+    "an --out that cannot be written). --since takes a UTC time (2026-11-21T06:00:00Z) or a "
+    "duration back from now (90s, 10m, 2h)."
+)
+
+
+def _since(text: str) -> float:
+    """Epoch seconds from ``--since``: an ISO time (UTC unless it says otherwise) or a
+    duration back from now."""
+    from datetime import UTC, datetime
+
+    from rebalancer_spark.core.config import parse_duration
+
+    try:
+        stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            return time.time() - parse_duration("--since", text)
+        except RebalancerError:
+            _fail(
+                f"--since {text!r} is neither a time nor a duration; give a UTC time such as "
+                "2026-11-21T06:00:00Z or a duration back from now such as 10m or 2h"
+            )
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
+
+
+def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The events of the audit table at ``args.path``, filtered by the options given."""
+    group = validate_group(args.group) if args.group is not None else None
+    events: list[dict[str, Any]] = _audit().load_events(args.path, group=group)
+    resource = getattr(args, "resource", None)
+    if resource is not None:
+        events = [e for e in events if e["resource"] == resource]
+    if getattr(args, "since", None) is not None:
+        since = _since(args.since)
+        events = [e for e in events if e["at"] >= since]
+    return events
+
+
+def _cmd_timeline(args: argparse.Namespace) -> int:
+    events = _audit_events(args)
+    try:
+        from rebalancer_spark.audit.timeline import save_timeline
+    except ImportError as exc:
+        _fail(f"audit timeline needs matplotlib ({exc})")
+    width, height = save_timeline(events, args.out, title=args.title)
+    owners = {str(e["member_id"]) for e in events if e["kind"] == "acquired"}
+    data = {
+        "out": args.out,
+        "width": width,
+        "height": height,
+        "events": len(events),
+        "resources": len({e["resource"] for e in events}),
+        "members": len(owners),
+    }
+    text = (
+        f"wrote {args.out} ({width}x{height} px): {data['resources']} resources, "
+        f"{data['members']} members, {len(events)} events"
+    )
+    _emit(args.json, data, lambda: print(text))
+    return EXIT_OK
+
+
+def _cmd_rebalances(args: argparse.Namespace) -> int:
+    found = _audit().rebalances(_audit_events(args), window=args.window)
+    rows = [r.as_dict() for r in found]
+    durations = sorted(r.duration for r in found)
+    summary = {
+        "rebalances": len(found),
+        "window": args.window,
+        "median_duration": durations[len(durations) // 2] if durations else None,
+        "max_duration": durations[-1] if durations else None,
+        "moved": sum(r.moved for r in found),
+    }
+
+    def human() -> None:
+        if not found:
+            print("no rebalances")
+            return
+        heads = ("#", "GROUP", "START (UTC)", "DURATION S", "MOVED", "ASSIGNED", "RETURNED")
+        table = [
+            [r.number, r.group, _utc(r.start), f"{r.duration:.3f}", r.moved, r.assigned]
+            for r in found
+        ]
+        for row, r in zip(table, found, strict=True):
+            row += [r.returned, r.released, r.lost, ",".join(r.members)]
+        print(_table((*heads, "RELEASED", "LOST", "MEMBERS"), table))
+        print(
+            f"{len(found)} rebalances (changes more than {args.window:g} s apart start a new "
+            f"one), median {summary['median_duration']:.3f} s, longest "
+            f"{summary['max_duration']:.3f} s, {summary['moved']} resources moved"
+        )
+
+    _emit(args.json, {**summary, "items": rows}, human)
+    return EXIT_OK
+
+
+def _cmd_owners(args: argparse.Namespace) -> int:
+    rows = _audit().current_owners(_audit_events(args))
+    heads = ("GROUP", "RESOURCE", "OWNER", "EPOCH", "SINCE (UTC)", "HOST", "STATE")
+    keys = ("group", "resource", "member_id", "epoch")
+    table = [[*(r[k] for k in keys), _utc(r["since"]), r["host"], r["state"]] for r in rows]
+    _emit(
+        args.json,
+        {"owners": rows},
+        lambda: print(_table(heads, table) if rows else "no resources in the audit table"),
+    )
+    return EXIT_OK
+
+
+def _utc(seconds: float) -> str:
+    from datetime import UTC, datetime
+
+    stamp = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def _add_audit_commands(commands: Any, audits: Any) -> None:
+    """``history`` (top level) and ``audit timeline | rebalances | owners``."""
+    history = commands.add_parser(
+        "history",
+        help="one line per ownership event of the audit table",
+        description="one line per ownership event, the same as 'audit history'",
+        epilog=_AUDIT_EPILOG,
+    )
+    history.add_argument("--audit", dest="path", required=True, metavar="PATH", help="the table")
+    history.add_argument("--resource", help="show this resource only")
+    history.set_defaults(func=_cmd_history)
+    timeline = audits.add_parser(
+        "timeline",
+        help="draw ownership over time into a PNG",
+        description="one lane per resource, a colour per member, epochs and gaps marked",
+        epilog=_AUDIT_EPILOG,
+    )
+    timeline.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write")
+    timeline.add_argument("--resource", help="draw this resource only")
+    timeline.add_argument("--title", help="the plot's title")
+    timeline.set_defaults(func=_cmd_timeline)
+    stats = audits.add_parser(
+        "rebalances",
+        help="rebalance durations and moves from the audit table",
+        description="ownership changes closer than --window seconds form one rebalance",
+        epilog=_AUDIT_EPILOG,
+    )
+    stats.add_argument(
+        "--window",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="quiet time that ends a rebalance (default 2)",
+    )
+    stats.set_defaults(func=_cmd_rebalances)
+    owners = audits.add_parser(
+        "owners", help="each resource's owner as the audit table ends", epilog=_AUDIT_EPILOG
+    )
+    owners.set_defaults(func=_cmd_owners)
+    for sub in (timeline, stats, owners):
+        sub.add_argument("path", metavar="PATH", help="the audit table's path or URL")
+    for sub in (history, timeline, stats, owners):
+        sub.add_argument("--group", help="this group only (default: every group)")
+        sub.add_argument("--since", metavar="TIME", help="events at or after TIME only")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 # -- the parser -------------------------------------------------------------------------------
 
 
@@ -530,7 +702,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(func=func)
     _add_control_commands(commands)
-    audit = commands.add_parser("audit", help="verify the Delta audit table or show its history")
+    audit = commands.add_parser(
+        "audit", help="the Delta audit table: verify, history, owners, rebalances, timeline"
+    )
     audits = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     verify = audits.add_parser(
         "verify", help="prove no resource had two owners at once", epilog=_EPILOG
@@ -544,11 +718,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     history = audits.add_parser("history", help="one line per ownership event", epilog=_EPILOG)
     history.add_argument("--resource", help="show this resource only")
+    history.add_argument("--since", metavar="TIME", help="events at or after TIME only")
     for sub, func in ((verify, _cmd_verify), (history, _cmd_history)):
         sub.add_argument("path", metavar="PATH", help="the audit table's path or URL")
         sub.add_argument("--group", help="this group only (default: every group)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(func=func)
+    _add_audit_commands(commands, audits)
     return parser
 
 

@@ -111,6 +111,12 @@ class CoordinatorLoop:
         )
         self.epoch: int | None = None
         """The coordinator epoch while this member coordinates, else None."""
+        self.seen_epoch: int | None = None
+        """The latest coordinator epoch this member saw, coordinator or not (logs, metrics)."""
+        self.present_members = 0
+        """Members the latest target covers, as this member last computed it coordinating."""
+        self.listed_resources = 0
+        """Resources in the group's set, as this member last read it coordinating."""
         self._pending: tuple[frozenset[str], int] | None = None
         self._first_change = 0.0
         self._last_change = 0.0
@@ -125,6 +131,10 @@ class CoordinatorLoop:
         self._drain_done: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
 
     def start(self) -> None:
         self._thread.start()
@@ -218,6 +228,8 @@ class CoordinatorLoop:
                 self._away_since.clear()
                 self._next_discovery = 0.0
                 state = self._backend.state(self._config.group)
+        if coordinator is not None:
+            self.seen_epoch = coordinator.epoch
         if coordinator is None or coordinator.session_id != session.session_id:
             self.epoch = None
             return _IDLE_WAIT
@@ -275,6 +287,7 @@ class CoordinatorLoop:
     def _coordinate(self, session: Session, epoch: int, state: GroupState) -> float:
         now = self._clock.monotonic()
         present, grace_end = self._present_members(state, now)
+        self.present_members, self.listed_resources = len(present), len(state.resources)
         target = state.target
         wait = _IDLE_WAIT if grace_end is None else max(grace_end - now, 0.0)
         if self._forget_departed_drains(session, state):
