@@ -93,6 +93,7 @@ class Member:
             **(info or {}),
         }
         self._clock: Clock = clock or SystemClock()
+        self._event_sinks = list(event_sinks)
         self._own_backend = backend is None
         self._backend = backend
         self._lease = Lease(self._clock, config.effective_safety_margin)
@@ -178,6 +179,8 @@ class Member:
             self._record_rebalance,
             discover=self._discover,
             discovery_interval=self._discovery_interval,
+            event_sinks=self._event_sinks,
+            info=self.info,
         )
         for thread in (self._heartbeat.thread, self._coordinator.thread, self._reconciler.thread):
             bind_thread(thread, self.log_context)

@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterator
 
 from rebalancer_spark.backends.base import Session
 from rebalancer_spark.backends.records import parse_member_info, parse_phase
+from rebalancer_spark.backends.sqlite.control import read_control
 from rebalancer_spark.backends.sqlite.sessions import require_alive
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import (
@@ -99,7 +100,8 @@ def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
         )
         if sid in live_sessions
     }
-    return GroupState(group, members, coordinator, resources, g[8], target, claims)
+    control = read_control(db, group)
+    return GroupState(group, members, coordinator, resources, g[8], target, claims, control)
 
 
 def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> MemberView:
