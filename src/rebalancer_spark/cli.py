@@ -246,6 +246,14 @@ def _print_status(status: Mapping[str, Any]) -> None:
         print("target: none published")
     print(f"resources: {res['count']} (version {res['version']})")
     print(f"imbalance: {status['imbalance']}, stable: {_cell(status['stable'])}")
+    last = status.get("last_rebalance")
+    if last:
+        print(
+            f"last rebalance: #{last['number']} at {last['start']} UTC, took "
+            f"{last['duration']:.3f} s, {last['moved']} moved, {last['assigned']} assigned"
+        )
+    elif "last_rebalance" in status:
+        print("last rebalance: none in the audit table (or give --audit PATH)")
     _print_control(status["control"])
     if not status["members"]:
         print(f"no members: no live member in group {status['group']}")
@@ -304,8 +312,27 @@ def _finite(value: Any) -> Any:
 def _cmd_status(args: argparse.Namespace) -> int:
     backend, state, _ = _snapshot(args)
     status = _status(backend, state)
+    status["last_rebalance"] = _last_rebalance(args.audit, state.group) if args.audit else None
     _emit(args.json, status, lambda: _print_status(status))
     return EXIT_OK
+
+
+def _last_rebalance(path: str, group: str) -> dict[str, Any] | None:
+    """The group's last rebalance as the audit table at ``path`` tells it (see
+    ``audit rebalances`` for the definition), or None if the table has none."""
+    audit = _audit()
+    found = audit.rebalances(audit.load_events(path, group=group))
+    if not found:
+        return None
+    last = found[-1]
+    return {
+        "number": last.number,
+        "start": _utc(last.start),
+        "duration": round(last.duration, 3),
+        "moved": last.moved,
+        "assigned": last.assigned,
+        "members": list(last.members),
+    }
 
 
 def _cmd_members(args: argparse.Namespace) -> int:
@@ -700,6 +727,12 @@ def _parser() -> argparse.ArgumentParser:
             "--backend", metavar="URL", help="the store (default: groups.db in $REBALANCER_HOME)"
         )
         sub.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "status":
+            sub.add_argument(
+                "--audit",
+                metavar="PATH",
+                help="the group's Delta audit table: adds the last rebalance and its duration",
+            )
         sub.set_defaults(func=func)
     _add_control_commands(commands)
     audit = commands.add_parser(
