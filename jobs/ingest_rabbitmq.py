@@ -19,4 +19,11 @@ from rebalancer_spark.sources.rabbitmq import RabbitMqSource
 from rebalancer_spark.spark.queues import queue_job_main
 
 if __name__ == "__main__":
-    exit_process(queue_job_main(sys.argv[1:], "ingest_rabbitmq.py", RabbitMqSource))
+    exit_process(
+        queue_job_main(
+            sys.argv[1:],
+            "ingest_rabbitmq.py",
+            RabbitMqSource,
+            schemes=("rabbitmq", "rabbitmqs", "amqp", "amqps"),
+        )
+    )

@@ -15,57 +15,22 @@ prefixes to the others and stops. `--help` lists every option.
 
 from __future__ import annotations
 
-import logging
-import signal
 import sys
-import threading
 
-from pyspark.sql import SparkSession
-
-from rebalancer_spark.core.errors import RebalancerError
-from rebalancer_spark.member import default_backend_url
 from rebalancer_spark.shutdown import exit_process
 from rebalancer_spark.spark.ingest import run_ingest
-from rebalancer_spark.spark.options import parse_command_line, resolve, spark_conf_options
-from rebalancer_spark.spark.session import start
+from rebalancer_spark.spark.jobs import JobContext, job_main
+
+
+def loop(ctx: JobContext) -> str:
+    stats = run_ingest(ctx.spark, ctx.node, ctx.output, ctx.stop)
+    return (
+        f"{stats.batches} batches, {stats.files} objects, {stats.rows} rows, {stats.fenced} fenced"
+    )
 
 
 def main(argv: list[str]) -> int:
-    command_line = parse_command_line(argv, prog="ingest_s3.py")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    for noisy in ("py4j", "botocore", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    spark = SparkSession.builder.appName("rebalancer-ingest-s3").getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    try:
-        job = resolve(
-            command_line,
-            spark_conf_options(spark.sparkContext.getConf().getAll()),
-            default_backend=default_backend_url(),
-        )
-        if job.source is None or not job.source.startswith("s3://") or job.output is None:
-            raise RebalancerError(
-                "ingest_s3.py needs --source s3://bucket/prefix/ and --output PATH "
-                "(for a file share use jobs/ingest_files.py)"
-            )
-        print(job.describe(), flush=True)
-        node = start(spark, job)
-    except RebalancerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        spark.stop()
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"member {node.member.member_id} of group {job.member.group} running", flush=True)
-    stats = run_ingest(spark, node, job.output, stop)
-    spark.stop()  # drains and leaves the group first
-    print(
-        f"member {node.member.member_id} stopped: {stats.batches} batches, {stats.files} "
-        f"objects, {stats.rows} rows, {stats.fenced} fenced",
-        flush=True,
-    )
-    return 0
+    return job_main(argv, "ingest_s3.py", loop, schemes=("s3",))
 
 
 if __name__ == "__main__":

@@ -19,4 +19,4 @@ from rebalancer_spark.sources.sqs import SqsSource
 from rebalancer_spark.spark.queues import queue_job_main
 
 if __name__ == "__main__":
-    exit_process(queue_job_main(sys.argv[1:], "ingest_sqs.py", SqsSource))
+    exit_process(queue_job_main(sys.argv[1:], "ingest_sqs.py", SqsSource, schemes=("sqs",)))

@@ -22,19 +22,14 @@ bounded ``batch=`` guarantees.
 from __future__ import annotations
 
 import logging
-import signal
-import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
-from rebalancer_spark.core.errors import RebalancerError
-from rebalancer_spark.member import default_backend_url
 from rebalancer_spark.sources.queues import QueueSource
-from rebalancer_spark.spark.options import parse_command_line, resolve, spark_conf_options
 from rebalancer_spark.spark.queue_loop import QueueLoop, QueueStats
 from rebalancer_spark.spark.queue_output import KeyedDeltaOutput
-from rebalancer_spark.spark.session import RebalancerNode, start
+from rebalancer_spark.spark.session import RebalancerNode
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -89,44 +84,23 @@ def queue_job_main(
     prog: str,
     make_source: Callable[[str], QueueSource],
     *,
+    schemes: Collection[str],
     transform: Callable[[DataFrame], DataFrame] | None = None,
 ) -> int:
     """The whole of a ``spark-submit`` queue job (``jobs/ingest_rabbitmq.py``,
-    ``jobs/ingest_sqs.py``): resolve the options, open the source with ``make_source``, join
-    the group, run :func:`run_queue_ingest` until SIGTERM or Ctrl-C, then drain and leave.
-    Returns the exit code (2 for bad options)."""
-    from pyspark.sql import SparkSession
+    ``jobs/ingest_sqs.py``) on :func:`~rebalancer_spark.spark.jobs.job_main`: open the source
+    with ``make_source``, join the group, run :func:`run_queue_ingest` until SIGTERM or
+    Ctrl-C, then drain and leave. Returns the exit code (2 for bad options)."""
+    from rebalancer_spark.spark.jobs import JobContext, job_main
 
-    command_line = parse_command_line(list(argv), prog=prog)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    spark = SparkSession.builder.appName(f"rebalancer-{prog.removesuffix('.py')}").getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    try:
-        job = resolve(
-            command_line,
-            spark_conf_options(spark.sparkContext.getConf().getAll()),
-            default_backend=default_backend_url(),
+    def loop(ctx: JobContext) -> str:
+        assert isinstance(ctx.source, QueueSource)
+        stats = run_queue_ingest(
+            ctx.spark, ctx.node, ctx.source, ctx.output, ctx.stop, transform=transform
         )
-        if job.source is None or job.output is None:
-            raise RebalancerError(f"{prog} needs --source URL and --output PATH")
-        source = make_source(job.source)
-        print(job.describe(), flush=True)
-        node = start(spark, job, source)
-    except RebalancerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        spark.stop()
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"member {node.member.member_id} of group {job.member.group} running", flush=True)
-    stats = run_queue_ingest(spark, node, source, job.output, stop, transform=transform)
-    spark.stop()  # drains and leaves the group first
-    print(
-        f"member {node.member.member_id} stopped: {stats.batches} batches, {stats.messages} "
-        f"messages, {stats.written} rows written, {stats.duplicates} duplicates dropped, "
-        f"{stats.fenced} fenced",
-        flush=True,
-    )
-    return 0
+        return (
+            f"{stats.batches} batches, {stats.messages} messages, {stats.written} rows "
+            f"written, {stats.duplicates} duplicates dropped, {stats.fenced} fenced"
+        )
+
+    return job_main(argv, prog, loop, schemes=schemes, make_source=make_source)
