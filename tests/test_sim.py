@@ -27,8 +27,8 @@ SEEDS = int(os.environ.get("SIM_SEEDS", "700"))
 
 
 def _run(protocol: ProtocolName, seeds: range) -> None:
-    failures = []
-    settled = []
+    failures: list[str] = []
+    settled: list[float] = []
     for seed in seeds:
         result = simulate(seed, SimConfig(protocol=protocol))
         if result.violation is not None:
@@ -53,7 +53,7 @@ def test_many_more_seeds_break_no_invariant(protocol: ProtocolName) -> None:
 
 
 def test_the_seeds_exercise_every_kind_of_fault() -> None:
-    kinds = set()
+    kinds: set[str] = set()
     for seed in range(200):
         kinds.update(f.split()[1] for f in simulate(seed).faults)
     assert kinds >= {
