@@ -46,7 +46,10 @@ from rebalancer_spark.testing.sim.member import (
 )
 from rebalancer_spark.testing.sim.store import HandleMemory, SimStore, StoreBugs, TargetRecord
 
-__all__ = ["SimConfig", "SimResult", "Violation", "replay_command", "simulate"]
+__all__ = ["FAULTS", "SimConfig", "SimResult", "Violation", "replay_command", "simulate"]
+
+
+FAULTS = ("crash", "pause", "partition", "slow", "restart", "join", "leave", "resources")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,8 @@ class SimConfig:
     ttl: float = 2.0
     fault_time: float = 6.0
     settle_bound: float = 10.0
+    faults: tuple[str, ...] = FAULTS
+    """The kinds of fault the scheduler draws from (each equally likely)."""
     store_bugs: StoreBugs = field(default_factory=StoreBugs)
     member_bugs: MemberBugs = field(default_factory=MemberBugs)
 
@@ -396,9 +401,7 @@ def _schedule_faults(world: World) -> None:
     data_loss_at: list[float] = []
     for _ in range(rng.randint(1, 6)):
         when = START + 0.5 + rng.uniform(0, cfg.fault_time - 0.5)
-        kind = rng.choice(
-            ["crash", "pause", "partition", "slow", "restart", "join", "leave", "resources"]
-        )
+        kind = rng.choice(cfg.faults)
         world.fault_log.append(f"t={when - START:.3f} {kind}")
 
         def fault(kind: str = kind) -> None:
