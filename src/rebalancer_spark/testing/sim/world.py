@@ -34,7 +34,7 @@ from typing import Any
 from rebalancer_spark.core.assignors import minimum_moves, moved
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
-from rebalancer_spark.core.errors import BackendUnavailable
+from rebalancer_spark.core.errors import BackendUnavailable, RebalancerError
 from rebalancer_spark.core.model import Phase
 from rebalancer_spark.testing.sim.member import (
     Actor,
@@ -234,7 +234,7 @@ class World:
         else:
             try:
                 result = call.apply(self.store, self.now)
-            except Exception as exc:
+            except RebalancerError as exc:  # a checker's _Broken ends the run right here
                 error = exc
             if call.label not in ("renew", "member_view", "state", "commit") and error is None:
                 self._notify()
