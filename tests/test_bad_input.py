@@ -108,10 +108,10 @@ def test_open_backend_refuses_unknown_options_before_connecting(url: str, option
     if option in known or parsed.options:
         return
     bad = f"{url}{'&' if '?' in url else '?'}{option}=1"
-    started = time.monotonic()
+    # A backend that connected first would fail with BackendUnavailable on these hosts (or
+    # create an SQLite file), not with a ConfigurationError naming the option.
     with pytest.raises(ConfigurationError) as refused:
         open_backend(bad)
-    assert time.monotonic() - started < 2, "open_backend tried to connect before refusing"
     assert option in str(refused.value) and SECRET not in str(refused.value)
 
 
