@@ -437,9 +437,10 @@ def _schedule_faults(world: World) -> None:
                 down = rng.uniform(0.05, 1.5 * ttl)
                 # The documented limit of the Redis backend (docs/backends/redis.md): a process
                 # that never saw the group and is the first to touch it after a total loss
-                # restarts the epochs. Not simulated: no data is lost while a live process has
-                # not yet reached the group (its first join may still be on the way).
-                if any(p.member.memory.incarnation == -1 for p in live):
+                # restarts the epochs. Not simulated: no data is lost while a member (live, or
+                # to be restarted) has not yet reached the group (its first join may still be
+                # on the way).
+                if any(m.incarnation == -1 for m in world.memories.values()):
                     lose = False
                 world.store.crash()
                 if lose:
