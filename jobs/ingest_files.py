@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.member import default_backend_url
+from rebalancer_spark.member.logfields import configure_logging
 from rebalancer_spark.shutdown import exit_process
 from rebalancer_spark.spark.ingest import run_ingest
 from rebalancer_spark.spark.options import parse_command_line, resolve, spark_conf_options
@@ -38,6 +39,8 @@ def main(argv: list[str]) -> int:
             spark_conf_options(spark.sparkContext.getConf().getAll()),
             default_backend=default_backend_url(),
         )
+        configure_logging(job.log_format)
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         if job.source is None or job.output is None:
             raise RebalancerError("ingest_files.py needs --source file:///dir/ and --output PATH")
         print(job.describe(), flush=True)

@@ -185,8 +185,15 @@ def test_a_join_moves_only_the_minimum_and_nothing_else_stops(grp: Group) -> Non
 def test_graceful_leave_hands_over_and_releases_first(grp: Group) -> None:
     a = grp.start("a", RESOURCES)
     b = grp.start("b")
-    grp.wait_stable(2)
-    held_by_b = {o.resource for o in b.assigned()}
+    stable = grp.wait_stable(2)
+    # The store shows a grant a moment before b's claim call returns to b: wait for b's memory.
+    in_store = {r for r, c in stable.claims.items() if c.member_id == "b"}
+    wait_for(
+        lambda: {o.resource for o in b.assigned()} == in_store,
+        timeout=10,
+        what="b's memory to hold what the store gives it",
+    )
+    held_by_b = in_store
     b.stop()
     state = grp.wait_stable(1)
     assert set(state.claims) == set(RESOURCES)

@@ -80,6 +80,10 @@ class Reconciler:
         self.error: BaseException | None = None
         """Why the member thread ended on its own, if it did."""
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     # -- control, from the member's façade ---------------------------------------------------
 
     def join(self, backend: Backend) -> None:

@@ -53,10 +53,14 @@ _registry = _Registry()
 class RebalancerNode:
     """One job's member of its group, tied to its Spark session."""
 
-    def __init__(self, spark: SparkSession, job: JobConfig) -> None:
+    def __init__(
+        self, spark: SparkSession, job: JobConfig, source: ResourceSource | None = None
+    ) -> None:
         self.spark = spark
         self.job = job
-        self.source: ResourceSource | None = open_source(job.source) if job.source else None
+        if source is None and job.source:
+            source = open_source(job.source)
+        self.source: ResourceSource | None = source
         self.audit: DeltaAuditLog | None = DeltaAuditLog(job.audit) if job.audit else None
         sc = spark.sparkContext
         sinks: list[EventSink] = [self.audit] if self.audit is not None else []
@@ -138,9 +142,12 @@ class RebalancerNode:
                 self._sources.pop((o.resource, o.epoch), None)
 
 
-def start(spark: SparkSession, job: JobConfig) -> RebalancerNode:
+def start(
+    spark: SparkSession, job: JobConfig, source: ResourceSource | None = None
+) -> RebalancerNode:
     """Start this driver's node (one per driver) and make it the one ``assigned_sources()``
-    answers from."""
+    answers from. ``source`` is the job's source object when the job made it itself (a queue
+    job does, to keep its type); by default it is opened from ``job.source``."""
     with _registry.lock:
         running = _registry.node
         if running is not None:
@@ -148,7 +155,7 @@ def start(spark: SparkSession, job: JobConfig) -> RebalancerNode:
                 f"this driver already runs a rebalancer node for group {running.member.group!r}: "
                 "stop it (or the Spark session) before starting another"
             )
-        node = RebalancerNode(spark, job)
+        node = RebalancerNode(spark, job, source)
         _registry.node = node
     try:
         return node.start()

@@ -41,7 +41,8 @@ from rebalancer_spark.backends.redis.runner import ScriptRunner
 from rebalancer_spark.backends.redis.staging import chunks, stage_resources, stage_target
 from rebalancer_spark.backends.redis.watch import RedisWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
-from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.control import Control
+from rebalancer_spark.core.errors import ConfigurationError, ControlConflict
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     GroupState,
@@ -251,6 +252,19 @@ class RedisBackend(Backend):
         self._runner.run("RESIGN", session.group, [self._sid(session), epoch], "resigning")
 
     # -- resources -------------------------------------------------------------------------
+
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        body = control.encode()
+        written, version = self._runner.run(
+            "UPDATE_CONTROL", group, [expected_version, body], "changing the control record"
+        )
+        if str(written) != "1":
+            raise ControlConflict(
+                f"the control record of group {group!r} is at version {version}, not "
+                f"{expected_version} as read: someone changed it meanwhile; read it again and "
+                "retry"
+            )
+        return Control.decode(group, body, int(version))
 
     def update_resources(
         self,

@@ -15,10 +15,19 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
 from rebalancer_spark.backends.base import Backend, Capability, Session
-from rebalancer_spark.backends.sqlite import coordinator, groups, ownership, reads, schema, sessions
+from rebalancer_spark.backends.sqlite import control as _control
+from rebalancer_spark.backends.sqlite import (
+    coordinator,
+    groups,
+    ownership,
+    reads,
+    schema,
+    sessions,
+)
 from rebalancer_spark.backends.sqlite.connection import OPTIONS, open_database, positive, translate
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
@@ -194,6 +203,13 @@ class SqliteBackend(Backend):
         _check_ids(remove)
         with self._transaction(_WRITE) as db:
             return groups.update_resources(db, group, replace=replace, add=add, remove=remove)
+
+    # -- operator control ------------------------------------------------------------------
+
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        validate_group(group)
+        with self._transaction(_WRITE) as db:
+            return _control.update_control(db, group, expected_version, control)
 
     # -- ownership ---------------------------------------------------------------------------
 

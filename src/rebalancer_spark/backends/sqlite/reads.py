@@ -21,6 +21,7 @@ from rebalancer_spark.backends.records import (
     parse_phase,
     parse_resource,
 )
+from rebalancer_spark.backends.sqlite.control import read_control
 from rebalancer_spark.backends.sqlite.sessions import require_alive
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import (
@@ -119,7 +120,8 @@ def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
         ).fetchall()
         if sid in live_sessions
     }
-    return GroupState(group, members, coordinator, resources, version, target, claims)
+    control = read_control(db, group)
+    return GroupState(group, members, coordinator, resources, version, target, claims, control)
 
 
 def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> MemberView:

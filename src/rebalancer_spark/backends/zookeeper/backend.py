@@ -30,6 +30,7 @@ from rebalancer_spark.backends.zookeeper.client import (
     open_client,
     stop_client,
 )
+from rebalancer_spark.backends.zookeeper.control import update_control
 from rebalancer_spark.backends.zookeeper.layout import GroupPaths
 from rebalancer_spark.backends.zookeeper.reader import Reader
 from rebalancer_spark.backends.zookeeper.reads import SnapshotReader
@@ -38,6 +39,7 @@ from rebalancer_spark.backends.zookeeper.session import SessionState, SessionTab
 from rebalancer_spark.backends.zookeeper.tree import group_exists, prepare_group, prepare_root
 from rebalancer_spark.backends.zookeeper.watch import ZookeeperWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import (
     BackendUnavailable,
     FencedError,
@@ -271,6 +273,10 @@ class ZookeeperBackend(Backend):
         return update_resources(
             self._client, self.settings, paths, replace=replace, add=add, remove=remove
         )
+
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        paths = self._group(group)
+        return update_control(self._client, self.settings, paths, expected_version, control)
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
