@@ -160,12 +160,14 @@ def test_a_resource_moves_with_its_checkpoint_and_every_record_lands_once(
         timeout=60,
         what="b to own a directory and stream it",
     )
-    assert len(moved) == 1 and sorted(manager_a.queries()) == sorted({"d00", "d01"} - {*moved})
+    assert moved is not None and len(moved) == 1
+    assert sorted(manager_a.queries()) == sorted({"d00", "d01"} - {*moved})
     for d in ("d00", "d01"):
         for f in range(3):
             expected |= _drop(landing, d, f"b{f}")
     got = wait_for(lambda: _all_in(spark, output, expected), timeout=120,
                    what="the second wave, split", interval=0.5)  # fmt: skip
+    assert got is not None
     _exactly_once(got, expected)  # b resumed from a's checkpoint: the first wave not again
 
     # a leaves (drain): b takes both over and resumes the other one too.

@@ -54,7 +54,7 @@ from rebalancer_spark.spark.session import RebalancerNode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = ["ResourceStream", "StreamManager", "StreamStats", "read_stream_output"]
 
