@@ -16,6 +16,7 @@ import pytest
 
 from rebalancer_spark import MemberConfig
 from rebalancer_spark.audit import verify_table
+from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.session import RebalancerNode, start
@@ -127,7 +128,7 @@ def test_each_owned_resource_streams_new_files_and_new_resources_get_a_query(
     assert (tmp_path / "checkpoints" / group / "d02" / "offsets").is_dir()
     stats = runner.end()
     assert manager.queries() == {}, "run() stops its queries when it ends"
-    assert (stats.started, stats.stopped, stats.failed) == (3, 3, 0)
+    assert (stats.started, stats.stopped, stats.lost, stats.failed) == (3, 3, 0, 0)
     _exactly_once(_ids(spark, output), expected)
 
 
@@ -198,3 +199,43 @@ def test_a_streaming_job_without_a_schema_is_refused(
     node = RebalancerNode(spark, job)
     with pytest.raises(RebalancerError, match="--schema"):
         StreamManager(spark, node, checkpoint_root=str(tmp_path / "checkpoints"))
+
+
+def test_a_lost_lease_stops_the_queries_and_the_rejoined_member_resumes_them(
+    spark: Any, tmp_path: Path, group: str, runners: list[tuple[_Runner, RebalancerNode]]
+) -> None:
+    landing, output = tmp_path / "landing", tmp_path / "out"
+    expected = _drop(landing, "d00", "f1")
+    job = _job(tmp_path, group, "fenced")
+    node = RebalancerNode(spark, job).start()
+    manager = StreamManager(
+        spark, node, checkpoint_root=str(tmp_path / "checkpoints"), output=str(output)
+    )
+    runners.append((_Runner(manager), node))
+    wait_for(lambda: _all_in(spark, output, expected), timeout=120, what="the first file",
+             interval=0.5)  # fmt: skip
+    first = manager.queries()["d00"]
+    before = node.member.owns("d00")
+    session = node.member.session
+    assert before is not None and session is not None
+    # The store ends the member's session (as when its lease expired there): the member
+    # self-fences, on_lost stops the query, and the member joins again.
+    store = open_backend(job.member.backend)
+    try:
+        store.leave(session)
+    finally:
+        store.close()
+    wait_for(lambda: not first.isActive, timeout=60, what="the query of the lost lease to stop")
+    again = wait_for(
+        lambda: (o := node.member.owns("d00")) is not None and o.epoch > before.epoch and o,
+        timeout=60,
+        what="the member to rejoin and own d00 again",
+    )
+    wait_for(lambda: "d00" in manager.queries(), timeout=60, what="a new query for d00")
+    assert manager.queries()["d00"] is not first
+    assert manager.stats.lost == 1, "stopped as lost, once"
+    expected |= _drop(landing, "d00", "f2")
+    got = wait_for(lambda: _all_in(spark, output, expected), timeout=120,
+                   what="the file after the rejoin", interval=0.5)  # fmt: skip
+    assert got is not None and again
+    _exactly_once(got, expected)

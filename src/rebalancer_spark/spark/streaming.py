@@ -124,6 +124,9 @@ class StreamStats:
 
     started: int = 0
     stopped: int = 0
+    """Queries stopped, for any reason."""
+    lost: int = 0
+    """Of those, stopped without a release: the lease lapsed or the store dropped the claim."""
     failed: int = 0
     per_resource: dict[str, int] = field(default_factory=dict)
     """Queries started per resource."""
@@ -195,7 +198,9 @@ class StreamManager:
             for key, query in list(self._queries.items()):
                 now = owned.get(key[0])
                 if now is None or now.epoch != key[1]:
-                    self._stop(key, "no longer owned")
+                    # Not released through on_revoked (that stops the query first): the lease
+                    # lapsed or the claim was dropped; stop now rather than wait for on_lost.
+                    self._stop(key, "no longer owned", lost=True)
                 elif not query.isActive:
                     self._queries.pop(key)
                     self.stats.failed += 1
@@ -276,7 +281,7 @@ class StreamManager:
             stream.checkpoint,
         )
 
-    def _stop(self, key: tuple[str, int], why: str) -> None:
+    def _stop(self, key: tuple[str, int], why: str, *, lost: bool = False) -> None:
         self._ended.add(key)
         query = self._queries.pop(key, None)
         if query is None:
@@ -286,6 +291,7 @@ class StreamManager:
         except Exception:
             log.exception("stopping the query of %s raised; it is stopped", key[0])
         self.stats.stopped += 1
+        self.stats.lost += lost
         log.info("%s epoch %d: query stopped (%s)", key[0], key[1], why)
 
     # -- member callbacks (on the member thread) --------------------------------------------
@@ -293,13 +299,16 @@ class StreamManager:
     def _assigned(self, owned: Sequence[OwnedResource]) -> None:
         self._wake.set()
 
-    def _stop_owned(self, owned: Sequence[OwnedResource], why: str = "revoked") -> None:
+    def _stop_owned(self, owned: Sequence[OwnedResource]) -> None:
         with self._lock:
             for o in owned:
-                self._stop((o.resource, o.epoch), why)
+                self._stop((o.resource, o.epoch), "revoked")
 
     def _lost(self, owned: Sequence[OwnedResource]) -> None:
-        self._stop_owned(owned, "lost: the lease lapsed or the store dropped the claim")
+        with self._lock:
+            for o in owned:
+                why = "lost: the lease lapsed or the store dropped the claim"
+                self._stop((o.resource, o.epoch), why, lost=True)
         self._wake.set()
 
 
