@@ -155,10 +155,11 @@ class StreamManager:
                 f"streaming needs a file source to read each resource from, got "
                 f"{node.job.source!r}: give the job --source file:///dir/"
             )
-        if node.job.schema is None and node.job.format != "parquet":
+        inferred = spark.conf.get("spark.sql.streaming.schemaInference", "false") == "true"
+        if node.job.schema is None and not inferred:
             raise RebalancerError(
                 f"a streaming read of {node.job.format} files needs a schema: give the job "
-                "--schema 'col TYPE, ...'"
+                "--schema 'col TYPE, ...' (or set spark.sql.streaming.schemaInference=true)"
             )
         self.spark = spark
         self.node = node
