@@ -241,31 +241,14 @@ class StreamManager:
     # -- starting and stopping (under the lock) --------------------------------------------
 
     def _begin(self, owned: OwnedResource) -> None:
-        group, resource = self.node.member.group, owned.resource
-        output = self.output
-        stream = ResourceStream(
-            group=group,
-            resource=resource,
-            epoch=owned.epoch,
-            location=self.source.location(resource),
-            checkpoint=checkpoint_path(self.checkpoint_root, group, resource),
-            output=None
-            if output is None
-            else f"{output.rstrip('/')}/resource={quote(resource, safe='')}",
-            query_name=f"rebalancer {group} {resource} epoch {owned.epoch}",
-            trigger_seconds=self._trigger,
-            format=self.node.job.format,
-            schema=self.node.job.schema,
-            read_options=dict(self.node.job.read_options),
-            max_files_per_trigger=self.node.job.max_files_per_batch,
-        )
-        key = (resource, owned.epoch)
+        group, resource, key = self.node.member.group, owned.resource, (owned.resource, owned.epoch)
         try:
+            stream = self._stream(owned)
             self.spark.sparkContext.setJobDescription(
                 f"rebalancer group={group} resource={resource} epoch={owned.epoch} (stream)"
             )
             query = self._start_query(self.spark, stream)
-        except Exception:
+        except Exception:  # a bad resource, a Spark error: the next pass tries again
             self.stats.failed += 1
             self._retry_at[key] = time.monotonic() + self.node.job.poll_interval
             log.exception("[%s] cannot start the query of %s; retrying", group, resource)
@@ -280,6 +263,30 @@ class StreamManager:
             resource,
             owned.epoch,
             stream.checkpoint,
+        )
+
+    def _stream(self, owned: OwnedResource) -> ResourceStream:
+        group, resource, output, job = (
+            self.node.member.group,
+            owned.resource,
+            self.output,
+            self.node.job,
+        )
+        return ResourceStream(
+            group=group,
+            resource=resource,
+            epoch=owned.epoch,
+            location=self.source.location(resource),
+            checkpoint=checkpoint_path(self.checkpoint_root, group, resource),
+            output=None
+            if output is None
+            else f"{output.rstrip('/')}/resource={quote(resource, safe='')}",
+            query_name=f"rebalancer {group} {resource} epoch {owned.epoch}",
+            trigger_seconds=self._trigger,
+            format=job.format,
+            schema=job.schema,
+            read_options=dict(job.read_options),
+            max_files_per_trigger=job.max_files_per_batch,
         )
 
     def _stop(self, key: tuple[str, int], why: str, *, lost: bool = False) -> None:
