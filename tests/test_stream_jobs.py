@@ -40,9 +40,14 @@ def _drop(landing: Path, resource: str, name: str, rows: int = 5) -> set[str]:
     return ids
 
 
-def _committed_batches(output: Path, resource: str) -> int:
-    log = output / f"resource={resource}" / "_spark_metadata"
-    return len([n for n in os.listdir(log) if n[0].isdigit()]) if log.is_dir() else 0
+def _batches(folder: Path) -> int:
+    return len([n for n in os.listdir(folder) if n[0].isdigit()]) if folder.is_dir() else 0
+
+
+def _in_flight(checkpoints: Path, resource: str) -> bool:
+    """A micro-batch of ``resource`` is planned (its offsets written) and not committed."""
+    folder = checkpoints / GROUP / resource
+    return _batches(folder / "offsets") > _batches(folder / "commits")
 
 
 @pytest.mark.timeout(600)
@@ -53,7 +58,7 @@ def test_a_killed_streaming_job_is_resumed_from_its_checkpoints_exactly_once(
     dirs = [f"d{d}" for d in range(4)]
     expected: set[str] = set()
     for d in dirs:
-        for f in range(4):
+        for f in range(10):
             expected |= _drop(landing, d, f"a{f}")
     backend = f"sqlite://{tmp_path.resolve()}/groups.db"
     env = {
@@ -94,18 +99,22 @@ def test_a_killed_streaming_job_is_resumed_from_its_checkpoints_exactly_once(
     try:
         launch("s-1")
         launch("s-2")
-        # s-2 streams: each of its directories committed a micro-batch, more are to come.
-        victim = wait_for(
-            lambda: (
-                (mine := owned_by("s-2"))
-                and owned_by("s-1")
-                and all(_committed_batches(output, r) >= 1 for r in mine)
-                and mine
-            ),
-            timeout=300,
-            what="both jobs to stream their directories",
-            interval=0.2,
-        )
+        # Kill s-2 while one of its micro-batches is in flight if the polling catches one
+        # (planned in the checkpoint, not committed), else once it committed everything.
+        checkpoints = tmp_path / "checkpoints"
+
+        def moment() -> tuple[list[str], bool] | None:
+            mine = owned_by("s-2")
+            if not mine or not owned_by("s-1"):
+                return None
+            if any(_in_flight(checkpoints, r) for r in mine):
+                return mine, True
+            done = all(_batches(output / f"resource={r}" / "_spark_metadata") >= 5 for r in mine)
+            return (mine, False) if done else None
+
+        found = wait_for(moment, timeout=300, what="s-2 to stream its directories", interval=0.02)
+        assert found is not None
+        victim, mid_batch = found
         pid = int(store.state(GROUP).members["s-2"].info["pid"])
         os.kill(pid, signal.SIGKILL)  # the Python driver, where the member and queries live
         os.killpg(procs["s-2"].pid, signal.SIGKILL)  # and its JVM
@@ -138,3 +147,4 @@ def test_a_killed_streaming_job_is_resumed_from_its_checkpoints_exactly_once(
     assert set(got) == expected
     verdict = verify_table(str(tmp_path / "audit"), group=GROUP)
     assert verdict.ok, verdict.report()
+    print(f"killed s-2 owning {victim} {'mid-batch' if mid_batch else 'between batches'}")
