@@ -326,7 +326,8 @@ def read_stream_output(spark: SparkSession, output: str) -> DataFrame | None:
 
     Each ``resource=<id>/`` directory is read through its sink log (``_spark_metadata``), so
     files left by an interrupted attempt of a micro-batch are not read. (Reading ``output``
-    as one partitioned table would list those files too.)"""
+    as one partitioned table would list those files too.) ``output`` is a local or mounted
+    path (or a ``file:`` URL): the ``resource=`` directories are listed with ``os``."""
     import os
     from urllib.parse import unquote, urlsplit
 
