@@ -55,6 +55,7 @@ class JobConfig:
     source: str | None = None
     resources: tuple[str, ...] | None = None
     output: str | None = None
+    checkpoint_root: str | None = None
     audit: str | None = None
     format: str = "csv"
     schema: str | None = None
@@ -90,6 +91,7 @@ class JobConfig:
             "source": source,
             "resources": resources,
             "output": _text("output", self.output),
+            "checkpoint_root": _text("checkpoint_root", self.checkpoint_root),
             "audit": _text("audit", self.audit),
             "format": _format(self.format),
             "schema": _text("schema", self.schema),

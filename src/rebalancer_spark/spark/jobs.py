@@ -62,10 +62,12 @@ def job_main(
     *,
     schemes: Collection[str],
     make_source: Callable[[str], ResourceSource] = open_source,
+    check: Callable[[JobConfig], None] | None = None,
 ) -> int:
     """Run a job; ``loop`` runs until ``ctx.stop`` is set and returns a one-line summary.
     ``schemes`` are the ``--source`` URL schemes the job reads (the first one is named in the
-    error when another is given)."""
+    error when another is given); ``check`` refuses, with a :class:`RebalancerError`, options
+    the job needs beyond a source and an output."""
     from pyspark.sql import SparkSession
 
     command_line = parse_command_line(list(argv), prog=prog)
@@ -82,6 +84,8 @@ def job_main(
         configure_logging(job.log_format)
         _quiet()
         source_url, output = _required(job, prog, schemes)
+        if check is not None:
+            check(job)
         source = make_source(source_url)
         print(job.describe(), flush=True)
         node = start(spark, job, source)
@@ -94,8 +98,10 @@ def job_main(
         signal.signal(sig, lambda *_: stop.set())
     name = node.member.member_id
     print(f"member {name} of group {job.member.group} running", flush=True)
-    summary = loop(JobContext(spark, job, node, source, output, stop))
-    spark.stop()  # drains and leaves the group first
+    try:
+        summary = loop(JobContext(spark, job, node, source, output, stop))
+    finally:
+        spark.stop()  # drains and leaves the group first
     print(f"member {name} stopped: {summary}", flush=True)
     return 0
 

@@ -87,6 +87,9 @@ OPTIONS = (
     Option("resources", "list", SOURCE, "A,B,...",
            "a static comma-separated list of resources, instead of --source", "none"),
     Option("output", "text", SOURCE, "PATH", "where the job writes its results", "none"),
+    Option("checkpoint_root", "text", SOURCE, "PATH",
+           "streaming jobs: shared directory of the per-resource checkpoints "
+           "(ROOT/GROUP/RESOURCE/), on storage every job of the group reaches", "none"),
     Option("audit", "text", SOURCE, "PATH",
            "path of the Delta table that records every change of ownership", "no audit"),
     Option("format", "text", SOURCE, "NAME",
