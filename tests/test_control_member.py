@@ -10,7 +10,7 @@ import pytest
 
 from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent, ProtocolName
 from rebalancer_spark.backends import Backend, open_backend
-from rebalancer_spark.core.model import GroupState
+from rebalancer_spark.core.model import GroupState, Resource
 from rebalancer_spark.member.control import ControlRefused, GroupControl
 from tests.helpers import wait_for
 
@@ -117,4 +117,28 @@ def test_every_protocol_drains_and_pauses(
         )
     finally:
         b.stop()
+        a.stop()
+
+
+def test_an_operators_rebalance_lists_the_source_now(
+    url: str, observer: Backend, group: str
+) -> None:
+    listed = [Resource(r) for r in RESOURCES[:4]]
+    calls: list[int] = []
+
+    def discover() -> list[Resource]:
+        calls.append(len(listed))
+        return list(listed)
+
+    config = MemberConfig(group=group, backend=url, member_id="a", stability_window=0.05)
+    # An hour between listings: only the operator's request can make it list again soon.
+    a = Member(config, discover=discover, discovery_interval=3600).start()
+    try:
+        wait_for(lambda: len(a.assigned()) == 4, timeout=15, what="a to own the first listing")
+        listed.extend(Resource(r) for r in RESOURCES[4:])
+        assert len(observer.state(group).resources) == 4, "listed again without being asked"
+        GroupControl(observer, group, actor="tester").rebalance()
+        wait_for(lambda: len(a.assigned()) == 8, timeout=15, what="a to own the new listing")
+        assert calls[-1] == 8
+    finally:
         a.stop()

@@ -495,7 +495,11 @@ def _add_control_commands(commands: Any) -> None:
     specs: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ("pause", "freeze ownership: nothing owned moves; orphans still get an owner", ()),
         ("resume", "end a pause: rebalance what changed meanwhile", ()),
-        ("rebalance", "force one full rebalance now (ignores debounce and threshold)", ()),
+        (
+            "rebalance",
+            "list the source and force one full rebalance now (ignores debounce and threshold)",
+            (),
+        ),
         ("reset", "back to the default control: active, no drains, no pins, threshold 0", ()),
         (
             "drain",

@@ -101,6 +101,8 @@ class CoordinatorLoop:
         self._discover = discover
         self._discovery_interval = discovery_interval
         self._next_discovery = 0.0
+        self._listed_for_requests: int | None = None
+        """The group's rebalance-request count when the source was last listed on demand."""
         self.discovery_error: str | None = None
         """Why the last listing of the source failed, or None after a good one."""
         self._assignor = get_assignor(config.assignor)
@@ -234,6 +236,12 @@ class CoordinatorLoop:
             self.epoch = None
             return _IDLE_WAIT
         self.epoch = coordinator.epoch
+        requests = state.control.rebalance_requests
+        if self._listed_for_requests != requests:
+            # An operator's `rebalance` also lists the source now (discovery on demand).
+            if self._listed_for_requests is not None:
+                self._next_discovery = 0.0
+            self._listed_for_requests = requests
         discovery_wait = self._run_discovery(session, state.resources_version)
         if discovery_wait is None:  # the resource set changed: look again
             state = self._backend.state(self._config.group)
