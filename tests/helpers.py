@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
 from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
@@ -104,6 +105,9 @@ class FlakyStore(Backend):
         remove: Collection[str] = (),
     ) -> int:
         return self._reach().update_resources(group, replace=replace, add=add, remove=remove)
+
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        return self._reach().update_control(group, expected_version, control)
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int

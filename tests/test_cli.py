@@ -252,3 +252,22 @@ def test_audit_history(tmp_path: Path) -> None:
     assert [e["kind"] for e in data["events"]][-1] == "acquired"
     other = run("audit", "history", path, "--group", "other", home=tmp_path)
     assert other.stdout.strip() == "no events"
+
+
+def test_status_with_the_audit_table_shows_the_last_rebalance(home: Path, tmp_path: Path) -> None:
+    events = [
+        event(EventKind.ACQUIRED, T0, "a", "m1", 1),
+        event(EventKind.ACQUIRED, T0 + 0.2, "c", "m2", 1),
+        # 10 s later (more than the 2 s window): a second rebalance, c moves from m2 to m1.
+        event(EventKind.RELEASED, T0 + 10.0, "c", "m2", 1),
+        event(EventKind.ACQUIRED, T0 + 10.4, "c", "m1", 2),
+    ]
+    path = audit_table(tmp_path / "audit", events)
+    result = run("status", "--group", GROUP, "--audit", path, "--json", home=home)
+    assert result.returncode == 0, result.stderr
+    last = json.loads(result.stdout)["last_rebalance"]
+    assert (last["number"], last["duration"], last["moved"]) == (2, 0.4, 1)
+    human = run("status", "--group", GROUP, "--audit", path, home=home).stdout
+    assert "last rebalance: #2" in human and "took 0.400 s, 1 moved" in human
+    plain = json.loads(run("status", "--group", GROUP, "--json", home=home).stdout)
+    assert plain["last_rebalance"] is None

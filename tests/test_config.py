@@ -541,6 +541,7 @@ def test_config_keys_are_the_sorted_fields() -> None:
         "heartbeat_interval",
         "max_rebalance_delay",
         "member_id",
+        "metrics_port",
         "protocol",
         "rejoin_grace",
         "safety_margin",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -185,8 +185,15 @@ def test_a_join_moves_only_the_minimum_and_nothing_else_stops(grp: Group) -> Non
 def test_graceful_leave_hands_over_and_releases_first(grp: Group) -> None:
     a = grp.start("a", RESOURCES)
     b = grp.start("b")
-    grp.wait_stable(2)
-    held_by_b = {o.resource for o in b.assigned()}
+    stable = grp.wait_stable(2)
+    # The store shows a grant a moment before b's claim call returns to b: wait for b's memory.
+    in_store = {r for r, c in stable.claims.items() if c.member_id == "b"}
+    wait_for(
+        lambda: {o.resource for o in b.assigned()} == in_store,
+        timeout=10,
+        what="b's memory to hold what the store gives it",
+    )
+    held_by_b = in_store
     b.stop()
     state = grp.wait_stable(1)
     assert set(state.claims) == set(RESOURCES)
@@ -455,6 +462,58 @@ def test_a_lease_that_lapses_during_on_revoked_is_recorded_as_lost_at_its_deadli
     a.stop()
     flaky.partitioned.clear()
     flaky.close()
+
+
+class LateClaims(FlakyStore):
+    """Answers the member's first granted claim only after its lease ran out, as a store whose
+    reply was delayed past the lease would (a slow network, a pause of the store)."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.member: Member | None = None
+        self.late_session: Session | None = None
+
+    def claim(
+        self, session: Session, resources: Collection[str], generation: int
+    ) -> dict[str, int]:
+        granted = self._reach().claim(session, resources, generation)
+        if granted and self.late_session is None and self.member is not None:
+            self.late_session = session
+            self.partitioned.set()  # no renewal gets through: the lease runs out meanwhile
+            member = self.member
+            wait_for(
+                lambda: member.session is None,  # None once the lease's deadline passed
+                timeout=session.ttl + 10,
+                what="the member's lease to run out while its claim is in flight",
+            )
+            self.partitioned.clear()
+        return granted
+
+
+def test_claims_answered_after_the_lease_lapsed_are_never_held(grp: Group) -> None:
+    late = LateClaims(open_backend(grp.url))
+    rec = Recorder()
+    a = Member(
+        grp.config(member_id="a"),
+        resources=RESOURCES[:4],
+        on_assigned=rec.on_assigned,
+        event_sinks=[rec.sink],
+        backend=late,
+    )
+    late.member = a
+    grp.members.append(a)
+    a.start()
+    # a rejoins under a new session and then owns everything...
+    wait_for(lambda: len(a.assigned()) == 4, timeout=30, what="a to own everything again")
+    first = late.late_session
+    assert first is not None, "the late claim never happened: the test saw nothing"
+    # ...but nothing granted to the lapsed session was ever held, announced or recorded.
+    with rec.lock:
+        stale = [e for e in rec.events if e.session_id == first.session_id]
+        assert stale == [], stale
+        assert sorted(rec.assigned) == sorted(RESOURCES[:4]), rec.assigned
+    a.stop()
+    late.close()
 
 
 class OnceFailingWatch(Watch):

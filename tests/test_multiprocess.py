@@ -160,13 +160,19 @@ def test_churn_never_makes_two_owners_and_loses_no_commit(procs: MemberProcesses
             next_id += 1
         procs.wait_stable(len(procs.procs), timeout=TTL + 15)
     records = procs.assert_trail_is_clean()
-    # Every hand-over resumed from at least the last commit accepted before it.
-    accepted: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    # Every hand-over resumed from at least the last commit accepted under an older epoch:
+    # fencing orders each of those before the claim that handed the progress over. (Compared
+    # by epoch, not by the trail's clock: the new owner's own first commits may be written
+    # before its on_assigned callback writes the "handed" line.)
+    accepted: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for r in records:
         if r["kind"] == "commit" and r["ok"]:
-            accepted[r["resource"]].append((r["at"], r["value"]))
+            accepted[r["resource"]].append((r["epoch"], r["value"]))
+    handovers = 0
     for r in records:
         if r["kind"] == "handed":
-            before = [v for at, v in accepted[r["resource"]] if at < r["at"]]
+            before = [v for epoch, v in accepted[r["resource"]] if epoch < r["epoch"]]
             if before:
+                handovers += 1
                 assert (r["progress"] or 0) >= max(before), r
+    assert handovers > 0, "the churn handed no committed progress over: the check saw nothing"

@@ -13,6 +13,7 @@ PUBLIC = [
     "BackendError",
     "BackendUnavailable",
     "ConfigurationError",
+    "ControlConflict",
     "CorruptStateError",
     "EventKind",
     "FencedError",
@@ -29,6 +30,7 @@ PUBLIC = [
     "SourceError",
     "assigned_sources",
     "join",
+    "read_all",
 ]
 HEAVY = ["deltalake", "kazoo", "pandas", "pyarrow", "pyspark", "redis"]
 

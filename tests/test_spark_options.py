@@ -64,8 +64,8 @@ def test_public_surface_is_pinned() -> None:
         "resolve",
         "spark_conf_options",
     ]
-    job_fields = {"source", "resources", "output", "audit", "format", "schema"}
-    job_fields |= {"max_files_per_batch", "poll_interval", "discovery_interval"}
+    job_fields = {"source", "resources", "output", "checkpoint_root", "audit", "format", "schema"}
+    job_fields |= {"max_files_per_batch", "poll_interval", "discovery_interval", "log_format"}
     assert set(OPTION_KEYS) == set(CONFIG_KEYS) | job_fields
 
 
@@ -527,3 +527,16 @@ def test_the_spark_defaults_example_holds_every_option_and_only_known_keys() -> 
     job = resolve({}, usable, default_backend=SQLITE)
     assert job.member.group == "orders"
     assert all(job.origins[k] == "spark conf" for k in usable if k != "read_options")
+
+
+def test_metrics_port_and_log_format_from_every_layer(tmp_path: Path) -> None:
+    job = _resolve(["--group", "g", "--metrics-port", "9464", "--log-format", "JSON"])
+    assert (job.member.metrics_port, job.log_format) == (9464, "json")
+    toml = _toml(tmp_path, 'group = "g"\nmetrics-port = 9100\nlog-format = "text"\n')
+    from_toml = _resolve([], toml_path=toml)
+    assert (from_toml.member.metrics_port, from_toml.log_format) == (9100, "text")
+    assert _resolve(["--group", "g"]).member.metrics_port == 0
+    with pytest.raises(ConfigurationError, match="log_format = 'xml' is not a log format"):
+        _resolve(["--group", "g"], {f"{CONF}log-format": "xml"})
+    with pytest.raises(ConfigurationError, match="metrics_port = '70000' is not a TCP port"):
+        _resolve(["--group", "g", "--metrics-port", "70000"])

@@ -12,6 +12,7 @@ from rebalancer_spark.core.errors import (
     BackendError,
     BackendUnavailable,
     ConfigurationError,
+    ControlConflict,
     CorruptStateError,
     FencedError,
     MemberIdInUse,
@@ -24,12 +25,17 @@ from rebalancer_spark.core.model import Resource
 from rebalancer_spark.member import Member, MemberState, OwnedResource, join
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from pyspark.sql import DataFrame, SparkSession
+
     from rebalancer_spark.spark.source import AssignedSource
 
 __all__ = [
     "BackendError",
     "BackendUnavailable",
     "ConfigurationError",
+    "ControlConflict",
     "CorruptStateError",
     "EventKind",
     "FencedError",
@@ -46,6 +52,7 @@ __all__ = [
     "SourceError",
     "assigned_sources",
     "join",
+    "read_all",
 ]
 
 __version__ = "0.1.0"
@@ -58,3 +65,12 @@ def assigned_sources() -> list[AssignedSource]:
     from rebalancer_spark.spark.session import assigned_sources as current
 
     return current()
+
+
+def read_all(spark: SparkSession, sources: Iterable[AssignedSource]) -> DataFrame | None:
+    """The next batch of every source in ``sources`` (e.g. ``assigned_sources()``) in one
+    DataFrame with ``_resource``, ``_batch`` and ``_file`` columns; None when nothing is
+    pending. Each batch is planned (committed, fenced) as :meth:`AssignedSource.read` does."""
+    from rebalancer_spark.spark.reading import read_all as read
+
+    return read(spark, sources)

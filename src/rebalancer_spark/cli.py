@@ -4,49 +4,76 @@
     rebalancer-spark members     --group G [--backend URL] [--json]
     rebalancer-spark assignments --group G [--backend URL] [--json]
     rebalancer-spark audit verify  PATH [--group G] [--tolerance S] [--json]
-    rebalancer-spark audit history PATH [--group G] [--resource R] [--json]
+    rebalancer-spark audit history PATH [--group G] [--resource R] [--since T] [--json]
+    rebalancer-spark history --audit PATH [--group G] [--resource R] [--since T] [--json]
+    rebalancer-spark audit timeline PATH --out FILE.png [--group G] [--since T] [--json]
+    rebalancer-spark audit rebalances PATH [--group G] [--window S] [--since T] [--json]
+    rebalancer-spark audit owners PATH [--group G] [--json]
+    rebalancer-spark pause|resume|rebalance|reset --group G [--backend URL] [--json]
+    rebalancer-spark drain MEMBER [--timeout S] | undrain MEMBER   --group G [--backend URL]
+    rebalancer-spark pin RESOURCE MEMBER | unpin RESOURCE           --group G [--backend URL]
+    rebalancer-spark threshold VALUE                                --group G [--backend URL]
 
 ``--backend`` defaults to the SQLite file in ``$REBALANCER_HOME`` that jobs use by default.
-The commands only read: a SQLite file that does not exist yet is reported as an empty group,
-not created. Exit status:
+The reading commands only read: a SQLite file that does not exist yet is reported as an empty
+group, not created. The control commands change the group's control record (see
+``docs/control.md``). Exit status:
 
-* 0: done (``status`` is informative and never fails a check);
+* 0: done (``status`` is informative and never fails a check; a control change that is
+  already in effect is done too);
 * 1: a check failed: ``audit verify`` found a resource owned by two members at once;
-* 2: bad input (usage, URL, group name, audit path) or a store that cannot be reached;
+* 2: bad input (usage, URL, group, member or resource name, audit path, nothing to draw) or a
+  store that cannot be reached;
+* 3: refused by the group's state (``rebalance`` or ``drain`` while paused);
+* 4: timed out: ``drain`` saw the member still owning resources after ``--timeout``;
 * 130: interrupted (Ctrl-C).
 
 An error is one line on standard error saying what happened and what to do; passwords in
 URLs are shown as ``***``. Only the standard library and the core are imported at start-up;
-the audit commands import ``deltalake`` when they run.
+the audit commands import ``deltalake`` when they run, ``audit timeline`` also matplotlib.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import math
 import os
+import socket
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from rebalancer_spark import __version__
 from rebalancer_spark.backends import BACKENDS, open_backend
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import RebalancerError
-from rebalancer_spark.core.model import GroupState, Progress, validate_group
+from rebalancer_spark.core.model import (
+    GroupState,
+    Progress,
+    validate_group,
+    validate_member_id,
+    validate_resource_id,
+)
 from rebalancer_spark.core.urls import parse_backend_url, redact_url
 from rebalancer_spark.member import default_backend_url
+from rebalancer_spark.member.control import ControlRefused, GroupControl
 from rebalancer_spark.shutdown import exit_process
 
 __all__ = ["main"]
 
 PROG = "rebalancer-spark"
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 _EPILOG = (
     "exit status: 0 ok; 1 a check failed (audit verify found two owners at once; status "
-    "never fails); 2 bad input or unreachable store. --backend defaults to groups.db in "
-    "$REBALANCER_HOME (default ~/.local/state/rebalancer-spark)."
+    "never fails); 2 bad input or unreachable store; 3 refused by the group's state "
+    "(rebalance or drain while paused); 4 timed out (drain still owning after --timeout). "
+    "--backend defaults to groups.db in $REBALANCER_HOME (default "
+    "~/.local/state/rebalancer-spark)."
 )
 
 
@@ -57,9 +84,9 @@ class _Parser(argparse.ArgumentParser):
         _fail(f"{message}; see '{self.prog} --help'")
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     print(f"{PROG}: error: {redact_url(' '.join(message.split()))}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
+    raise SystemExit(code)
 
 
 # -- reading the store ---------------------------------------------------------------------
@@ -142,7 +169,41 @@ def _status(backend: str, state: GroupState) -> dict[str, Any]:
         "unowned": sorted(set(state.resources) - set(state.claims)),
         "imbalance": max(counts) - min(counts) if counts else 0,
         "stable": state.is_stable(),
+        "control": _control_status(state),
     }
+
+
+def _control_status(state: GroupState) -> dict[str, Any]:
+    c = state.control
+    owned = {m: 0 for m in c.drain}
+    for claim in state.claims.values():
+        if claim.member_id in owned:
+            owned[claim.member_id] += 1
+    return {
+        "mode": str(c.mode),
+        "version": c.version,
+        "rebalance_requests": c.rebalance_requests,
+        "imbalance_threshold": c.imbalance_threshold,
+        "drain": [
+            {"member_id": m, "present": m in state.members, "owned": owned[m]}
+            for m in sorted(c.drain)
+        ],
+        "pins": [
+            {
+                "resource": r,
+                "member_id": m,
+                "owner": state.claims[r].member_id if r in state.claims else None,
+            }
+            for r, m in sorted(c.pins.items())
+        ],
+        "history": [
+            {"version": v, "at": _control_time(at), "what": what} for v, at, what in c.history
+        ],
+    }
+
+
+def _control_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
 
 
 # -- printing -------------------------------------------------------------------------------
@@ -185,6 +246,15 @@ def _print_status(status: Mapping[str, Any]) -> None:
         print("target: none published")
     print(f"resources: {res['count']} (version {res['version']})")
     print(f"imbalance: {status['imbalance']}, stable: {_cell(status['stable'])}")
+    last = status.get("last_rebalance")
+    if last:
+        print(
+            f"last rebalance: #{last['number']} at {last['start']} UTC, took "
+            f"{last['duration']:.3f} s, {last['moved']} moved, {last['assigned']} assigned"
+        )
+    elif "last_rebalance" in status:
+        print("last rebalance: none in the audit table (or give --audit PATH)")
+    _print_control(status["control"])
     if not status["members"]:
         print(f"no members: no live member in group {status['group']}")
     else:
@@ -195,6 +265,27 @@ def _print_status(status: Mapping[str, Any]) -> None:
             held = ", ".join(f"{c['resource']} (epoch {c['epoch']})" for c in claims)
             print(f"  {member}: {held or 'nothing'}")
     print(f"unowned: {', '.join(status['unowned']) or 'none'}")
+
+
+def _print_control(control: Mapping[str, Any]) -> None:
+    drains = ", ".join(
+        f"{d['member_id']} (owns {d['owned']}{'' if d['present'] else ', gone'})"
+        for d in control["drain"]
+    )
+    pins = ", ".join(
+        f"{p['resource']} -> {p['member_id']} (owner {p['owner'] or 'none'})"
+        for p in control["pins"]
+    )
+    print(
+        f"control: {control['mode']} (version {control['version']}), imbalance threshold "
+        f"{control['imbalance_threshold']:g}, rebalance requests {control['rebalance_requests']}"
+    )
+    print(f"draining: {drains or 'none'}")
+    print(f"pinned: {pins or 'none'}")
+    if control["history"]:
+        print("control history:")
+        for h in control["history"]:
+            print(f"  v{h['version']}  {h['at']}  {h['what']}")
 
 
 def _emit(as_json: bool, data: object, human: Callable[[], None]) -> None:
@@ -221,8 +312,27 @@ def _finite(value: Any) -> Any:
 def _cmd_status(args: argparse.Namespace) -> int:
     backend, state, _ = _snapshot(args)
     status = _status(backend, state)
+    status["last_rebalance"] = _last_rebalance(args.audit, state.group) if args.audit else None
     _emit(args.json, status, lambda: _print_status(status))
     return EXIT_OK
+
+
+def _last_rebalance(path: str, group: str) -> dict[str, Any] | None:
+    """The group's last rebalance as the audit table at ``path`` tells it (see
+    ``audit rebalances`` for the definition), or None if the table has none."""
+    audit = _audit()
+    found = audit.rebalances(audit.load_events(path, group=group))
+    if not found:
+        return None
+    last = found[-1]
+    return {
+        "number": last.number,
+        "start": _utc(last.start),
+        "duration": round(last.duration, 3),
+        "moved": last.moved,
+        "assigned": last.assigned,
+        "members": list(last.members),
+    }
 
 
 def _cmd_members(args: argparse.Namespace) -> int:
@@ -262,14 +372,341 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
-    group = validate_group(args.group) if args.group is not None else None
     audit = _audit()
-    events = audit.load_events(args.path, group=group)
-    if args.resource is not None:
-        events = [e for e in events if e["resource"] == args.resource]
+    events = _audit_events(args)
     lines: list[str] = audit.history(events)
     _emit(args.json, {"events": events}, lambda: print("\n".join(lines) or "no events"))
     return EXIT_OK
+
+
+# -- control commands ---------------------------------------------------------------------------
+
+_DONE = {
+    "pause": ("paused", "already paused"),
+    "resume": ("resumed", "already running (not paused)"),
+    "rebalance": ("rebalance requested", "rebalance requested"),
+    "reset": ("control reset to the default", "control already at the default"),
+    "drain": ("drain of {member} requested", "{member} already draining"),
+    "undrain": ("{member} no longer drained", "{member} was not draining"),
+    "pin": ("{resource} pinned to {member}", "{resource} already pinned to {member}"),
+    "unpin": ("{resource} unpinned", "{resource} was not pinned"),
+    "threshold": ("imbalance threshold set to {value:g}", "imbalance threshold already {value:g}"),
+}
+
+
+def _actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _change(ops: GroupControl, args: argparse.Namespace) -> tuple[Control, bool]:
+    command = args.command
+    if command == "pause":
+        return ops.pause()
+    if command == "resume":
+        return ops.resume()
+    if command == "rebalance":
+        return ops.rebalance()
+    if command == "reset":
+        return ops.reset()
+    if command == "drain":
+        return ops.drain(validate_member_id(args.member))
+    if command == "undrain":
+        return ops.undrain(validate_member_id(args.member))
+    if command == "pin":
+        return ops.pin(validate_resource_id(args.resource), validate_member_id(args.member))
+    if command == "unpin":
+        return ops.unpin(validate_resource_id(args.resource))
+    return ops.set_threshold(args.value)
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    group = validate_group(args.group)
+    url = args.backend or default_backend_url()
+    shown = parse_backend_url(url, allowed_options={s: e[2] for s, e in BACKENDS.items()})
+    with open_backend(url) as backend:
+        ops = GroupControl(backend, group, actor=_actor())
+        _, changed = _change(ops, args)
+        names = {k: getattr(args, k, None) for k in ("member", "resource", "value")}
+        message = _DONE[args.command][0 if changed else 1].format(**names)
+        data: dict[str, Any] = {
+            "group": group,
+            "backend": shown.redacted(),
+            "command": args.command,
+            "changed": changed,
+        }
+        code = EXIT_OK
+        if args.command == "drain" and args.timeout > 0:
+            progress = ops.wait_drained(args.member, args.timeout)
+            data["drained"], data["owned"] = progress.done, progress.owned
+            if progress.done:
+                gone = "" if progress.present else " (it left the group)"
+                message = f"drain of {args.member} done: it owns nothing{gone}"
+            else:
+                code = EXIT_TIMEOUT
+        state = backend.state(group)
+        data["control"] = _control_status(state)
+    version = data["control"]["version"]
+    _emit(args.json, data, lambda: print(f"group {group}: {message} (control version {version})"))
+    if code == EXIT_TIMEOUT:
+        _fail(
+            f"drain of member {args.member!r} in group {group!r} timed out after "
+            f"{args.timeout:g} s: it still owns or is assigned {data['owned']} resources; check "
+            f"that the group has a coordinator ('{PROG} status --group {group}'), then run "
+            f"drain again with a longer --timeout",
+            EXIT_TIMEOUT,
+        )
+    return code
+
+
+def _threshold_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"imbalance threshold {text!r} is not a finite number >= 0 (0 balances always)"
+        )
+    return value
+
+
+def _timeout_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"timeout {text!r} is not a number of seconds >= 0")
+    return value
+
+
+_POSITIONAL_HELP = {
+    "member": "a member id, as 'rebalancer-spark members' shows it",
+    "resource": "a resource id, as 'rebalancer-spark assignments' shows it",
+    "value": "a number >= 0 (counts, or weights for weighted resources); 0 always balances",
+}
+
+
+def _add_control_commands(commands: Any) -> None:
+    specs: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+        ("pause", "freeze ownership: nothing owned moves; orphans still get an owner", ()),
+        ("resume", "end a pause: rebalance what changed meanwhile", ()),
+        (
+            "rebalance",
+            "list the source and force one full rebalance now (ignores debounce and threshold)",
+            (),
+        ),
+        ("reset", "back to the default control: active, no drains, no pins, threshold 0", ()),
+        (
+            "drain",
+            "move everything away from a live member and wait until it owns nothing",
+            (("member", "MEMBER"),),
+        ),
+        ("undrain", "let a drained member own resources again", (("member", "MEMBER"),)),
+        (
+            "pin",
+            "keep a resource on a member while that member is in the group",
+            (("resource", "RESOURCE"), ("member", "MEMBER")),
+        ),
+        ("unpin", "let a pinned resource be balanced again", (("resource", "RESOURCE"),)),
+        (
+            "threshold",
+            "no moves while max - min owned (weighted) stays at or under VALUE",
+            (("value", "VALUE"),),
+        ),
+    )
+    for name, text, positionals in specs:
+        sub = commands.add_parser(name, help=text, description=text, epilog=_EPILOG)
+        for dest, metavar in positionals:
+            kind = _threshold_value if dest == "value" else str
+            sub.add_argument(dest, metavar=metavar, type=kind, help=_POSITIONAL_HELP[dest])
+        if name == "drain":
+            sub.add_argument(
+                "--timeout",
+                type=_timeout_seconds,
+                default=60.0,
+                metavar="SECONDS",
+                help="how long to wait for the member to own nothing (default 60; 0: no wait)",
+            )
+        sub.add_argument("--group", required=True, help="the group name")
+        sub.add_argument(
+            "--backend", metavar="URL", help="the store (default: groups.db in $REBALANCER_HOME)"
+        )
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.set_defaults(func=_cmd_control)
+
+
+# -- the audit table over time: timeline, rebalances, owners ----------------------------------
+
+_AUDIT_EPILOG = (
+    "exit status: 0 ok; 2 bad input (no audit table at PATH, a bad --since, nothing to draw, "
+    "an --out that cannot be written). --since takes a UTC time (2026-11-21T06:00:00Z) or a "
+    "duration back from now (90s, 10m, 2h)."
+)
+
+
+def _since(text: str) -> float:
+    """Epoch seconds from ``--since``: an ISO time (UTC unless it says otherwise) or a
+    duration back from now."""
+    from datetime import UTC, datetime
+
+    from rebalancer_spark.core.config import parse_duration
+
+    try:
+        stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            return time.time() - parse_duration("--since", text)
+        except RebalancerError:
+            _fail(
+                f"--since {text!r} is neither a time nor a duration; give a UTC time such as "
+                "2026-11-21T06:00:00Z or a duration back from now such as 10m or 2h"
+            )
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
+
+
+def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The events of the audit table at ``args.path``, filtered by the options given."""
+    group = validate_group(args.group) if args.group is not None else None
+    events: list[dict[str, Any]] = _audit().load_events(args.path, group=group)
+    resource = getattr(args, "resource", None)
+    if resource is not None:
+        events = [e for e in events if e["resource"] == resource]
+    if getattr(args, "since", None) is not None:
+        since = _since(args.since)
+        events = [e for e in events if e["at"] >= since]
+    return events
+
+
+def _cmd_timeline(args: argparse.Namespace) -> int:
+    events = _audit_events(args)
+    try:
+        from rebalancer_spark.audit.timeline import save_timeline
+    except ImportError as exc:
+        _fail(f"audit timeline needs matplotlib ({exc})")
+    width, height = save_timeline(events, args.out, title=args.title)
+    owners = {str(e["member_id"]) for e in events if e["kind"] == "acquired"}
+    data = {
+        "out": args.out,
+        "width": width,
+        "height": height,
+        "events": len(events),
+        "resources": len({e["resource"] for e in events}),
+        "members": len(owners),
+    }
+    text = (
+        f"wrote {args.out} ({width}x{height} px): {data['resources']} resources, "
+        f"{data['members']} members, {len(events)} events"
+    )
+    _emit(args.json, data, lambda: print(text))
+    return EXIT_OK
+
+
+def _cmd_rebalances(args: argparse.Namespace) -> int:
+    found = _audit().rebalances(_audit_events(args), window=args.window)
+    rows = [r.as_dict() for r in found]
+    durations = sorted(r.duration for r in found)
+    summary = {
+        "rebalances": len(found),
+        "window": args.window,
+        "median_duration": durations[len(durations) // 2] if durations else None,
+        "max_duration": durations[-1] if durations else None,
+        "moved": sum(r.moved for r in found),
+    }
+
+    def human() -> None:
+        if not found:
+            print("no rebalances")
+            return
+        heads = ("#", "GROUP", "START (UTC)", "DURATION S", "MOVED", "ASSIGNED", "RETURNED")
+        table = [
+            [r.number, r.group, _utc(r.start), f"{r.duration:.3f}", r.moved, r.assigned]
+            for r in found
+        ]
+        for row, r in zip(table, found, strict=True):
+            row += [r.returned, r.released, r.lost, ",".join(r.members)]
+        print(_table((*heads, "RELEASED", "LOST", "MEMBERS"), table))
+        print(
+            f"{len(found)} rebalances (changes more than {args.window:g} s apart start a new "
+            f"one), median {summary['median_duration']:.3f} s, longest "
+            f"{summary['max_duration']:.3f} s, {summary['moved']} resources moved"
+        )
+
+    _emit(args.json, {**summary, "items": rows}, human)
+    return EXIT_OK
+
+
+def _cmd_owners(args: argparse.Namespace) -> int:
+    rows = _audit().current_owners(_audit_events(args))
+    heads = ("GROUP", "RESOURCE", "OWNER", "EPOCH", "SINCE (UTC)", "HOST", "STATE")
+    keys = ("group", "resource", "member_id", "epoch")
+    table = [[*(r[k] for k in keys), _utc(r["since"]), r["host"], r["state"]] for r in rows]
+    _emit(
+        args.json,
+        {"owners": rows},
+        lambda: print(_table(heads, table) if rows else "no resources in the audit table"),
+    )
+    return EXIT_OK
+
+
+def _utc(seconds: float) -> str:
+    from datetime import UTC, datetime
+
+    stamp = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def _add_audit_commands(commands: Any, audits: Any) -> None:
+    """``history`` (top level) and ``audit timeline | rebalances | owners``."""
+    history = commands.add_parser(
+        "history",
+        help="one line per ownership event of the audit table",
+        description="one line per ownership event, the same as 'audit history'",
+        epilog=_AUDIT_EPILOG,
+    )
+    history.add_argument("--audit", dest="path", required=True, metavar="PATH", help="the table")
+    history.add_argument("--resource", help="show this resource only")
+    history.set_defaults(func=_cmd_history)
+    timeline = audits.add_parser(
+        "timeline",
+        help="draw ownership over time into a PNG",
+        description="one lane per resource, a colour per member, epochs and gaps marked",
+        epilog=_AUDIT_EPILOG,
+    )
+    timeline.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write")
+    timeline.add_argument("--resource", help="draw this resource only")
+    timeline.add_argument("--title", help="the plot's title")
+    timeline.set_defaults(func=_cmd_timeline)
+    stats = audits.add_parser(
+        "rebalances",
+        help="rebalance durations and moves from the audit table",
+        description="ownership changes closer than --window seconds form one rebalance",
+        epilog=_AUDIT_EPILOG,
+    )
+    stats.add_argument(
+        "--window",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="quiet time that ends a rebalance (default 2)",
+    )
+    stats.set_defaults(func=_cmd_rebalances)
+    owners = audits.add_parser(
+        "owners", help="each resource's owner as the audit table ends", epilog=_AUDIT_EPILOG
+    )
+    owners.set_defaults(func=_cmd_owners)
+    for sub in (timeline, stats, owners):
+        sub.add_argument("path", metavar="PATH", help="the audit table's path or URL")
+    for sub in (history, timeline, stats, owners):
+        sub.add_argument("--group", help="this group only (default: every group)")
+        sub.add_argument("--since", metavar="TIME", help="events at or after TIME only")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 # -- the parser -------------------------------------------------------------------------------
@@ -278,7 +715,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="the operator's view of a group and of its audit trail",
+        description="the operator's view and control of a group, and of its audit trail",
         epilog=_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -294,8 +731,17 @@ def _parser() -> argparse.ArgumentParser:
             "--backend", metavar="URL", help="the store (default: groups.db in $REBALANCER_HOME)"
         )
         sub.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "status":
+            sub.add_argument(
+                "--audit",
+                metavar="PATH",
+                help="the group's Delta audit table: adds the last rebalance and its duration",
+            )
         sub.set_defaults(func=func)
-    audit = commands.add_parser("audit", help="verify the Delta audit table or show its history")
+    _add_control_commands(commands)
+    audit = commands.add_parser(
+        "audit", help="the Delta audit table: verify, history, owners, rebalances, timeline"
+    )
     audits = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     verify = audits.add_parser(
         "verify", help="prove no resource had two owners at once", epilog=_EPILOG
@@ -309,11 +755,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     history = audits.add_parser("history", help="one line per ownership event", epilog=_EPILOG)
     history.add_argument("--resource", help="show this resource only")
+    history.add_argument("--since", metavar="TIME", help="events at or after TIME only")
     for sub, func in ((verify, _cmd_verify), (history, _cmd_history)):
         sub.add_argument("path", metavar="PATH", help="the audit table's path or URL")
         sub.add_argument("--group", help="this group only (default: every group)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(func=func)
+    _add_audit_commands(commands, audits)
     return parser
 
 
@@ -322,6 +770,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         status: int = args.func(args)
+    except ControlRefused as exc:
+        _fail(str(exc), EXIT_REFUSED)
     except RebalancerError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:

@@ -9,6 +9,11 @@
   ``amqp://guest:guest@127.0.0.1:5672/%2F``) with a queue-name prefix of the test's own; the
   queues it made are deleted afterwards. A RabbitMQ that cannot be reached fails the test with
   the reason: the build machines run one.
+* ``rabbitmq_management`` (session scope): a RabbitMQ node of the tests' own, started from the
+  machine's RabbitMQ installation (``/usr/lib/rabbitmq/bin/rabbitmq-server``) on free ports,
+  with the management plugin enabled in its own plugins file (the machine's broker has it
+  disabled, and changing that is not the tests' business); its data and logs in a temporary
+  directory; ended by its PID. About 16 s to start here.
 
 Credentials for moto are throw-away values; nothing here touches a real cloud.
 """
@@ -26,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -172,6 +177,41 @@ class RabbitMq:
             conn.close()
         return queue
 
+    def publish(
+        self,
+        queue: str,
+        messages: Sequence[tuple[str | None, bytes]],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Publish ``(message_id, body)`` pairs (persistent) to the queue named ``queue``."""
+        import pika
+
+        conn = self.connection()
+        try:
+            channel = conn.channel()
+            for message_id, body in messages:
+                props = pika.BasicProperties(
+                    message_id=message_id, headers=headers, delivery_mode=2
+                )
+                channel.basic_publish(exchange="", routing_key=queue, body=body, properties=props)
+        finally:
+            conn.close()
+
+    def depth(self, queue: str) -> int:
+        conn = self.connection()
+        try:
+            count: int = (
+                conn.channel().queue_declare(queue=queue, passive=True).method.message_count
+            )
+            return count
+        finally:
+            conn.close()
+
+    def source_url(self, **options: str) -> str:
+        """A rabbitmq:// source URL on this broker with these query options."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return self.url.replace("amqp://", "rabbitmq://", 1) + ("?" + query if query else "")
+
     def cleanup(self) -> None:
         if not self.made:
             return
@@ -182,6 +222,102 @@ class RabbitMq:
                 channel.queue_delete(queue=queue)
         finally:
             conn.close()
+
+
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+
+@dataclass
+class RabbitMqNode:
+    """A RabbitMQ node of the tests' own, with the management plugin; see the module doc."""
+
+    workdir: Path
+    port: int = 0
+    management_port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    @property
+    def management(self) -> str:
+        return f"http://127.0.0.1:{self.management_port}"
+
+    def start(self) -> None:
+        self.port, self.management_port, dist_port = _free_port(), _free_port(), _free_port()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+        (self.workdir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            f"management.tcp.port = {self.management_port}\n"
+            "management.tcp.ip = 127.0.0.1\n"
+        )
+        env = {
+            **os.environ,
+            "HOME": str(self.workdir),  # its own Erlang cookie
+            "RABBITMQ_NODENAME": f"rbtest{os.getpid()}x{next(_names)}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.workdir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.workdir / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.workdir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.workdir / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.workdir / "advanced.config"),
+            "RABBITMQ_PID_FILE": str(self.workdir / "pid"),
+        }
+        with open(self.workdir / "out.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(RABBITMQ_SERVER)], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        deadline = time.monotonic() + 90
+        probe = urllib.request.Request(f"{self.management}/api/overview")  # noqa: S310
+        probe.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(probe, timeout=1):  # noqa: S310
+                    return
+            except urllib.error.HTTPError as exc:  # up, not ready: close the answer
+                exc.close()
+            except OSError:
+                pass
+            time.sleep(0.1)  # polling a starting server's port, not synchronising a test
+        log_text = self.log()
+        self.stop()
+        raise RuntimeError(f"RabbitMQ node did not start within 90 s; log:\n{log_text}")
+
+    def stop(self) -> None:
+        """Kill the Erlang VM (its PID file) and the launcher script, by PID."""
+        pid_file = self.workdir / "pid"
+        if pid_file.exists():
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def log(self) -> str:
+        try:
+            return (self.workdir / "out.log").read_text(errors="replace")[-4000:]
+        except OSError:
+            return "(no log)"
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_management(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMqNode]:
+    if not RABBITMQ_SERVER.exists():
+        pytest.fail(
+            f"{RABBITMQ_SERVER} is missing: install Debian's rabbitmq-server package (the "
+            "build machines have it) to test listing queues through the management API"
+        )
+    node = RabbitMqNode(tmp_path_factory.mktemp("rabbitmq-node"))
+    node.start()
+    yield node
+    node.stop()
 
 
 @pytest.fixture(scope="session")

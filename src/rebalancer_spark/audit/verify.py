@@ -69,13 +69,15 @@ class AuditVerdict:
 def verify_events(
     events: Iterable[Mapping[str, object]], *, tolerance: float = 0.0
 ) -> AuditVerdict:
-    """Judge a trail of events (dicts with kind, resource, member_id, session_id, epoch, at)."""
+    """Judge a trail of events (dicts with kind, resource, member_id, session_id, epoch, at);
+    ``control`` events are left out (they are not about ownership)."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ConfigurationError(
             f"tolerance {tolerance!r} is not a number of seconds >= 0; use 0, or the clock "
             "skew between the members' hosts"
         )
-    trail = list(events)
+    # Control rows (an operator's pause, drain, pin...) are not ownership: not judged here.
+    trail = [e for e in events if str(e["kind"]) != "control"]
     by_resource = intervals(trail)
     found = overlaps(by_resource, tolerance=tolerance)
     every = [item for items in by_resource.values() for item in items]

@@ -11,7 +11,9 @@ that depends on ownership or leadership is checked atomically by the store:
   caller, that are free (released, never claimed, or held by an expired session); a grant
   raises the resource epoch by one;
 * :meth:`Backend.commit` only while the caller's session is alive and holds the resource at
-  exactly ``epoch``.
+  exactly ``epoch``;
+* :meth:`Backend.update_control` only while the group's control record is still at the
+  version the caller read (compare-and-set); it wakes the group's watchers.
 
 Everything else (threads, timing, protocols, assignors) lives above this contract, so a backend
 is a translation of these calls to one store. Errors are translated at this boundary into the
@@ -30,6 +32,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import ClassVar, Self
 
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     GroupState,
@@ -179,6 +182,15 @@ class Backend(abc.ABC):
     ) -> int:
         """Change the group's resource set atomically; return its new version (unchanged if
         the set did not change)."""
+
+    # -- operator control ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        """Store ``control`` as the group's control record if the stored record's version is
+        still ``expected_version`` (0: none was ever written); return it as stored, with
+        version ``expected_version + 1``. :class:`ControlConflict` if the version moved on.
+        Wakes the group's watchers; :meth:`state` returns the record in its snapshot."""
 
     # -- ownership ---------------------------------------------------------------------------
 

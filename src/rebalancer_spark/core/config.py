@@ -122,6 +122,8 @@ class MemberConfig:
     rejoin_grace: float = 0.0
     barrier_timeout: float = 10.0
     drain_timeout: float = 30.0
+    metrics_port: int = 0
+    """Serve this member's Prometheus metrics over HTTP on this port; 0 (default) = off."""
 
     def __post_init__(self) -> None:
         validate_group(self.group)
@@ -140,6 +142,7 @@ class MemberConfig:
             value = getattr(self, name)
             if value is not None or name not in _OPTIONAL_DURATIONS:
                 object.__setattr__(self, name, parse_duration(name, value))
+        object.__setattr__(self, "metrics_port", _port("metrics_port", self.metrics_port))
         self._check_ranges()
 
     def _check_ranges(self) -> None:
@@ -283,6 +286,18 @@ def _assignor(value: object) -> str:
         f"assignor = {_show(value)} is not an assignor{hint}: use one of "
         f"{', '.join(ASSIGNOR_NAMES)} (sticky is the default)"
     )
+
+
+def _port(name: str, value: object) -> int:
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, str) and text.isdigit():
+        text = int(text)
+    if isinstance(text, bool) or not isinstance(text, int) or not 0 <= text <= 65535:
+        raise ConfigurationError(
+            f"{name} = {_show(value)} is not a TCP port: give a whole number from 1 to 65535, "
+            "or 0 to turn it off"
+        )
+    return text
 
 
 def _within(

@@ -10,6 +10,7 @@
     ├── MemberIdInUse             a live member already uses this static member id
     ├── SessionExpired            this member's session/lease is gone; it must rejoin
     ├── FencedError               a write carried an epoch that is no longer current
+    ├── ControlConflict           the control record changed since it was read (retry)
     └── SourceError               a resource source failed to list or read
 
 Every message names the object, the value seen, what was expected and what to do next.
@@ -22,6 +23,7 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "ConfigurationError",
+    "ControlConflict",
     "CorruptStateError",
     "FencedError",
     "MemberIdInUse",
@@ -61,6 +63,10 @@ class SessionExpired(RebalancerError):
 
 class FencedError(RebalancerError):
     """A write was refused because its epoch is stale: ownership or leadership moved on."""
+
+
+class ControlConflict(RebalancerError):
+    """A control record write was refused: its version moved on since it was read."""
 
 
 class SourceError(RebalancerError):

@@ -5,6 +5,12 @@ releases or loses a resource, and when a commit of its is fenced. The Delta audi
 the test suite's member logs are both sinks. ``at`` is when ownership really began or ended:
 for a ``lost`` event found late (a process paused past its lease), it is the moment the lease
 ran out, not the moment the member noticed; ``observed_at`` is when the member noticed.
+
+``control`` events are not changes of ownership: the coordinator emits one when it applies a
+change of the group's control record (pause, resume, rebalance request, drain, pin, imbalance
+threshold; see :mod:`rebalancer_spark.core.control`), with its own member id, session and
+coordinator epoch, the resource concerned (a pin) or ``""`` (the group), and the transition
+in ``reason``. The audit's overlap proof ignores them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ class EventKind(StrEnum):
     RELEASED = "released"
     LOST = "lost"
     FENCED = "fenced"
+    CONTROL = "control"
+    """Not about ownership: the coordinator applied an operator's control change."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
 
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 
 __all__ = [
@@ -240,6 +241,9 @@ class GroupState:
     resources_version: int
     target: Target | None
     claims: Mapping[str, Claim]
+    control: Control = field(default_factory=Control)
+    """The operator's control record (:mod:`rebalancer_spark.core.control`); the default
+    record when none was ever written."""
 
     def is_stable(self) -> bool:
         """True when the target covers every live member that is not leaving and every

@@ -17,6 +17,15 @@ the winner. The coordinator then turns each change of members or resources into 
    coordinator first publishes a ``stopping`` phase and waits for every member's
    acknowledgement (or ``barrier_timeout``) before publishing the new target.
 
+5. **Operator control** (:mod:`rebalancer_spark.core.control`). The group's control record
+   comes with every snapshot; targets are computed by :func:`plan_target` under it (pause,
+   drains, pins, imbalance threshold). A change of the record is applied at once, without the
+   stability window: if it changes the target (or is a ``rebalance`` request, which forces a
+   full balance) a new target is published. Once applied, one ``control`` event per
+   transition goes to the event sinks (the audit table), and ``drain done`` once a drained
+   member owns nothing. Drain entries of members that left the group are removed from the
+   record. A coordinator that takes over adopts the record without writing events for it.
+
 A coordinator whose lease lapses, or whose write is fenced, simply stops acting: nothing it
 could still write would be accepted.
 
@@ -29,16 +38,24 @@ listed are never revoked because a listing failed); the error is kept in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from rebalancer_spark.backends.base import Backend, Session, Watch
 from rebalancer_spark.core.assignors import get_assignor, moved
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
-from rebalancer_spark.core.errors import BackendError, FencedError, RebalancerError
+from rebalancer_spark.core.control import Control, control_changes, plan_target
+from rebalancer_spark.core.errors import (
+    BackendError,
+    ControlConflict,
+    FencedError,
+    RebalancerError,
+)
+from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
 from rebalancer_spark.core.model import GroupState, Phase, Resource, Target
 
 __all__ = ["CoordinatorLoop", "RebalanceRecord"]
@@ -73,6 +90,8 @@ class CoordinatorLoop:
         on_rebalance: Callable[[RebalanceRecord], None] | None = None,
         discover: Callable[[], Collection[Resource]] | None = None,
         discovery_interval: float = 30.0,
+        event_sinks: Sequence[EventSink] = (),
+        info: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
         self._backend = backend
@@ -82,6 +101,8 @@ class CoordinatorLoop:
         self._discover = discover
         self._discovery_interval = discovery_interval
         self._next_discovery = 0.0
+        self._listed_for_requests: int | None = None
+        """The group's rebalance-request count when the source was last listed on demand."""
         self.discovery_error: str | None = None
         """Why the last listing of the source failed, or None after a good one."""
         self._assignor = get_assignor(config.assignor)
@@ -92,14 +113,30 @@ class CoordinatorLoop:
         )
         self.epoch: int | None = None
         """The coordinator epoch while this member coordinates, else None."""
+        self.seen_epoch: int | None = None
+        """The latest coordinator epoch this member saw, coordinator or not (logs, metrics)."""
+        self.present_members = 0
+        """Members the latest target covers, as this member last computed it coordinating."""
+        self.listed_resources = 0
+        """Resources in the group's set, as this member last read it coordinating."""
         self._pending: tuple[frozenset[str], int] | None = None
         self._first_change = 0.0
         self._last_change = 0.0
         self._away_since: dict[str, float] = {}
         self._static_seen: set[str] = set()
         self._stopping_since: float | None = None
+        self._sinks = list(event_sinks)
+        self._info = dict(info or {})
+        self._control: Control | None = None
+        """The control record this coordinator last applied (None: not yet, or new role)."""
+        self._forced = False
+        self._drain_done: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
 
     def start(self) -> None:
         self._thread.start()
@@ -188,13 +225,23 @@ class CoordinatorLoop:
                 )
                 self._pending = None
                 self._stopping_since = None
+                self._control = None
+                self._forced = False
                 self._away_since.clear()
                 self._next_discovery = 0.0
                 state = self._backend.state(self._config.group)
+        if coordinator is not None:
+            self.seen_epoch = coordinator.epoch
         if coordinator is None or coordinator.session_id != session.session_id:
             self.epoch = None
             return _IDLE_WAIT
         self.epoch = coordinator.epoch
+        requests = state.control.rebalance_requests
+        if self._listed_for_requests != requests:
+            # An operator's `rebalance` also lists the source now (discovery on demand).
+            if self._listed_for_requests is not None:
+                self._next_discovery = 0.0
+            self._listed_for_requests = requests
         discovery_wait = self._run_discovery(session, state.resources_version)
         if discovery_wait is None:  # the resource set changed: look again
             state = self._backend.state(self._config.group)
@@ -248,18 +295,37 @@ class CoordinatorLoop:
     def _coordinate(self, session: Session, epoch: int, state: GroupState) -> float:
         now = self._clock.monotonic()
         present, grace_end = self._present_members(state, now)
+        self.present_members, self.listed_resources = len(present), len(state.resources)
         target = state.target
         wait = _IDLE_WAIT if grace_end is None else max(grace_end - now, 0.0)
+        if self._forget_departed_drains(session, state):
+            return 0.0  # the record changed: look again
 
         if target is not None and target.phase is Phase.STOPPING:
             return self._finish_barrier(session, epoch, state, present, target, now)
 
         inputs = (frozenset(present), state.resources_version)
-        if (
+        unchanged = (
             target is not None
             and frozenset(target.assignment) == inputs[0]
             and target.resources_version == inputs[1]
-        ):
+        )
+        control, applied = state.control, self._control
+        if applied is None or applied.version != control.version:
+            forced = applied is not None and control.rebalance_requests > applied.rebalance_requests
+            current = {m: frozenset(rs) for m, rs in target.assignment.items()} if target else None
+            desired = self._plan(state, present, target, forced=forced)
+            # A new coordinator facing other changes too lets the stability window run.
+            now_due = applied is not None or unchanged
+            if present and now_due and (forced or desired != current):
+                self._forced = forced
+                self._rebalance_now(session, epoch, state, present, target, now)
+                self._adopt(session, epoch, control)
+                return 0.0
+            self._adopt(session, epoch, control)
+        self._report_drains(session, epoch, state)
+
+        if unchanged:
             self._pending = None
             return wait
         if not present and target is None:
@@ -275,6 +341,21 @@ class CoordinatorLoop:
         )
         if now < due:
             return min(wait, due - now)
+        if self._rebalance_now(session, epoch, state, present, target, now):
+            return 0.0
+        return wait
+
+    def _rebalance_now(
+        self,
+        session: Session,
+        epoch: int,
+        state: GroupState,
+        present: set[str],
+        target: Target | None,
+        now: float,
+    ) -> bool:
+        """Publish a new target (under the global barrier, its ``stopping`` phase first);
+        True if a barrier was started."""
         if self._config.protocol is ProtocolName.GLOBAL_BARRIER and target is not None:
             stop_target = self._backend.publish(
                 session,
@@ -290,9 +371,76 @@ class CoordinatorLoop:
                 stop_target.generation,
                 len(state.members),
             )
-            return 0.0
+            return True
         self._publish(session, epoch, state, present, target, now)
-        return wait
+        return False
+
+    # -- operator control ---------------------------------------------------------------------
+
+    def _plan(
+        self, state: GroupState, present: set[str], target: Target | None, *, forced: bool
+    ) -> dict[str, frozenset[str]]:
+        previous = {m: set(rs) for m, rs in target.assignment.items()} if target else {}
+        weights = {r.id: r.weight for r in state.resources.values()}
+        return plan_target(self._assignor, present, weights, previous, state.control, forced=forced)
+
+    def _adopt(self, session: Session, epoch: int, control: Control) -> None:
+        """Note ``control`` as applied; write its transitions unless the role is new."""
+        previous, self._control = self._control, control
+        if previous is None:
+            log.info("group %s: control record adopted: %s", session.group, control.describe())
+            return
+        self._drain_done &= control.drain
+        for resource, reason in control_changes(previous, control):
+            log.info("group %s: %s %s", session.group, reason, resource)
+            self._emit(session, epoch, resource, reason)
+
+    def _report_drains(self, session: Session, epoch: int, state: GroupState) -> None:
+        """Write ``drain done`` once for each drained member that owns nothing any more."""
+        target = state.target
+        for member in sorted(state.control.drain - self._drain_done):
+            if member not in state.members or target is None or target.assignment.get(member):
+                continue
+            if any(c.member_id == member for c in state.claims.values()):
+                continue
+            self._drain_done.add(member)
+            self._emit(session, epoch, "", f"control v{state.control.version}: drain done {member}")
+
+    def _forget_departed_drains(self, session: Session, state: GroupState) -> bool:
+        """Remove drained members that left the group from the record; True if it changed."""
+        control = state.control
+        gone = {m for m in control.drain if m not in state.members and m not in self._away_since}
+        if not gone:
+            return False
+        # On a conflict someone else changed it: the next look sees the new record.
+        with contextlib.suppress(ControlConflict):
+            note = f"undrain {', '.join(sorted(gone))}: left the group (by coordinator)"
+            changed = control.undrain_members(gone).noted(self._clock.wall(), note)
+            self._backend.update_control(session.group, control.version, changed)
+        log.info(
+            "group %s: drained members %s left the group: drain ended", session.group, sorted(gone)
+        )
+        return True
+
+    def _emit(self, session: Session, epoch: int, resource: str, reason: str) -> None:
+        now = self._clock.wall()
+        event = OwnershipEvent(
+            kind=EventKind.CONTROL,
+            group=session.group,
+            resource=resource,
+            member_id=session.member_id,
+            session_id=session.session_id,
+            epoch=epoch,
+            at=now,
+            observed_at=now,
+            reason=reason,
+            info=self._info,
+        )
+        for sink in self._sinks:
+            try:
+                sink(event)
+            except Exception:
+                log.exception("event sink failed for %s", event)
 
     def _finish_barrier(
         self,
@@ -334,7 +482,8 @@ class CoordinatorLoop:
     ) -> None:
         previous = {m: set(rs) for m, rs in target.assignment.items()} if target else {}
         weights = {r.id: r.weight for r in state.resources.values()}
-        assignment = self._assignor(present, weights, previous)
+        assignment = self._plan(state, present, target, forced=self._forced)
+        self._forced = False
         published = self._backend.publish(
             session,
             epoch,

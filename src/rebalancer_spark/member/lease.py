@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rebalancer_spark.backends.base import Backend, Session
@@ -100,8 +101,16 @@ class Heartbeat:
     """Renews the lease every ``interval`` seconds on its own thread, so that slow user
     callbacks on the member thread never delay a renewal."""
 
-    def __init__(self, backend: Backend, lease: Lease, clock: Clock, interval: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        lease: Lease,
+        clock: Clock,
+        interval: float,
+        on_renewed: Callable[[float], None] | None = None,
+    ) -> None:
         self._backend = backend
+        self._on_renewed = on_renewed
         self._lease = lease
         self._clock = clock
         self._interval = interval
@@ -109,6 +118,10 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="rebalancer-heartbeat", daemon=True)
         self.renew_latency: float | None = None
         """Seconds the last successful renewal took."""
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
 
     def start(self) -> None:
         self._thread.start()
@@ -146,3 +159,5 @@ class Heartbeat:
                 continue
             self.renew_latency = self._clock.monotonic() - started
             self._lease.renewed(snap.session, started)
+            if self._on_renewed is not None:
+                self._on_renewed(self.renew_latency)

@@ -52,6 +52,8 @@ from rebalancer_spark.core.model import JsonValue, Resource, validate_member_id
 from rebalancer_spark.member.coordinator import CoordinatorLoop, RebalanceRecord
 from rebalancer_spark.member.defaults import default_backend_url, generated_member_id
 from rebalancer_spark.member.lease import Heartbeat, Lease
+from rebalancer_spark.member.logfields import LogContext, bind_thread
+from rebalancer_spark.member.metrics import MemberMetrics, metrics_available
 from rebalancer_spark.member.ownership import Callback, OwnedResource, Ownership
 from rebalancer_spark.member.reconciler import Reconciler
 from rebalancer_spark.member.state import TRANSITIONS, Lifecycle, MemberState
@@ -91,6 +93,7 @@ class Member:
             **(info or {}),
         }
         self._clock: Clock = clock or SystemClock()
+        self._event_sinks = list(event_sinks)
         self._own_backend = backend is None
         self._backend = backend
         self._lease = Lease(self._clock, config.effective_safety_margin)
@@ -99,6 +102,13 @@ class Member:
         self._stopping = False
         self._changed = threading.Condition(self._lock)
         self._lifecycle = Lifecycle(self.member_id, self._changed)
+        self._coordinator: CoordinatorLoop | None = None
+        self.log_context = LogContext(self.group, self.member_id, self._seen_epoch)
+        """The group, member and epoch fields of this member's log lines (see logfields)."""
+        self.metrics: MemberMetrics | None = self._make_metrics()
+        """This member's Prometheus metrics (None without prometheus_client)."""
+        if self.metrics is not None:
+            event_sinks = [self.metrics, *event_sinks]
         self._ownership = Ownership(
             self.group,
             self.member_id,
@@ -121,7 +131,6 @@ class Member:
             lifecycle=self._lifecycle,
         )
         self._heartbeat: Heartbeat | None = None
-        self._coordinator: CoordinatorLoop | None = None
         self.rebalances: list[RebalanceRecord] = []
         """Rebalances made while this member was coordinator (most recent last, capped)."""
 
@@ -146,13 +155,21 @@ class Member:
             backend = self._backend
             if self._resources is not None:
                 backend.update_resources(self.group, replace=self._resources)
+            if self.config.metrics_port and self.metrics is not None:
+                self.metrics.serve(self.config.metrics_port)
             self._reconciler.join(backend)
         except BaseException:
             self._lifecycle.move(MemberState.STOPPED)
+            if self.metrics is not None:
+                self.metrics.close()
             self._close_backend()
             raise
         self._heartbeat = Heartbeat(
-            backend, self._lease, self._clock, self.config.effective_heartbeat_interval
+            backend,
+            self._lease,
+            self._clock,
+            self.config.effective_heartbeat_interval,
+            on_renewed=None if self.metrics is None else self.metrics.renewed,
         )
         self._coordinator = CoordinatorLoop(
             self.config,
@@ -162,7 +179,11 @@ class Member:
             self._record_rebalance,
             discover=self._discover,
             discovery_interval=self._discovery_interval,
+            event_sinks=self._event_sinks,
+            info=self.info,
         )
+        for thread in (self._heartbeat.thread, self._coordinator.thread, self._reconciler.thread):
+            bind_thread(thread, self.log_context)
         self._lifecycle.move(MemberState.RUNNING)
         self._heartbeat.start()
         self._coordinator.start()
@@ -190,6 +211,8 @@ class Member:
             self._heartbeat.stop()
         self._reconciler.leave(self._backend)
         self._close_backend()
+        if self.metrics is not None:
+            self.metrics.close()
         self._lifecycle.move(MemberState.STOPPED)
 
     close = stop
@@ -265,12 +288,12 @@ class Member:
         owned = self.owns(resource)
         session = self._lease.valid_session()
         if owned is None or session is None:
-            raise FencedError(
+            raise self._refused(
                 f"commit for resource {resource!r} refused: member {self.member_id!r} of group "
                 f"{self.group!r} does not own it now; stop working on it"
             )
         if epoch is not None and epoch != owned.epoch:
-            raise FencedError(
+            raise self._refused(
                 f"commit for resource {resource!r} at epoch {epoch} refused: member "
                 f"{self.member_id!r} lost it since and owns it again at epoch {owned.epoch}; "
                 "redo the work from the progress handed over with the new ownership"
@@ -281,7 +304,14 @@ class Member:
         except FencedError as exc:
             self._ownership.emit(EventKind.FENCED, session, resource, owned.epoch, str(exc))
             self._lease.changed.set()
+            self._refused(str(exc))
             raise
+
+    def _refused(self, message: str) -> FencedError:
+        """Count a refused commit (metrics) and return the error to raise."""
+        if self.metrics is not None:
+            self.metrics.refused_write()
+        return FencedError(message)
 
     def set_resources(self, resources: Iterable[str | Resource]) -> int:
         """Replace the group's resource set; returns its new version."""
@@ -308,6 +338,43 @@ class Member:
     def _record_rebalance(self, record: RebalanceRecord) -> None:
         self.rebalances.append(record)
         del self.rebalances[:-100]
+        if self.metrics is not None:
+            self.metrics.rebalanced(record.published_at - record.started_at, record.moved)
+
+    # -- observability -----------------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        """This member's metrics in the Prometheus text format."""
+        if self.metrics is None:
+            raise ConfigurationError(
+                f"member {self.member_id!r} has no metrics: prometheus_client is not installed; "
+                "pip install 'rebalancer-spark[metrics]'"
+            )
+        return self.metrics.text()
+
+    def _seen_epoch(self) -> int | None:
+        return None if self._coordinator is None else self._coordinator.seen_epoch
+
+    def _make_metrics(self) -> MemberMetrics | None:
+        if not metrics_available():
+            if self.config.metrics_port:
+                raise ConfigurationError(
+                    f"metrics_port = {self.config.metrics_port} needs prometheus_client: pip "
+                    "install 'rebalancer-spark[metrics]', or set metrics_port to 0"
+                )
+            return None
+        return MemberMetrics(
+            self.group,
+            self.member_id,
+            owned=lambda: len(self.assigned()),
+            is_coordinator=lambda: self.is_coordinator,
+            epoch=self._seen_epoch,
+            group_members=lambda: self._coordinator_count("present_members"),
+            group_resources=lambda: self._coordinator_count("listed_resources"),
+        )
+
+    def _coordinator_count(self, name: str) -> int:
+        return 0 if self._coordinator is None else int(getattr(self._coordinator, name))
 
 
 def _as_resources(resources: Iterable[str | Resource]) -> list[Resource]:

@@ -80,6 +80,10 @@ class Reconciler:
         self.error: BaseException | None = None
         """Why the member thread ended on its own, if it did."""
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     # -- control, from the member's façade ---------------------------------------------------
 
     def join(self, backend: Backend) -> None:
@@ -261,6 +265,17 @@ class Reconciler:
         if not fresh:
             return
         progress = backend.progress(self._group, list(fresh))
+        if self._lapsed_at(session) is not None:
+            # The answers came back after the lease ran out (a slow store, a pause): this
+            # member never held them; the store frees the claims with the session, and the
+            # next step fences and rejoins. Holding them now would start work, and record an
+            # acquisition, after the time anyone else may own them.
+            log.info(
+                "member %s: %d resources granted after its lease lapsed; not taking them",
+                session.member_id,
+                len(fresh),
+            )
+            return
         now = self._clock.wall()
         owned = [
             OwnedResource(r, e, progress[r].value if r in progress else None, now)

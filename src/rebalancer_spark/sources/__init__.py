@@ -1,23 +1,79 @@
-"""Sources chosen by URL scheme: ``file:///dir/`` (each sub-directory is a resource)."""
+"""Sources chosen by URL scheme, each plug-in imported only when a URL names it.
+
+=================================  ===========================================================
+``file:///mount/dir/``             each sub-directory of a share is a resource (files.py)
+``s3://bucket/prefix/``            each sub-prefix of a prefix is a resource (s3.py; boto3)
+``static://a,b,c``                 a fixed list, the same as ``--resources a,b,c`` (static.py)
+``rabbitmq://…``, ``amqp://…``     each queue is a resource (rabbitmq.py; pika)
+``sqs://…``                        each queue is a resource (sqs.py; boto3)
+=================================  ===========================================================
+
+Every plug-in class takes the URL as its one argument and implements
+:class:`~rebalancer_spark.sources.base.ResourceSource`.
+"""
 
 from __future__ import annotations
 
+import importlib
 from urllib.parse import urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
 
-__all__ = ["FileEntry", "FileSource", "ResourceSource", "open_source"]
+__all__ = ["SOURCES", "FileEntry", "FileSource", "ResourceSource", "open_source"]
+
+SOURCES: dict[str, str] = {
+    "amqp": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+    "amqps": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+    "file": "rebalancer_spark.sources.files:FileShareSource",
+    "rabbitmq": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+    "rabbitmqs": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
+    "s3": "rebalancer_spark.sources.s3:S3Source",
+    "sqs": "rebalancer_spark.sources.sqs:SqsSource",
+    "static": "rebalancer_spark.sources.static:StaticSource",
+}
+"""Scheme → ``module:Class`` of the plug-in that reads it."""
+
+_EXTRAS = {
+    "s3": "s3",
+    "sqs": "sqs",
+    "rabbitmq": "rabbitmq",
+    "rabbitmqs": "rabbitmq",
+    "amqp": "rabbitmq",
+    "amqps": "rabbitmq",
+}
 
 
 def open_source(url: str) -> ResourceSource:
-    """The source named by ``url``."""
-    scheme = urlsplit(url).scheme
-    if scheme == "file":
-        from rebalancer_spark.sources.files import FileShareSource
-
-        return FileShareSource(url)
-    raise ConfigurationError(
-        f"source {url!r} has the unknown scheme {scheme!r}: use file:///absolute/dir/ (each "
-        "sub-directory is a resource), or give a static list with --resources a,b,c"
-    )
+    """The source named by ``url``; a :class:`ConfigurationError` for an unknown scheme or a
+    plug-in whose library is not installed."""
+    scheme = urlsplit(url).scheme.lower()
+    target = SOURCES.get(scheme)
+    if target is None:
+        raise ConfigurationError(
+            f"source {redact_url(url)!r} has the unknown scheme {scheme!r}: the known schemes "
+            f"are {', '.join(sorted(SOURCES))} (e.g. s3://bucket/prefix/, file:///abs/dir/, "
+            "static://a,b,c)"
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise ConfigurationError(
+                f"source scheme {scheme!r} is not available in this installation (module "
+                f"{module_name} is missing): upgrade rebalancer-spark or use another source"
+            ) from None
+        extra = _EXTRAS.get(scheme, "all")
+        raise ConfigurationError(
+            f"source {redact_url(url)!r} needs the Python package {exc.name!r}, which is not "
+            f"installed: pip install 'rebalancer-spark[{extra}]'"
+        ) from None
+    cls = getattr(module, class_name)
+    source = cls(url)
+    if not isinstance(source, ResourceSource):
+        raise ConfigurationError(
+            f"{target} built {type(source).__name__}, not a ResourceSource: fix the registry"
+        )
+    return source

@@ -1,4 +1,6 @@
-"""The reference ingestion loop: every file of every owned directory lands in the output once.
+"""The reference ingestion loop: every file of every owned resource lands in the output once.
+
+Resources are the directories of a file share or the sub-prefixes of an S3 prefix.
 
 For each resource this job owns now, read the next batch of files (see
 :mod:`rebalancer_spark.spark.source` for why batches make this exactly-once), write it as
@@ -74,7 +76,7 @@ def run_ingest(
                     stats.fenced += 1
                     log.warning("[%s] %s: lost before writing, batch dropped", name, src)
                     continue
-                df.drop("_source").write.mode("overwrite").parquet(target)
+                df.drop("_resource", "_batch").write.mode("overwrite").parquet(target)
                 src.commit()
             except FencedError as exc:
                 stats.fenced += 1

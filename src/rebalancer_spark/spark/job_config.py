@@ -55,11 +55,13 @@ class JobConfig:
     source: str | None = None
     resources: tuple[str, ...] | None = None
     output: str | None = None
+    checkpoint_root: str | None = None
     audit: str | None = None
     format: str = "csv"
     schema: str | None = None
     read_options: Mapping[str, str] = field(default_factory=_empty, hash=False)
     max_files_per_batch: int = 100
+    log_format: str = "text"
     poll_interval: float = 2.0
     discovery_interval: float = 30.0
     config_file: str | None = None
@@ -89,11 +91,13 @@ class JobConfig:
             "source": source,
             "resources": resources,
             "output": _text("output", self.output),
+            "checkpoint_root": _text("checkpoint_root", self.checkpoint_root),
             "audit": _text("audit", self.audit),
             "format": _format(self.format),
             "schema": _text("schema", self.schema),
             "read_options": MappingProxyType(_read_options(self.read_options, "read_options")),
             "max_files_per_batch": _count("max_files_per_batch", self.max_files_per_batch),
+            "log_format": _log_format(self.log_format),
             "poll_interval": _interval("poll_interval", self.poll_interval, 3600),
             "discovery_interval": _interval("discovery_interval", self.discovery_interval, 86400),
             "config_file": _text("config_file", self.config_file),
@@ -204,6 +208,15 @@ def _format(value: object) -> str:
     hint = _did_you_mean(wanted, FORMATS) if isinstance(wanted, str) else ""
     raise ConfigurationError(
         f"format = {show(value)} is not a reader format{hint}: use one of {', '.join(FORMATS)}"
+    )
+
+
+def _log_format(value: object) -> str:
+    wanted = value.strip().lower() if isinstance(value, str) else value
+    if wanted in ("text", "json") and isinstance(wanted, str):
+        return wanted
+    raise ConfigurationError(
+        f"log_format = {show(value)} is not a log format: use text (the default) or json"
     )
 
 

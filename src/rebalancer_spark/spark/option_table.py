@@ -82,11 +82,14 @@ OPTIONS = (
            "sticky (balanced, moves the fewest) or round_robin"),
     Option("source", "text", SOURCE, "URL",
            "where the resources are discovered, each sub-prefix, sub-directory or queue one "
-           "resource: s3://bucket/prefix/, file:///mount/dir/, rabbitmq://..., sqs://...; "
-           "not with --resources", "none"),
+           "resource: s3://bucket/prefix/, file:///mount/dir/, rabbitmq://..., sqs://..., or "
+           "static://a,b,c (the same as --resources a,b,c); not with --resources", "none"),
     Option("resources", "list", SOURCE, "A,B,...",
            "a static comma-separated list of resources, instead of --source", "none"),
     Option("output", "text", SOURCE, "PATH", "where the job writes its results", "none"),
+    Option("checkpoint_root", "text", SOURCE, "PATH",
+           "streaming jobs: shared directory of the per-resource checkpoints "
+           "(ROOT/GROUP/RESOURCE/), on storage every job of the group reaches", "none"),
     Option("audit", "text", SOURCE, "PATH",
            "path of the Delta table that records every change of ownership", "no audit"),
     Option("format", "text", SOURCE, "NAME",
@@ -94,6 +97,10 @@ OPTIONS = (
     Option("schema", "text", SOURCE, "DDL",
            "Spark DDL schema of the input, e.g. 'id INT, name STRING'", "the reader's own"),
     Option("max_files_per_batch", "count", SOURCE, "N", "most input files read in one batch"),
+    Option("metrics_port", "count", SOURCE, "PORT",
+           "serve this job's Prometheus metrics on http://driver:PORT/metrics", "0: off"),
+    Option("log_format", "text", SOURCE, "NAME",
+           "log lines as text or json, each with the group, member and epoch", "text"),
     Option("session_timeout", "duration", TIMING, "DURATION",
            "the lease: a member silent this long loses its resources (0.5s to 600s)"),
     Option("heartbeat_interval", "duration", TIMING, "DURATION",

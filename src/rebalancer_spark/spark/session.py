@@ -27,6 +27,7 @@ from rebalancer_spark.audit.delta import DeltaAuditLog
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.core.events import EventSink
 from rebalancer_spark.member import Member, OwnedResource
+from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.source import AssignedSource
@@ -53,10 +54,14 @@ _registry = _Registry()
 class RebalancerNode:
     """One job's member of its group, tied to its Spark session."""
 
-    def __init__(self, spark: SparkSession, job: JobConfig) -> None:
+    def __init__(
+        self, spark: SparkSession, job: JobConfig, source: ResourceSource | None = None
+    ) -> None:
         self.spark = spark
         self.job = job
-        self.source: ResourceSource | None = open_source(job.source) if job.source else None
+        if source is None and job.source:
+            source = open_source(job.source)
+        self.source: ResourceSource | None = source
         self.audit: DeltaAuditLog | None = DeltaAuditLog(job.audit) if job.audit else None
         sc = spark.sparkContext
         sinks: list[EventSink] = [self.audit] if self.audit is not None else []
@@ -67,12 +72,27 @@ class RebalancerNode:
             discovery_interval=job.discovery_interval,
             event_sinks=sinks,
             info={"spark_app_id": str(sc.applicationId), "spark_app_name": str(sc.appName)},
-            on_revoked=self._forget,
-            on_lost=self._forget,
+            on_assigned=self._assigned,
+            on_revoked=self._revoked,
+            on_lost=self._lost,
         )
         self._sources: dict[tuple[str, int], AssignedSource] = {}
+        self._listeners: list[tuple[Callback | None, Callback | None, Callback | None]] = []
         self._lock = threading.Lock()
         self._stopped = False
+
+    def listen(
+        self,
+        *,
+        on_assigned: Callback | None = None,
+        on_revoked: Callback | None = None,
+        on_lost: Callback | None = None,
+    ) -> None:
+        """Also call these on the member thread when ownership changes (see
+        :class:`~rebalancer_spark.member.Member`: ``on_revoked`` must return only once work on
+        those resources has stopped). Register before the work starts."""
+        with self._lock:
+            self._listeners.append((on_assigned, on_revoked, on_lost))
 
     def start(self) -> RebalancerNode:
         self.member.start()
@@ -127,10 +147,34 @@ class RebalancerNode:
             max_files_per_batch=self.job.max_files_per_batch,
         )
 
+    def flush_audit(self) -> None:
+        """Wait (at most 30 s) until the audit table holds every ownership event so far: call
+        it before working on a newly acquired resource."""
+        self._audit_before_work()
+
     def _audit_before_work(self) -> None:
         """The acquisition reaches the audit table before the first byte is read."""
         if self.audit is not None and not self.audit.flush(timeout=30):
             log.warning("audit table %s lags behind: %s", self.job.audit, self.audit.last_error)
+
+    def _assigned(self, owned: Sequence[OwnedResource]) -> None:
+        for on_assigned, _, _ in list(self._listeners):
+            if on_assigned is not None:
+                on_assigned(owned)
+
+    def _revoked(self, owned: Sequence[OwnedResource]) -> None:
+        try:
+            for _, on_revoked, _ in list(self._listeners):
+                if on_revoked is not None:
+                    on_revoked(owned)
+        finally:
+            self._forget(owned)
+
+    def _lost(self, owned: Sequence[OwnedResource]) -> None:
+        self._forget(owned)
+        for _, _, on_lost in list(self._listeners):
+            if on_lost is not None:
+                on_lost(owned)
 
     def _forget(self, owned: Sequence[OwnedResource]) -> None:
         with self._lock:
@@ -138,9 +182,12 @@ class RebalancerNode:
                 self._sources.pop((o.resource, o.epoch), None)
 
 
-def start(spark: SparkSession, job: JobConfig) -> RebalancerNode:
+def start(
+    spark: SparkSession, job: JobConfig, source: ResourceSource | None = None
+) -> RebalancerNode:
     """Start this driver's node (one per driver) and make it the one ``assigned_sources()``
-    answers from."""
+    answers from. ``source`` is the job's source object when the job made it itself (a queue
+    job does, to keep its type); by default it is opened from ``job.source``."""
     with _registry.lock:
         running = _registry.node
         if running is not None:
@@ -148,7 +195,7 @@ def start(spark: SparkSession, job: JobConfig) -> RebalancerNode:
                 f"this driver already runs a rebalancer node for group {running.member.group!r}: "
                 "stop it (or the Spark session) before starting another"
             )
-        node = RebalancerNode(spark, job)
+        node = RebalancerNode(spark, job, source)
         _registry.node = node
     try:
         return node.start()

@@ -1,6 +1,8 @@
 """One resource this job owns now, as something Spark can read and the job can commit.
 
-For a file source the progress of a resource is::
+For a file source (any :class:`~rebalancer_spark.sources.base.FileSource`: a share's
+directories, S3 sub-prefixes) the progress of a resource is, with file names relative to the
+resource (paths under a directory, keys under a sub-prefix)::
 
     {"done": ["a.csv", "sub/b.csv"], "batch": {"id": 7, "files": ["c.csv"]} | null, "next": 8}
 
@@ -22,7 +24,6 @@ writes the same data to the same place.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["AssignedSource", "FileBatch"]
-
-_GLOB = re.compile(r"([\\*?\[\]{}])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +125,8 @@ class AssignedSource:
         if not isinstance(self._source, FileSource):
             raise RebalancerError(
                 f"resource {self.resource!r} has no file source to read from: give the job "
-                "--source file:///dir/, or read the resource yourself and commit(progress)"
+                "--source file:///dir/ or s3://bucket/prefix/, or read the resource yourself and "
+                "commit(progress)"
             )
         return self._source
 
@@ -158,29 +158,35 @@ class AssignedSource:
         return batch
 
     def read(self, spark: SparkSession) -> DataFrame | None:
-        """The next batch of this resource as a DataFrame (with ``_source``, the resource id,
-        and ``_file``, the file path), or None when no file is pending. Names the group,
-        resource, epoch and batch in the Spark job description for the Spark UI."""
+        """The next batch of this resource as a DataFrame, or None when no file is pending.
+
+        Columns: the files' own, then ``_resource`` (the resource id), ``_batch`` (the batch
+        id) and ``_file`` (the file's path or URL). Names the group, resource, epoch and batch
+        in the Spark job description for the Spark UI."""
         from pyspark.sql import functions as sf
+
+        from rebalancer_spark.spark.reading import BATCH_COLUMN, RESOURCE_COLUMN, load_files
 
         batch = self.next_batch()
         if batch is None:
             return None
-        source = self._files()
-        base = source.location(self.resource)
-        paths = [base + _GLOB.sub(r"\\\1", quote(name)) for name in batch.files]
         spark.sparkContext.setJobDescription(
             f"rebalancer group={self.group} resource={self.resource} epoch={self.epoch} "
             f"batch={batch.id} ({len(batch.files)} files)"
         )
         spark.sparkContext.setLocalProperty("spark.rebalancer.resource", self.resource)
         spark.sparkContext.setLocalProperty("spark.rebalancer.epoch", str(self.epoch))
-        reader = spark.read.format(self._format).options(**self._read_options)
-        if self._schema:
-            reader = reader.schema(self._schema)
-        df = reader.load(paths)
-        return df.withColumn("_source", sf.lit(self.resource)).withColumn(
-            "_file", sf.col("_metadata.file_path")
+        df = load_files(
+            spark,
+            self._files(),
+            self.resource,
+            batch.files,
+            format=self._format,
+            schema=self._schema,
+            options=self._read_options,
+        )
+        return df.withColumn(RESOURCE_COLUMN, sf.lit(self.resource)).withColumn(
+            BATCH_COLUMN, sf.lit(batch.id)
         )
 
     def output_path(self, root: str) -> str:

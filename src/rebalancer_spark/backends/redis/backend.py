@@ -31,6 +31,7 @@ from rebalancer_spark.backends.redis.decode import (
     decode_progress_record,
     decode_state,
     encode_progress_record,
+    number,
 )
 from rebalancer_spark.backends.redis.errors import Refusal
 from rebalancer_spark.backends.redis.handoff import Handoff
@@ -40,7 +41,8 @@ from rebalancer_spark.backends.redis.runner import ScriptRunner
 from rebalancer_spark.backends.redis.staging import chunks, stage_resources, stage_target
 from rebalancer_spark.backends.redis.watch import RedisWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
-from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.control import Control
+from rebalancer_spark.core.errors import ConfigurationError, ControlConflict
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     GroupState,
@@ -183,7 +185,7 @@ class RedisBackend(Backend):
 
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
         self._runner.check_open()
-        texts, ids = self._handoff.take(group, dict.fromkeys(resources))
+        texts, ids = self._handoff.take(group, dict.fromkeys(_checked(resources)))
         key = prefix(group) + "progress"
 
         def fill(pipe: Pipeline) -> None:
@@ -213,9 +215,10 @@ class RedisBackend(Backend):
         reply = self._runner.run("ELECT", session.group, [self._sid(session)], "electing")
         if reply is None:
             return None
-        member, sid, epoch = (str(v) for v in reply)
-        self._memory.see(session.group, [int(epoch)])
-        return CoordinatorRecord(member, sid, int(epoch))
+        member, sid, text = (str(v) for v in reply)
+        epoch = number(session.group, "coord_epoch", text)
+        self._memory.see(session.group, [epoch])
+        return CoordinatorRecord(member, sid, epoch)
 
     def publish(
         self,
@@ -249,6 +252,19 @@ class RedisBackend(Backend):
         self._runner.run("RESIGN", session.group, [self._sid(session), epoch], "resigning")
 
     # -- resources -------------------------------------------------------------------------
+
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        body = control.encode()
+        written, version = self._runner.run(
+            "UPDATE_CONTROL", group, [expected_version, body], "changing the control record"
+        )
+        if str(written) != "1":
+            raise ControlConflict(
+                f"the control record of group {group!r} is at version {version}, not "
+                f"{expected_version} as read: someone changed it meanwhile; read it again and "
+                "retry"
+            )
+        return Control.decode(group, body, int(version))
 
     def update_resources(
         self,
@@ -293,13 +309,18 @@ class RedisBackend(Backend):
     def claim(
         self, session: Session, resources: Collection[str], generation: int
     ) -> dict[str, int]:
-        args = [self._sid(session), generation, *dict.fromkeys(resources)]
+        args = [self._sid(session), generation, *dict.fromkeys(_checked(resources))]
         try:
             flat = self._runner.run("CLAIM", session.group, args, "claiming")
         except Refusal:
             raise messages.expired(session, "claiming resources") from None
         rows = [flat[i : i + 4] for i in range(0, len(flat) - 3, 4)]
-        granted = {str(rid): int(epoch) for rid, epoch, _, _ in rows}
+        # A resource epoch someone overwrote with garbage is corrupt data, never a ValueError
+        # that would end the member thread.
+        granted = {
+            str(rid): number(session.group, f"epoch of {str(rid)!r}", epoch)
+            for rid, epoch, _, _ in rows
+        }
         handed = {str(rid): str(record) for rid, _, kind, record in rows if kind == "new"}
         self._handoff.granted(session.group, handed)
         self._memory.see(session.group, granted.values())
@@ -309,7 +330,7 @@ class RedisBackend(Backend):
         if not claims:
             return
         args: list[object] = [self._sid(session)]
-        for rid, epoch in claims.items():
+        for rid, epoch in zip(_checked(claims), claims.values(), strict=True):
             args += [rid, epoch]
         self._memory.see(session.group, claims.values())
         self._handoff.forget(session.group, claims)
@@ -320,7 +341,7 @@ class RedisBackend(Backend):
         self._runner.run("ACKNOWLEDGE", session.group, args, "acknowledging")
 
     def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
-        text = encode_progress(resource, progress)
+        text = encode_progress(validate_resource_id(resource), progress)
         record = encode_progress_record(epoch, session.member_id, text)
         self._handoff.forget(session.group, [resource])
         args = [self._sid(session), resource, epoch, record]
@@ -331,3 +352,9 @@ class RedisBackend(Backend):
         # Only once Redis confirmed it: an epoch the store never handed out must not look
         # like evidence that Redis went back (see Memory and ensure() in the prelude).
         self._memory.see(session.group, [epoch])
+
+
+def _checked(resources: Collection[str]) -> list[str]:
+    """``resources`` if every id is one this library could have written (a lone surrogate
+    would otherwise fail as a UnicodeEncodeError on the way to Redis)."""
+    return [validate_resource_id(r) for r in resources]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rebalancer_spark.backends.records import parse_member_info, parse_phase
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import (
     Claim,
@@ -22,6 +23,7 @@ from rebalancer_spark.core.protocols import MemberView
 
 __all__ = [
     "DecodedState",
+    "decode_control",
     "decode_member_view",
     "decode_progress_record",
     "decode_state",
@@ -60,8 +62,10 @@ class DecodedState:
 
 def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
     """The STATE script's reply (see :mod:`.reads`) as a snapshot of live members only."""
-    if not reply:
-        return DecodedState(GroupState(group, {}, None, {}, 0, None, {}), [], [], {}, "")
+    control = decode_control(group, reply[-1] if len(reply) in (2, 7) else [])
+    if not reply or not reply[0]:
+        empty = GroupState(group, {}, None, {}, 0, None, {}, control)
+        return DecodedState(empty, [], [], {}, "")
     meta = pairs(reply[0])
     rows = list(reply[1])
     members: dict[str, MemberRecord] = {}
@@ -114,10 +118,19 @@ def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
         if sid in live
     }
     version = number(group, "resources_version", meta.get("resources_version", "0"))
-    state = GroupState(group, members, coordinator, resources, version, target, claims)
+    state = GroupState(group, members, coordinator, resources, version, target, claims, control)
     numbers = [coord_epoch, generation, version, *(c.epoch for c in claims.values())]
     numbers += [m.acked_generation for m in members.values()]
     return DecodedState(state, numbers, ttls, weights, meta.get("inc", ""))
+
+
+def decode_control(group: str, flat: Sequence[Any]) -> Control:
+    """The control record from HGETALL of the group's ``control`` hash (empty: default)."""
+    fields = pairs(flat)
+    if not fields:
+        return Control()
+    version = number(group, "control version", fields.get("version", ""))
+    return Control.decode(group, fields.get("body", ""), version)
 
 
 def decode_member_view(group: str, reply: Sequence[Any]) -> tuple[MemberView, str]:

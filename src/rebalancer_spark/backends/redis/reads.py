@@ -13,15 +13,17 @@ __all__ = ["LEASES", "MEMBER_VIEW", "STATE"]
 # STATE -- the whole group in one atomic read; only members whose lease key exists appear.
 # KEYS[1] meta
 # ARGV    (none)
-# Returns {} if the group does not exist, else
+# Returns {{}, control} if the group does not exist, else
 #         {meta (HGETALL), members {member, session id, info, acked, leaving, static, ttl ms,
 #         ...} (live only), resources (HGETALL id -> weight), target {member, {ids}, ...},
-#         owner (HGETALL id -> session id), epochs (HGETALL id -> epoch)}
+#         owner (HGETALL id -> session id), epochs (HGETALL id -> epoch), control}, where
+#         control is HGETALL of the control record {version, body} (empty if none)
 STATE = (
     PRELUDE
     + """
 local meta = redis.call('HGETALL', META)
-if #meta == 0 then return {} end
+local control = redis.call('HGETALL', P .. 'control')
+if #meta == 0 then return {{}, control} end
 local members = {}
 local ms = redis.call('HGETALL', P .. 'members')
 for i = 1, #ms, 2 do
@@ -39,7 +41,7 @@ for _, m in ipairs(redis.call('SMEMBERS', P .. 'tmembers')) do
   target[#target + 1] = redis.call('SMEMBERS', P .. 't:' .. m)
 end
 return {meta, members, redis.call('HGETALL', P .. 'resources'), target,
-  redis.call('HGETALL', P .. 'owner'), redis.call('HGETALL', P .. 'epochs')}
+  redis.call('HGETALL', P .. 'owner'), redis.call('HGETALL', P .. 'epochs'), control}
 """
 )
 

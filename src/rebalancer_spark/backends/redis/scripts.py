@@ -26,6 +26,7 @@ __all__ = [
     "RENEW",
     "RESIGN",
     "SET_LEAVING",
+    "UPDATE_CONTROL",
     "UPDATE_RESOURCES",
 ]
 
@@ -191,6 +192,24 @@ redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', 
   'target_rv', ARGV[4])
 notify('publish')
 return int(g)
+"""
+)
+
+# UPDATE_CONTROL -- compare-and-set the group's control record, the hash P..'control'
+# {version, body}; version 0 (no hash) is the default record. It does not create the group's
+# meta hash: a group may be paused before its first member joins.
+# KEYS[1] meta
+# ARGV    expected version, record JSON
+# Returns {1, new version} if written, {0, stored version} if the version moved on
+UPDATE_CONTROL = (
+    PRELUDE
+    + """
+local C = P .. 'control'
+local current = num(redis.call('HGET', C, 'version'))
+if current ~= tonumber(ARGV[1]) then return {0, int(current)} end
+redis.call('HSET', C, 'version', int(current + 1), 'body', ARGV[2])
+notify('control')
+return {1, int(current + 1)}
 """
 )
 

@@ -15,10 +15,19 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
 from rebalancer_spark.backends.base import Backend, Capability, Session
-from rebalancer_spark.backends.sqlite import coordinator, groups, ownership, reads, schema, sessions
+from rebalancer_spark.backends.sqlite import control as _control
+from rebalancer_spark.backends.sqlite import (
+    coordinator,
+    groups,
+    ownership,
+    reads,
+    schema,
+    sessions,
+)
 from rebalancer_spark.backends.sqlite.connection import OPTIONS, open_database, positive, translate
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
@@ -29,6 +38,9 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
     encode_progress,
+    validate_group,
+    validate_member_id,
+    validate_resource_id,
 )
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.core.urls import BackendUrl
@@ -104,6 +116,8 @@ class SqliteBackend(Backend):
     def join(
         self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
     ) -> Session:
+        validate_group(group)
+        validate_member_id(member_id)
         with self._transaction(_WRITE) as db:
             return sessions.join(
                 db, self._clock, group, member_id, info=info, ttl=ttl, static=static
@@ -124,6 +138,7 @@ class SqliteBackend(Backend):
     # -- reading ---------------------------------------------------------------------------
 
     def state(self, group: str) -> GroupState:
+        validate_group(group)
         with self._transaction(_READ) as db:
             return reads.state(db, self._clock, group)
 
@@ -132,10 +147,13 @@ class SqliteBackend(Backend):
             return reads.member_view(db, self._clock, session)
 
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+        validate_group(group)
+        _check_ids(resources)
         with self._transaction(_READ) as db:
             return reads.progress(db, group, resources)
 
     def watch(self, group: str) -> SqliteWatch:
+        validate_group(group)
         return SqliteWatch(self, group)
 
     # -- coordinator ---------------------------------------------------------------------------
@@ -153,6 +171,9 @@ class SqliteBackend(Backend):
         phase: Phase,
         resources_version: int,
     ) -> Target:
+        for member, owned in assignment.items():
+            validate_member_id(member)
+            _check_ids(owned)
         with self._transaction(_WRITE) as db:
             return coordinator.publish(
                 db,
@@ -178,20 +199,31 @@ class SqliteBackend(Backend):
         add: Collection[Resource] = (),
         remove: Collection[str] = (),
     ) -> int:
+        validate_group(group)
+        _check_ids(remove)
         with self._transaction(_WRITE) as db:
             return groups.update_resources(db, group, replace=replace, add=add, remove=remove)
+
+    # -- operator control ------------------------------------------------------------------
+
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        validate_group(group)
+        with self._transaction(_WRITE) as db:
+            return _control.update_control(db, group, expected_version, control)
 
     # -- ownership ---------------------------------------------------------------------------
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
     ) -> dict[str, int]:
+        _check_ids(resources)
         with self._transaction(_WRITE) as db:
             return ownership.claim(db, self._clock, session, resources, generation)
 
     def release(self, session: Session, claims: Mapping[str, int]) -> None:
         if not claims:
             return
+        _check_ids(claims)
         with self._transaction(_WRITE) as db:
             ownership.release(db, session, claims)
 
@@ -200,6 +232,14 @@ class SqliteBackend(Backend):
             ownership.acknowledge(db, session, generation)
 
     def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
+        validate_resource_id(resource)
         text = encode_progress(resource, progress)
         with self._transaction(_WRITE) as db:
             ownership.commit(db, self._clock, session, resource, epoch, text)
+
+
+def _check_ids(resources: Collection[str]) -> None:
+    """Refuse what every other backend refuses (:func:`validate_resource_id`): SQLite itself
+    would store any text, but a group must move between backends unchanged."""
+    for resource in resources:
+        validate_resource_id(resource)

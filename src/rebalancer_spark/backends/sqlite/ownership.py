@@ -11,6 +11,7 @@ import sqlite3
 from collections.abc import Collection, Mapping
 
 from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.records import parse_count
 from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.sessions import alive, require_alive
 from rebalancer_spark.core.clock import Clock
@@ -47,13 +48,16 @@ def claim(
         (clock.monotonic(), group, session.member_id),
     ).fetchall()
     grants: list[tuple[str, str, str, str, int]] = []
-    for rid, holder, epoch, holder_alive in rows:
+    for rid, holder, stored, holder_alive in rows:
         if rid not in wanted:
             continue
+        epoch = (
+            0 if stored is None else parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")
+        )
         if holder == session.session_id:
             granted[rid] = epoch
         elif holder is None or not holder_alive:
-            granted[rid] = (epoch or 0) + 1
+            granted[rid] = epoch + 1
             grants.append((group, rid, session.member_id, session.session_id, granted[rid]))
     if grants:
         db.executemany("INSERT OR REPLACE INTO ownership VALUES (?, ?, ?, ?, ?)", grants)

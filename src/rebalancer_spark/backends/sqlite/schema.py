@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS progress(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, epoch INTEGER NOT NULL,
     member_id TEXT NOT NULL, value TEXT NOT NULL, committed_at REAL NOT NULL,
     PRIMARY KEY(grp, resource_id));
+CREATE TABLE IF NOT EXISTS control(
+    grp TEXT PRIMARY KEY, version INTEGER NOT NULL, body TEXT NOT NULL);
 """
 
 TABLES = frozenset(
@@ -61,6 +63,7 @@ TABLES = frozenset(
         "targets",
         "ownership",
         "progress",
+        "control",
     }
 )
 """Every table :data:`SCHEMA` creates."""

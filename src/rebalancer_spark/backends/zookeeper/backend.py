@@ -30,6 +30,7 @@ from rebalancer_spark.backends.zookeeper.client import (
     open_client,
     stop_client,
 )
+from rebalancer_spark.backends.zookeeper.control import update_control
 from rebalancer_spark.backends.zookeeper.layout import GroupPaths
 from rebalancer_spark.backends.zookeeper.reader import Reader
 from rebalancer_spark.backends.zookeeper.reads import SnapshotReader
@@ -38,6 +39,7 @@ from rebalancer_spark.backends.zookeeper.session import SessionState, SessionTab
 from rebalancer_spark.backends.zookeeper.tree import group_exists, prepare_group, prepare_root
 from rebalancer_spark.backends.zookeeper.watch import ZookeeperWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import (
     BackendUnavailable,
     FencedError,
@@ -53,6 +55,7 @@ from rebalancer_spark.core.model import (
     Target,
     validate_group,
     validate_member_id,
+    validate_resource_id,
 )
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.core.urls import BackendUrl
@@ -210,6 +213,7 @@ class ZookeeperBackend(Backend):
         return ownership.member_view(self._hosted(session), self.settings)
 
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+        _check_ids(resources)
         paths = self._paths(group, create=False)
         if paths is None:
             return {}
@@ -264,14 +268,20 @@ class ZookeeperBackend(Backend):
         add: Collection[Resource] = (),
         remove: Collection[str] = (),
     ) -> int:
+        _check_ids(remove)
         paths = self._group(group)
         return update_resources(
             self._client, self.settings, paths, replace=replace, add=add, remove=remove
         )
 
+    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+        paths = self._group(group)
+        return update_control(self._client, self.settings, paths, expected_version, control)
+
     def claim(
         self, session: Session, resources: Collection[str], generation: int
     ) -> dict[str, int]:
+        _check_ids(resources)
         zs = self._hosted(session)
         return ownership.claim(
             zs,
@@ -282,6 +292,7 @@ class ZookeeperBackend(Backend):
         )
 
     def release(self, session: Session, claims: Mapping[str, int]) -> None:
+        _check_ids(claims)
         for resource in claims:
             self._prefetched.forget(session.group, resource)
         zs = self._sessions.get(session.session_id)
@@ -289,6 +300,7 @@ class ZookeeperBackend(Backend):
             ownership.release(zs, self.settings, claims)
 
     def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
+        validate_resource_id(resource)
         self._check_open()
         paths = self._group(session.group)
         zs = self._sessions.get(session.session_id)
@@ -310,3 +322,10 @@ class ZookeeperBackend(Backend):
             watch.close()
         self._sessions.close(lambda zs: zs.close("the backend was closed"))
         stop_client(self._client)
+
+
+def _check_ids(resources: Collection[str]) -> None:
+    """Refuse ids this library never writes (:func:`validate_resource_id`) with a
+    :class:`ConfigurationError`, as every backend does."""
+    for resource in resources:
+        validate_resource_id(resource)

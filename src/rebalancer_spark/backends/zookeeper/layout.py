@@ -17,6 +17,8 @@ One tree per chroot, one sub-tree per group::
         claims/<escaped id>                 EPHEMERAL of the owner's session: owner and epoch
         epochs/<escaped id>                 resource epoch; raised with every grant
         progress/<escaped id>               last accepted progress commit
+        control                             the operator's control record (JSON); created
+                                            on the first change, version == record version - 1
 
 Resource ids may hold any printable text; :func:`escape` turns one into a single znode name
 that can never leave its directory.
@@ -69,6 +71,7 @@ GROUP_CHILDREN = frozenset(
         "claims",
         "epochs",
         "progress",
+        "control",
     }
 )
 """Every child a group znode may have; anything else was not written by this library."""
@@ -133,6 +136,10 @@ class GroupPaths:
     @property
     def epoch(self) -> str:
         return self.child("epoch")
+
+    @property
+    def control(self) -> str:
+        return self.child("control")
 
     @property
     def resources(self) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rebalancer_spark.backends.zookeeper.client import Settings
+from rebalancer_spark.backends.zookeeper.control import decode_control
 from rebalancer_spark.backends.zookeeper.layout import CHUNK_BYTES, GroupPaths, unescape
 from rebalancer_spark.backends.zookeeper.reader import Reader
 from rebalancer_spark.backends.zookeeper.records import (
@@ -151,6 +152,7 @@ class SnapshotReader:
         coordinator = r1.get(p.coordinator)
         resources_ptr = r1.get(p.resources)
         target_ptr = r1.get(p.target)
+        control = r1.get(p.control, 4 * CHUNK_BYTES)
         before = counters()
         with self._lock:
             if self._cached is not None and self._cached[0] == before:
@@ -198,6 +200,7 @@ class SnapshotReader:
             resources_version=0 if rptr is None else rptr.version,
             target=target,
             claims={r: c for r, c in claims.items() if c.session_id in live},
+            control=decode_control(p.group, control()),
         )
         with self._lock:
             self._cached = (before, state)

@@ -1,0 +1,195 @@
+"""A member's Prometheus metrics: its own registry, fed by its event sink and a few hooks.
+
+Use case: ``member.metrics_text()`` gives the Prometheus text format for a scrape handler the
+application already has; ``metrics_port=9464`` makes the member serve it itself on
+``http://host:9464/metrics``. Every member has a registry of its own, so several members in one
+process never clash; every series carries ``group`` and ``member`` labels.
+
+Series (gauges unless named ``_total``, histograms ``_seconds``; docs/operations.md says
+what each alert means):
+
+* ``rebalancer_group_members``: members the coordinator's target covers; 0 on a member that
+  is not coordinator (aggregate with ``max by (group)``);
+* ``rebalancer_group_resources``: resources in the group's set, on the coordinator (0 on the
+  others);
+* ``rebalancer_owned_resources``: resources this member owns now (0 once its lease lapsed);
+* ``rebalancer_is_coordinator``: 1 while this member is the coordinator;
+* ``rebalancer_coordinator_epoch``: the coordinator epoch this member last saw;
+* ``rebalancer_rebalances_total``: targets this member published as coordinator;
+* ``rebalancer_rebalance_duration_seconds``: from the first change seen to the publication;
+* ``rebalancer_resources_moved_total``: resources those targets moved to another member;
+* ``rebalancer_ownership_events_total{kind}``: acquired, released, lost, fenced events;
+* ``rebalancer_fenced_writes_total``: commits of this member refused because it no longer
+  owned the resource (found locally, or by the store: the latter also emit a ``fenced``
+  event);
+* ``rebalancer_lease_renew_seconds``: time a successful lease renewal took.
+
+``prometheus_client`` is imported when a member is made (``pip install
+'rebalancer-spark[metrics]'``); without it the member runs without metrics and
+:meth:`MemberMetrics.text` is not available.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.events import EventKind, OwnershipEvent
+
+__all__ = ["MemberMetrics", "metrics_available"]
+
+log = logging.getLogger("rebalancer_spark.metrics")
+
+_REBALANCE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_RENEW_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def metrics_available() -> bool:
+    """Whether ``prometheus_client`` can be imported."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class MemberMetrics:
+    """The metrics of member ``member`` of ``group``; see the module docstring.
+
+    ``owned``, ``is_coordinator``, ``epoch``, ``group_members`` and ``group_resources`` are
+    read at scrape time (from memory); the rest is pushed by the member through
+    :meth:`__call__` (an event sink), :meth:`rebalanced` and :meth:`renewed`."""
+
+    def __init__(
+        self,
+        group: str,
+        member: str,
+        *,
+        owned: Callable[[], int],
+        is_coordinator: Callable[[], bool],
+        epoch: Callable[[], int | None],
+        group_members: Callable[[], int],
+        group_resources: Callable[[], int],
+    ) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"member metrics need prometheus_client ({exc}): pip install "
+                "'rebalancer-spark[metrics]', or leave metrics_port at 0"
+            ) from exc
+        self.registry = CollectorRegistry()
+        labels = ("group", "member")
+        values = (group, member)
+
+        def gauge(name: str, text: str, read: Callable[[], float]) -> None:
+            Gauge(name, text, labels, registry=self.registry).labels(*values).set_function(read)
+
+        gauge("rebalancer_group_members", "members the coordinator's target covers", lambda: (
+            group_members() if is_coordinator() else 0
+        ))  # fmt: skip
+        gauge("rebalancer_group_resources", "resources in the group's set", lambda: (
+            group_resources() if is_coordinator() else 0
+        ))  # fmt: skip
+        gauge("rebalancer_owned_resources", "resources this member owns now", owned)
+        gauge("rebalancer_is_coordinator", "1 while this member coordinates", is_coordinator)
+        gauge("rebalancer_coordinator_epoch", "the coordinator epoch last seen", lambda: (
+            epoch() or 0
+        ))  # fmt: skip
+        self._rebalances = Counter(
+            "rebalancer_rebalances",
+            "targets published by this member as coordinator",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
+        self._duration = Histogram(
+            "rebalancer_rebalance_duration_seconds",
+            "first change seen to target published",
+            labels,
+            buckets=_REBALANCE_BUCKETS,
+            registry=self.registry,
+        ).labels(*values)
+        self._moved = Counter(
+            "rebalancer_resources_moved",
+            "resources moved by the targets this member published",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
+        self._events = Counter(
+            "rebalancer_ownership_events",
+            "ownership events of this member",
+            (*labels, "kind"),
+            registry=self.registry,
+        )
+        self._event_children = {kind: self._events.labels(*values, str(kind)) for kind in EventKind}
+        self._fenced = Counter(
+            "rebalancer_fenced_writes",
+            "commits refused because ownership moved on",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
+        self._renew = Histogram(
+            "rebalancer_lease_renew_seconds",
+            "time a successful lease renewal took",
+            labels,
+            buckets=_RENEW_BUCKETS,
+            registry=self.registry,
+        ).labels(*values)
+        self._server: Any = None
+        self._server_thread: threading.Thread | None = None
+
+    # -- what the member pushes ---------------------------------------------------------------
+
+    def __call__(self, event: OwnershipEvent) -> None:
+        """The event sink: counts ownership events."""
+        self._event_children[event.kind].inc()
+
+    def refused_write(self) -> None:
+        """A commit was refused: the member no longer owned the resource at that epoch."""
+        self._fenced.inc()
+
+    def rebalanced(self, seconds: float, moved: int) -> None:
+        """A target was published ``seconds`` after the first change, moving ``moved``."""
+        self._rebalances.inc()
+        self._duration.observe(max(seconds, 0.0))
+        self._moved.inc(moved)
+
+    def renewed(self, seconds: float) -> None:
+        """A lease renewal succeeded after ``seconds``."""
+        self._renew.observe(max(seconds, 0.0))
+
+    # -- what the operator reads --------------------------------------------------------------
+
+    def text(self) -> str:
+        """Every series in the Prometheus text format."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode("utf-8")
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:  # noqa: S104 - scraped remotely
+        """Serve :meth:`text` on ``http://addr:port/metrics`` from a daemon thread; returns
+        the port (useful with 0 in tests). Raises :class:`ConfigurationError` when the port is
+        taken."""
+        from prometheus_client import start_http_server
+
+        try:
+            server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}; pick a free "
+                "port with metrics_port, or 0 to turn the endpoint off"
+            ) from exc
+        self._server, self._server_thread = server, thread
+        bound = int(server.server_address[1])
+        log.info("metrics served on http://%s:%d/metrics", addr, bound)
+        return bound
+
+    def close(self) -> None:
+        """Stop serving (if serving). Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()

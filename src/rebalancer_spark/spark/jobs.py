@@ -1,0 +1,125 @@
+"""The frame every ``spark-submit`` job in ``jobs/`` shares.
+
+:func:`job_main` parses the command line, starts Spark, resolves the options (command line >
+``spark.rebalancer.*`` conf > TOML), configures logging (``--log-format``), checks that the job
+got the source and output it needs, opens the source, starts the driver's node, runs the job's
+loop until SIGTERM or Ctrl-C, then stops Spark, which drains this member's resources to the
+others and leaves the group. A job is then its loop and a few lines::
+
+    def loop(ctx: JobContext) -> str:
+        stats = run_ingest(ctx.spark, ctx.node, ctx.output, ctx.stop)
+        return f"{stats.batches} batches"
+
+    exit_process(job_main(argv, "ingest_files.py", loop, schemes=("file",)))
+
+Exit codes: 0 after a clean stop, 2 for bad options or a source that cannot be opened (one
+line on stderr saying what to fix).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.member import default_backend_url
+from rebalancer_spark.member.logfields import configure_logging
+from rebalancer_spark.sources import ResourceSource, open_source
+from rebalancer_spark.spark.job_config import JobConfig
+from rebalancer_spark.spark.options import parse_command_line, resolve, spark_conf_options
+from rebalancer_spark.spark.session import RebalancerNode, start
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["JobContext", "job_main"]
+
+_NOISY = ("py4j", "botocore", "urllib3", "pika")
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a job's loop works with."""
+
+    spark: SparkSession
+    job: JobConfig
+    node: RebalancerNode
+    source: ResourceSource
+    output: str
+    stop: threading.Event
+
+
+def job_main(
+    argv: Sequence[str],
+    prog: str,
+    loop: Callable[[JobContext], str],
+    *,
+    schemes: Collection[str],
+    make_source: Callable[[str], ResourceSource] = open_source,
+    check: Callable[[JobConfig], None] | None = None,
+) -> int:
+    """Run a job; ``loop`` runs until ``ctx.stop`` is set and returns a one-line summary.
+    ``schemes`` are the ``--source`` URL schemes the job reads (the first one is named in the
+    error when another is given); ``check`` refuses, with a :class:`RebalancerError`, options
+    the job needs beyond a source and an output."""
+    from pyspark.sql import SparkSession
+
+    command_line = parse_command_line(list(argv), prog=prog)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _quiet()
+    spark = SparkSession.builder.appName(f"rebalancer-{prog.removesuffix('.py')}").getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        job = resolve(
+            command_line,
+            spark_conf_options(spark.sparkContext.getConf().getAll()),
+            default_backend=default_backend_url(),
+        )
+        configure_logging(job.log_format)
+        _quiet()
+        source_url, output = _required(job, prog, schemes)
+        if check is not None:
+            check(job)
+        source = make_source(source_url)
+        print(job.describe(), flush=True)
+        node = start(spark, job, source)
+    except RebalancerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        spark.stop()
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    name = node.member.member_id
+    print(f"member {name} of group {job.member.group} running", flush=True)
+    try:
+        summary = loop(JobContext(spark, job, node, source, output, stop))
+    finally:
+        spark.stop()  # drains and leaves the group first
+    print(f"member {name} stopped: {summary}", flush=True)
+    return 0
+
+
+def _quiet() -> None:
+    for noisy in _NOISY:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _required(job: JobConfig, prog: str, schemes: Collection[str]) -> tuple[str, str]:
+    example = f"{next(iter(schemes))}://…"
+    if job.source is None or job.output is None:
+        raise RebalancerError(f"{prog} needs --source {example} and --output PATH")
+    scheme = urlsplit(job.source).scheme
+    if scheme not in schemes:
+        raise RebalancerError(
+            f"{prog} reads {', '.join(f'{s}://' for s in schemes)} sources, not {scheme!r} "
+            f"({job.source.split('?')[0].split('@')[-1]}); give --source {example} or use the "
+            "job in jobs/ made for that kind of source"
+        )
+    return job.source, job.output

@@ -1,0 +1,108 @@
+"""A member process that consumes queues with the queue loop and no Spark, for torture tests.
+
+::
+
+    python -m rebalancer_spark.testing.queue_worker --group g --backend sqlite:///tmp/g.db \
+        --source 'rabbitmq://guest:guest@127.0.0.1:5672/%2F?queues=a,b' --output /tmp/out \
+        --member-id w1 [--audit /tmp/audit] [--option session_timeout=2]
+
+It runs exactly the loop a Spark job runs (:class:`~rebalancer_spark.spark.queue_loop.QueueLoop`
+with :class:`~rebalancer_spark.spark.queue_output.KeyedDeltaOutput`), only without the Spark
+transformation step: one Spark application per process costs ~11 s and ~370 MB on the build
+machines, too much for a test that kills and restarts members dozens of times. Prints
+``ready`` once it joined; SIGTERM drains and leaves; ``kill -9`` is what the tests do to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from rebalancer_spark.audit import DeltaAuditLog
+from rebalancer_spark.core.config import MemberConfig
+from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
+from rebalancer_spark.core.events import EventSink
+from rebalancer_spark.member import Member, default_backend_url
+from rebalancer_spark.shutdown import exit_process
+from rebalancer_spark.sources.queues import QueueSource
+from rebalancer_spark.spark.queue_loop import QueueLoop
+from rebalancer_spark.spark.queue_output import KeyedDeltaOutput
+
+__all__ = ["main", "open_queue_source"]
+
+
+def open_queue_source(url: str) -> QueueSource:
+    """The queue source of ``url`` (rabbitmq://, amqp://, rabbitmqs://, amqps:// or sqs://)."""
+    scheme = url.partition("://")[0].lower()
+    if scheme in ("rabbitmq", "amqp", "rabbitmqs", "amqps"):
+        from rebalancer_spark.sources.rabbitmq import RabbitMqSource
+
+        return RabbitMqSource(url)
+    if scheme == "sqs":
+        from rebalancer_spark.sources.sqs import SqsSource
+
+        return SqsSource(url)
+    raise ConfigurationError(f"unknown queue source scheme {scheme!r}: use rabbitmq:// or sqs://")
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="queue_worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--member-id", default=None)
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--audit", default=None)
+    parser.add_argument("--poll-interval", type=float, default=0.05)
+    parser.add_argument("--discovery-interval", type=float, default=30.0)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    options: dict[str, object] = dict(o.split("=", 1) for o in args.option)
+    options.update({"group": args.group, "member_id": args.member_id, "backend": args.backend})
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    audit = DeltaAuditLog(args.audit) if args.audit else None
+    sinks: list[EventSink] = [audit] if audit is not None else []
+    try:
+        config = MemberConfig.from_mapping(options, default_backend=default_backend_url())
+        source = open_queue_source(args.source)
+        member = Member(
+            config,
+            discover=source.discover,
+            discovery_interval=args.discovery_interval,
+            event_sinks=sinks,
+        )
+        member.start()
+    except RebalancerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("ready", flush=True)
+
+    def audit_first() -> None:
+        if audit is not None:
+            audit.flush(timeout=30)
+
+    loop = QueueLoop(member, source, KeyedDeltaOutput(args.output), before_first_batch=audit_first)
+    stats = loop.run(stop, args.poll_interval)
+    member.stop()
+    if audit is not None:
+        audit.close()
+    print(
+        f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.written} "
+        f"written, {stats.duplicates} duplicates, {stats.fenced} fenced",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())

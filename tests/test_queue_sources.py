@@ -1,0 +1,316 @@
+"""Queue sources against real brokers: the machine's RabbitMQ and moto's SQS server.
+
+Discovery and depth weights, dedupe keys, messages held without acknowledgement and returned
+when a consumer closes or its process dies, URLs refused with the password hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rebalancer_spark.core.errors import ConfigurationError, SourceError
+from rebalancer_spark.core.model import Resource
+from rebalancer_spark.sources.queues import DedupeRule, QueueMessage, depth_weight
+from rebalancer_spark.sources.rabbitmq import RabbitMqSource
+from rebalancer_spark.sources.sqs import SqsSource
+from tests.helpers import wait_for
+from tests.servers.cloud import RabbitMq, RabbitMqNode, SqsPrefix
+
+
+def _bodies(n: int, tag: str = "m") -> list[tuple[str | None, bytes]]:
+    return [(f"{tag}-{i}", json.dumps({"n": i}).encode()) for i in range(n)]
+
+
+def test_depth_weight_moves_only_when_the_depth_doubles() -> None:
+    assert [depth_weight(d) for d in (0, 1, 2, 3, 4, 7, 8, 100)] == [1, 2, 4, 4, 8, 8, 16, 128]
+
+
+def test_dedupe_rules() -> None:
+    body = json.dumps({"event": "e-7", "n": 1}).encode()
+    assert DedupeRule.parse("message_id", "t").key("id-1", {}, body) == "id-1"
+    assert DedupeRule.parse("header:k", "t").key(None, {"k": "h-1"}, body) == "h-1"
+    assert DedupeRule.parse("json:event", "t").key(None, {}, body) == "e-7"
+    hashed = DedupeRule.parse("body", "t").key("id-1", {}, body)
+    assert hashed.startswith("sha256:") and len(hashed) == 7 + 64
+    # a message without the configured key falls back to its body's hash
+    assert DedupeRule.parse("message_id", "t").key(None, {}, body) == hashed
+    assert DedupeRule.parse("json:missing", "t").key(None, {}, b"not json") != hashed
+    with pytest.raises(ConfigurationError, match="dedupe='header:'"):
+        DedupeRule.parse("header:", "t")
+
+
+# -- RabbitMQ ---------------------------------------------------------------------------------
+
+
+def test_rabbitmq_lists_the_given_queues_weighted_by_depth(rabbitmq: RabbitMq) -> None:
+    empty = rabbitmq.declare("empty")
+    five = rabbitmq.declare("five")
+    many = rabbitmq.declare("many")
+    rabbitmq.publish(five, _bodies(5))
+    rabbitmq.publish(many, _bodies(100))
+    missing = rabbitmq.prefix + "missing"
+    source = RabbitMqSource(rabbitmq.source_url(queues=f"{many},{empty},{five},{missing}"))
+    found = source.discover()
+    assert found == sorted([Resource(empty, 1.0), Resource(five, 8.0), Resource(many, 128.0)])
+    assert source.depth(five) == 5
+    with pytest.raises(SourceError, match="does not exist"):
+        source.depth(missing)
+
+
+def test_rabbitmq_pattern_lists_queues_through_the_management_api(
+    rabbitmq_management: RabbitMqNode,
+) -> None:
+    broker = RabbitMq(rabbitmq_management.url, "pattern-")
+    try:
+        a = broker.declare("orders-a")
+        b = broker.declare("orders-b")
+        broker.declare("other-c")
+        broker.publish(a, _bodies(3))
+        url = broker.url.replace("amqp://", "rabbitmq://", 1)
+        source = RabbitMqSource(
+            f"{url}?pattern=pattern-orders-*&management={rabbitmq_management.management}"
+        )
+        wanted = [Resource(a, 4.0), Resource(b, 1.0)]
+        wait_for(lambda: source.discover() == wanted, timeout=15, what=f"the listing {wanted}")
+        wrong = RabbitMqSource(
+            url.replace("guest:guest@", "guest:n0pe-pw@")
+            + f"?pattern=*&management={rabbitmq_management.management}"
+        )
+        with pytest.raises(SourceError, match="management API") as caught:
+            wrong.discover()
+        assert "n0pe-pw" not in str(caught.value)
+    finally:
+        broker.cleanup()
+
+
+def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:
+    secret = "s3cr3t-pw"  # noqa: S105 - a made-up password that must never show
+    bad = [
+        f"rabbitmq://u:{secret}@host:5672/",  # neither queues nor pattern
+        f"rabbitmq://u:{secret}@host:5672/?pattern=orders-*",  # pattern without management
+        f"rabbitmq://u:{secret}@host:5672/?queues=a,,b",
+        f"rabbitmq://u:{secret}@host:5672/?queues=a&batch=0",
+        f"rabbitmq://u:{secret}@host:5672/?queues=a&bogus=1",
+        f"rabbitmq://u:{secret}@host:5672/?queues=a&dedupe=header:",
+        f"rabbitmq://u:{secret}@/?queues=a",
+        f"rabbitmq://u:{secret}@host:99999/?queues=a",
+        f"rabbitmq://u:{secret}@host/?queues=a&heartbeat=1.5",
+    ]
+    for url in bad:
+        with pytest.raises(ConfigurationError) as caught:
+            RabbitMqSource(url)
+        assert secret not in str(caught.value), url
+        assert "***" in str(caught.value) or "u:" not in str(caught.value), url
+    source = RabbitMqSource(f"amqp://u:{secret}@host/orders?queues=a,b&batch=7")
+    assert secret not in repr(source)
+    assert (source.vhost, source.port, source.queues, source.batch_size) == (
+        "orders",
+        5672,
+        ["a", "b"],
+        7,
+    )
+    assert RabbitMqSource("amqps://u@h/%2F?queues=a").port == 5671
+
+
+def test_rabbitmq_unreachable_broker_is_a_source_error_without_the_password() -> None:
+    secret = "an0ther-pw"  # noqa: S105
+    source = RabbitMqSource(f"rabbitmq://guest:{secret}@127.0.0.1:1/?queues=a")
+    with pytest.raises(SourceError, match="cannot connect") as caught:
+        source.discover()
+    assert secret not in str(caught.value)
+
+
+def test_rabbitmq_wrong_password_is_a_source_error(rabbitmq: RabbitMq) -> None:
+    queue = rabbitmq.declare("q")
+    url = rabbitmq.source_url(queues=queue).replace("guest:guest@", "guest:wr0ng-pw@")
+    with pytest.raises(SourceError, match="credentials") as caught:
+        RabbitMqSource(url).discover()
+    assert "wr0ng-pw" not in str(caught.value)
+
+
+def test_rabbitmq_consumer_holds_messages_until_acked_and_close_returns_them(
+    rabbitmq: RabbitMq,
+) -> None:
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, _bodies(10))
+    rabbitmq.publish(queue, [(None, b'{"event": "x"}')], headers={"event-id": "ev-1"})
+    source = RabbitMqSource(rabbitmq.source_url(queues=queue))
+    with source.consumer(queue) as consumer:
+        first = consumer.fetch(4)
+        assert [m.key for m in first] == ["m-0", "m-1", "m-2", "m-3"]
+        assert not any(m.redelivered for m in first)
+        assert rabbitmq.depth(queue) == 7  # held, not gone
+        consumer.ack(first[:2])
+        consumer.give_back(first[2:])
+        rest = consumer.fetch(100)
+    # given back first, so they come again, marked redelivered
+    assert {m.key for m in rest if m.redelivered} == {"m-2", "m-3"}
+    assert len(rest) == 9
+    last = rest[-1]
+    assert last.key.startswith("sha256:") and last.headers == {"event-id": "ev-1"}
+    # closed without acknowledging: all nine are back
+    wait_for(lambda: rabbitmq.depth(queue) == 9, timeout=10, what="the nine requeued")
+    by_header = RabbitMqSource(rabbitmq.source_url(queues=queue, dedupe="header:event-id"))
+    with by_header.consumer(queue) as consumer:
+        keys = [m.key for m in consumer.fetch(100)]
+    assert "ev-1" in keys and len(keys) == 9
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    from rebalancer_spark.sources.rabbitmq import RabbitMqSource
+    source = RabbitMqSource(sys.argv[1])
+    consumer = source.consumer(sys.argv[2])
+    got = consumer.fetch(5)
+    print(",".join(m.key for m in got), flush=True)
+    sys.stdin.read()  # hold the messages, unacknowledged, until killed
+    """
+)
+
+
+def test_rabbitmq_messages_of_a_killed_consumer_are_redelivered(rabbitmq: RabbitMq) -> None:
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, _bodies(8))
+    url = rabbitmq.source_url(queues=queue)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, url, queue],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        held = child.stdout.readline().strip().split(",")
+        assert held == [f"m-{i}" for i in range(5)]
+        assert rabbitmq.depth(queue) == 3
+        child.kill()
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        for stream in (child.stdin, child.stdout):
+            if stream is not None:
+                stream.close()
+    wait_for(lambda: rabbitmq.depth(queue) == 8, timeout=15, what="the 5 messages requeued")
+    with RabbitMqSource(url).consumer(queue) as consumer:
+        again = consumer.fetch(100)
+        consumer.ack(again)
+    assert sorted(m.key for m in again) == sorted(f"m-{i}" for i in range(8))
+    assert {m.key for m in again if m.redelivered} == set(held)
+    assert rabbitmq.depth(queue) == 0
+
+
+# -- SQS --------------------------------------------------------------------------------------
+
+
+def _sqs_url(sqs: SqsPrefix, **options: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in {"endpoint_url": sqs.endpoint, **options}.items())
+    return f"sqs://us-east-1/{sqs.prefix}?{query}"
+
+
+def _send(sqs: SqsPrefix, queue_url: str, n: int, tag: str = "m") -> None:
+    for i in range(0, n, 10):
+        sqs.client.send_message_batch(
+            QueueUrl=queue_url,
+            Entries=[
+                {
+                    "Id": str(j),
+                    "MessageBody": json.dumps({"event": f"{tag}-{j}"}),
+                    "MessageAttributes": {
+                        "event_id": {"DataType": "String", "StringValue": f"{tag}-{j}"}
+                    },
+                }
+                for j in range(i, min(n, i + 10))
+            ],
+        )
+
+
+def test_sqs_lists_queues_by_prefix_over_pages_weighted_by_depth(sqs_prefix: SqsPrefix) -> None:
+    names = [f"q{i}" for i in range(5)]
+    urls = {name: sqs_prefix.create(name) for name in names}
+    sqs_prefix.client.create_queue(QueueName="other-" + sqs_prefix.prefix + "q9")
+    _send(sqs_prefix, urls["q1"], 3)
+    _send(sqs_prefix, urls["q3"], 20)
+    source = SqsSource(_sqs_url(sqs_prefix))
+    source.page_size = 2  # several pages of ListQueues
+    found = source.discover()
+    weights = {"q1": 4.0, "q3": 32.0}
+    assert found == [Resource(sqs_prefix.prefix + n, weights.get(n, 1.0)) for n in names]
+    assert source.depth(sqs_prefix.prefix + "q3") == 20
+
+
+def test_sqs_urls_are_checked() -> None:
+    for url, fragment in [
+        ("sqs://key:secret@us-east-1/p", "credentials"),
+        ("sqs://us-east-1/p?visibility_timeout=0", "visibility_timeout"),
+        ("sqs://us-east-1/p?endpoint_url=localhost:1", "endpoint_url"),
+        ("sqs://us-east-1/p?nope=1", "unknown option"),
+    ]:
+        with pytest.raises(ConfigurationError, match=fragment) as caught:
+            SqsSource(url)
+        assert "secret" not in str(caught.value).replace("***", "")
+    source = SqsSource("sqs:///orders-?dedupe=attribute:event_id&batch=30")
+    assert (source.region, source.prefix, source.batch_size, str(source.dedupe)) == (
+        None,
+        "orders-",
+        30,
+        "header:event_id",
+    )
+
+
+def test_sqs_consumer_deletes_on_ack_and_returns_on_close(sqs_prefix: SqsPrefix) -> None:
+    queue_url = sqs_prefix.create("q")
+    _send(sqs_prefix, queue_url, 25)
+    source = SqsSource(_sqs_url(sqs_prefix, dedupe="attribute:event_id", visibility_timeout="60"))
+    queue = sqs_prefix.prefix + "q"
+    with source.consumer(queue) as consumer:
+        first = consumer.fetch(15)
+        assert len(first) == 15 and len({m.key for m in first}) == 15
+        assert all(m.key.startswith("m-") for m in first)
+        assert source.depth(queue) == 10  # the 15 are in flight
+        consumer.ack(first[:5])
+    # closing made the 10 unacknowledged ones visible again at once
+    assert source.depth(queue) == 20
+    with source.consumer(queue) as consumer:
+        rest: list[QueueMessage] = []
+        while batch := consumer.fetch(10):
+            rest += batch
+        consumer.ack(rest)
+    assert len(rest) == 20
+    assert {m.key for m in rest} | {m.key for m in first[:5]} == {f"m-{i}" for i in range(25)}
+    assert {m.key for m in rest if m.redelivered} == {m.key for m in first[5:]}
+    assert source.depth(queue) == 0
+
+
+def test_sqs_messages_of_a_consumer_that_vanished_reappear_after_the_timeout(
+    sqs_prefix: SqsPrefix,
+) -> None:
+    queue_url = sqs_prefix.create("q")
+    _send(sqs_prefix, queue_url, 4)
+    source = SqsSource(_sqs_url(sqs_prefix, visibility_timeout="1"))
+    queue = sqs_prefix.prefix + "q"
+    held = source.consumer(queue).fetch(10)  # never acknowledged nor closed: a dead consumer
+    assert len(held) == 4
+    assert source.consumer(queue).fetch(10) == []
+    consumer = source.consumer(queue)
+    again: list[QueueMessage] = []
+
+    def redelivered() -> bool:
+        again.extend(consumer.fetch(10))
+        return len(again) == 4
+
+    wait_for(redelivered, timeout=15, what="the 4 messages visible again", interval=0.2)
+    consumer.ack(again)
+    assert sorted(m.key for m in again) == sorted(m.key for m in held)
+    assert all(m.redelivered for m in again)
+    assert source.depth(queue) == 0

@@ -1,0 +1,210 @@
+"""Reading S3 resources from Spark through the pyarrow path (no hadoop-aws here), with the
+fenced batches that make it exactly-once, and read_all over S3 and file resources at once."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.sources.base import FileSource
+from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.sources.s3 import S3Source
+from rebalancer_spark.spark.reading import read_all
+from rebalancer_spark.spark.s3_read import s3a_available
+from rebalancer_spark.spark.source import AssignedSource
+from tests.helpers import wait_for
+from tests.servers.cloud import S3Bucket
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
+)
+
+
+def _landing(bucket: S3Bucket, resource: str, files: int, rows: int = 3) -> set[str]:
+    ids: set[str] = set()
+    for f in range(files):
+        lines = []
+        for r in range(rows):
+            ident = f"{resource}-{f:03d}-{r}"
+            ids.add(ident)
+            lines.append(f"{ident},{r}")
+        bucket.put(f"landing/{resource}/part-{f:03d}.csv", "\n".join(lines) + "\n")
+    return ids
+
+
+@pytest.fixture
+def members(tmp_path: Path, group: str) -> Iterator[dict[str, Any]]:
+    ctx: dict[str, Any] = {"url": f"sqlite://{tmp_path}/groups.db?poll=0.005", "group": group}
+    ctx["started"] = []
+    yield ctx
+    for m in ctx["started"]:
+        m.stop(drain=False)
+
+
+def _member(ctx: dict[str, Any], name: str, resources: list[str] | None = None) -> Member:
+    config = MemberConfig(
+        group=ctx["group"],
+        backend=ctx["url"],
+        member_id=name,
+        session_timeout=2.0,
+        stability_window=0.02,
+    )
+    m = Member(config, resources=resources).start()
+    ctx["started"].append(m)
+    return m
+
+
+def _assigned(member: Member, resource: str, source: FileSource, **kw: Any) -> AssignedSource:
+    owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
+    assert owned is not None
+    return AssignedSource(
+        group=member.group,
+        resource=resource,
+        epoch=owned.epoch,
+        progress=owned.progress,
+        source=source,
+        commit=lambda r, v, e: member.commit(r, v, epoch=e),
+        before_first_read=lambda: None,
+        **{"schema": "id STRING, value INT", "max_files_per_batch": 2, **kw},
+    )
+
+
+def _source(bucket: S3Bucket, reader: str = "arrow") -> S3Source:
+    return S3Source(f"s3://{bucket.name}/landing/?endpoint_url={bucket.endpoint}&reader={reader}")
+
+
+def test_auto_uses_the_arrow_path_where_spark_has_no_s3a(spark: Any) -> None:
+    # pyspark from PyPI has no hadoop-aws (FACTS.md): this pins what `reader=auto` picks here
+    assert not s3a_available(spark)
+
+
+def test_reader_s3a_without_hadoop_aws_says_what_to_do(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+) -> None:
+    s3_bucket.put("landing/r1/a.csv", "x,1\n")
+    src = _assigned(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
+    with pytest.raises(ConfigurationError, match=r"S3AFileSystem.*hadoop-aws.*reader=arrow"):
+        src.read(spark)
+
+
+def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+) -> None:
+    ids = _landing(s3_bucket, "r1", files=3)
+    source = _source(s3_bucket, reader="auto")
+    src = _assigned(_member(members, "a", ["r1"]), "r1", source)
+    df = src.read(spark)
+    assert df is not None and src.batch is not None
+    assert src.batch.files == ("part-000.csv", "part-001.csv")
+    rows = df.collect()
+    assert df.columns == ["id", "value", "_file", "_resource", "_batch"]
+    assert {r["id"] for r in rows} == {i for i in ids if "-002-" not in i}
+    assert {r["_resource"] for r in rows} == {"r1"} and {r["_batch"] for r in rows} == {1}
+    assert {r["_file"] for r in rows} == {
+        f"s3://{s3_bucket.name}/landing/r1/part-00{n}.csv" for n in (0, 1)
+    }
+    assert sorted(r["value"] for r in rows if r["id"].startswith("r1-000")) == [0, 1, 2]
+
+
+def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], tmp_path: Path
+) -> None:
+    ids = _landing(s3_bucket, "r1", files=5)
+    source = _source(s3_bucket)
+    output = str(tmp_path / "out")
+    a = _member(members, "a", ["r1"])
+    src_a = _assigned(a, "r1", source)
+    df = src_a.read(spark)
+    assert df is not None
+    first = src_a.batch
+    df.drop("_resource", "_batch").write.mode("overwrite").parquet(src_a.output_path(output))
+    # a dies between writing and committing; b takes over the planned batch
+    b = _member(members, "b")
+    a.stop(drain=False)
+    src_b = _assigned(b, "r1", source)
+    assert src_b.epoch > src_a.epoch
+    assert src_b.batch == first, "the unfinished batch is handed over as planned"
+    with pytest.raises(FencedError):
+        src_a.commit()
+    batches = 0
+    while (df := src_b.read(spark)) is not None:
+        df.drop("_resource", "_batch").write.mode("overwrite").parquet(src_b.output_path(output))
+        src_b.commit()
+        batches += 1
+    assert batches == 3 and src_b.pending_files() == []
+    out = spark.read.parquet(output)
+    assert out.count() == len(ids) == 15
+    assert {r["id"] for r in out.select("id").collect()} == ids
+    # a file that lands later is picked up by a new batch, and only it
+    s3_bucket.put("landing/r1/part-100.csv", "late,1\n")
+    df = src_b.read(spark)
+    assert df is not None and [r["id"] for r in df.collect()] == ["late"]
+    assert src_b.batch is not None and src_b.batch.id == 4
+
+
+def test_read_all_gives_every_owned_resource_with_its_name(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], tmp_path: Path
+) -> None:
+    ids = _landing(s3_bucket, "r1", files=1) | _landing(s3_bucket, "r2", files=2)
+    share = tmp_path / "share"
+    (share / "d1").mkdir(parents=True)
+    (share / "d1" / "f.csv").write_text("d1-x,7\n")
+    s3 = _source(s3_bucket)
+    files = FileShareSource(share.as_uri() + "/")
+    a = _member(members, "a", ["r1", "r2", "d1"])
+    sources = [_assigned(a, "r1", s3), _assigned(a, "r2", s3), _assigned(a, "d1", files)]
+    df = read_all(spark, sources)
+    assert df is not None
+    got = {(r["_resource"], r["id"]) for r in df.collect()}
+    assert got == {(i.split("-")[0], i) for i in ids} | {("d1", "d1-x")}
+    output = str(tmp_path / "out")
+    df.write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy(
+        "_resource", "_batch"
+    ).parquet(output)
+    for src in sources:
+        src.commit()
+    assert read_all(spark, sources) is None, "everything was committed"
+    assert spark.read.parquet(output).count() == len(ids) + 1
+
+
+def test_other_formats_through_the_arrow_path(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"id": ["p1", "p2"], "value": [1, 2]}), buffer)
+    s3_bucket.put("landing/pq/a.parquet", buffer.getvalue())
+    s3_bucket.put("landing/js/a.json", '{"id": "j1", "value": 5}\n{"id": "j2", "value": 6}\n')
+    s3_bucket.put("landing/tx/a.txt", "line one\nline two\n")
+    s3_bucket.put("landing/hd/a.csv", "id,value\nh1,1\nh2,2\n")
+    s3_bucket.put("landing/hd/b.csv", "")
+    s3_bucket.put("landing/hd/c.csv", "id,value\nh3,3\n")
+    source = _source(s3_bucket)
+    a = _member(members, "a", ["pq", "js", "tx", "hd"])
+    hd = _assigned(a, "hd", source, read_options={"header": "true"}, max_files_per_batch=3)
+    hd_df = hd.read(spark)
+    assert hd_df is not None
+    assert sorted((r["id"], r["value"]) for r in hd_df.collect()) == [
+        ("h1", 1),
+        ("h2", 2),
+        ("h3", 3),
+    ], "headers skipped, an empty object gives no rows"
+    pq_df = _assigned(a, "pq", source, format="parquet", schema="id STRING, value BIGINT").read(
+        spark
+    )
+    assert pq_df is not None
+    assert sorted((r["id"], r["value"]) for r in pq_df.collect()) == [("p1", 1), ("p2", 2)]
+    js_df = _assigned(a, "js", source, format="json").read(spark)
+    assert js_df is not None
+    assert sorted((r["id"], r["value"]) for r in js_df.collect()) == [("j1", 5), ("j2", 6)]
+    tx_df = _assigned(a, "tx", source, format="text", schema=None).read(spark)
+    assert tx_df is not None
+    assert [r["value"] for r in tx_df.collect()] == ["line one", "line two"]
