@@ -33,7 +33,6 @@ The same driver serves ``tests/test_chaos.py`` and ``benchmarks/bench_chaos.py``
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import random
@@ -48,8 +47,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rebalancer_spark.backends import Backend, open_backend
-from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import BackendError
+from tests.chaos_invariants import check, every_resource_committed
 from tests.helpers import wait_for
 from tests.procs import MemberProcesses
 
@@ -434,63 +433,6 @@ def end_log_line(path: Path) -> None:
                 f.write(b"\n")
 
 
-# -- invariants ----------------------------------------------------------------------------
-
-
-def count_lost_commits(
-    records: Sequence[dict[str, Any]],
-    final: dict[str, tuple[float, int]],
-    data_lost_at: Sequence[float],
-) -> tuple[int, int, list[str]]:
-    """(lost, lost with the store's data, examples).
-
-    Evidence that an acknowledged commit survived: the first ``handed`` record of the resource
-    at a higher epoch written after the commit's answer (the next owner read the progress after
-    its claim, which the store grants only after every accepted commit of older epochs), or
-    else the store's progress at the end (``final``: resource -> (read start, value)), is at
-    least the commit's value. A commit whose evidence is short is lost, unless the store lost
-    its data between the commit's request and the evidence (documented for Redis)."""
-    losses = sorted(data_lost_at)
-    handed: dict[str, list[tuple[float, int, int]]] = {}
-    for r in records:
-        if r["kind"] == "handed":
-            value = r["progress"] if isinstance(r["progress"], int) else 0
-            handed.setdefault(r["resource"], []).append((float(r["at"]), int(r["epoch"]), value))
-    for items in handed.values():
-        items.sort()
-    lost = documented = 0
-    examples: list[str] = []
-    for r in records:
-        if r["kind"] != "commit" or not r["ok"]:
-            continue
-        acked, epoch = float(r["at"]), int(r["epoch"])
-        found = next(
-            ((at, v) for at, e, v in handed.get(r["resource"], []) if at > acked and e > epoch),
-            None,
-        )
-        if found is None:
-            at, v = final[r["resource"]]
-            if at <= acked:
-                continue  # answered after the last read: nothing can tell
-            found = (at, v)
-        seen_at, seen = found
-        if seen >= r["value"]:
-            continue
-        between = bisect.bisect_right(losses, seen_at) - bisect.bisect_left(
-            losses, float(r["started_at"])
-        )
-        if between > 0:
-            documented += 1
-        else:
-            lost += 1
-            if len(examples) < 5:
-                examples.append(
-                    f"{r['resource']}: value {r['value']} (epoch {epoch}) acknowledged at "
-                    f"{acked:.3f}, but {seen} was read at {seen_at:.3f}"
-                )
-    return lost, documented, examples
-
-
 def run_chaos(
     procs: MemberProcesses,
     store: StoreFaults,
@@ -536,50 +478,3 @@ def run_chaos(
         report.settled_after[fault.kind].append(float("nan") if took is None else took)
     check(procs, report, resources, chaos.data_lost_at)
     return report
-
-
-def every_resource_committed(
-    procs: MemberProcesses, resources: Sequence[str], since: float
-) -> bool:
-    done = {
-        r["resource"]
-        for r in procs.records()
-        if r["kind"] == "commit" and r["ok"] and r["started_at"] > since
-    }
-    return done >= set(resources)
-
-
-def check(
-    procs: MemberProcesses,
-    report: ChaosReport,
-    resources: Sequence[str],
-    data_lost_at: Sequence[float],
-) -> None:
-    """Fill the report's invariant figures from the trails, the audit table and the store."""
-    from rebalancer_spark.audit import verify_table
-
-    records = procs.records()
-    owned = [r for r in records if r["kind"] in ("acquired", "released", "lost")]
-    by_resource = audit.intervals(owned)
-    report.double_ownerships_trail = len(audit.overlaps(by_resource))
-    report.longest_gap_s = max((g.seconds for g in audit.gaps(by_resource)), default=0.0)
-    verdict = verify_table(str(procs.audit_path), group=procs.group)
-    report.double_ownerships_audit = len(verdict.overlaps)
-    report.audit_events = verdict.events
-    report.commits_acknowledged = sum(1 for r in records if r["kind"] == "commit" and r["ok"])
-    final = read_final_progress(procs, resources)
-    later = procs.records()  # commits acknowledged before the read above are all in here
-    lost, documented, examples = count_lost_commits(later, final, data_lost_at)
-    report.lost_commits, report.lost_with_store_data = lost, documented
-    report.lost_examples = examples
-
-
-def read_final_progress(
-    procs: MemberProcesses, resources: Sequence[str]
-) -> dict[str, tuple[float, int]]:
-    with open_backend(procs.observer_url) as store:
-        at = time.time()
-        progress = store.progress(procs.group, resources)
-    return {r: (at, p.value if isinstance(p.value, int) else 0) for r, p in progress.items()} | {
-        r: (at, 0) for r in resources if r not in progress
-    }

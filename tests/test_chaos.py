@@ -21,9 +21,9 @@ from tests.chaos import (
     ChaosReport,
     NoStoreFaults,
     StoreFaults,
-    count_lost_commits,
     run_chaos,
 )
+from tests.chaos_invariants import count_lost_commits
 from tests.chaos_stores import EnsembleFaults, RedisFaults
 from tests.procs import MemberProcesses
 from tests.servers.redis import RedisServer
