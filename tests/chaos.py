@@ -7,7 +7,7 @@ audit table), waits for a stable group, then for ``seconds`` injects random faul
 
 * ``kill -9`` of a random member, restarted later under the same static id;
 * ``kill -9`` of the coordinator (leader loss on our side), restarted the same way;
-* ``SIGSTOP`` of a member for longer than the session timeout, then ``SIGCONT``;
+* ``SIGSTOP`` of a member for 1 to 2 s longer than the session timeout, then ``SIGCONT``;
 * whatever the :class:`StoreFaults` of the backend offers: a ZooKeeper ensemble's leader
   killed and restarted later, a standalone ZooKeeper server restarted, Redis restarted without
   persistence (its data is lost) or paused past the lease. SQLite has no server; its documented
@@ -115,6 +115,8 @@ class Observer:
         self.resources = set(resources)
         self.interval = interval
         self.samples: list[Sample] = []
+        self.errors: list[str] = []
+        """Failures other than the store being unavailable, for the report."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-observer", daemon=True)
 
@@ -134,9 +136,11 @@ class Observer:
                 if handle is None:
                     handle = open_backend(self.procs.observer_url)
                 state = handle.state(self.procs.group)
-            except BackendError:
+            except Exception as exc:  # any failure reads as "down"; the observer must live on
+                if not isinstance(exc, BackendError):
+                    self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
                 if handle is not None:
-                    with contextlib.suppress(BackendError):
+                    with contextlib.suppress(Exception):
                         handle.close()
                 handle = None
                 self.samples.append(Sample(at, -1, False, frozenset()))
@@ -218,6 +222,10 @@ class ChaosReport:
     working_again_s: float = float("nan")
     """From the same moment until every resource had a commit accepted again."""
     longest_gap_s: float = 0.0
+    observer_errors: list[str] = field(default_factory=list)
+    acquisitions: int = 0
+    """Resources acquired (member trails) after the schedule started: hand-overs and
+    re-acquisitions after a member lost its claims."""
     """The longest time a resource went without an owner in the trails, where a paused or
     killed member's ownership counts until it reports it lost or its successor starts (so a
     kill's gap shows in ``settled_after``, not here)."""
@@ -232,7 +240,8 @@ class ChaosReport:
             f"{self.members} members, {self.resources} resources, "
             f"session timeout {self.session_timeout:g} s",
             f"  faults injected      {sum(self.faults.values())} ({faults})",
-            f"  rebalances           {self.rebalances} (distinct target generations seen)",
+            f"  rebalances           {self.rebalances} (distinct target generations seen), "
+            f"{self.acquisitions} resources acquired after the first fault",
             f"  commits acknowledged {self.commits_acknowledged}",
             f"  double ownerships    {self.double_ownerships_trail} in the member trails, "
             f"{self.double_ownerships_audit} in the Delta audit table "
@@ -318,7 +327,9 @@ class Chaos:
             else:
                 victim = coordinator
         if kind == "sigstop":
-            pause = ttl + self.rng.uniform(0.3, 1.5)
+            # Past the lease for sure: ZooKeeper expires a session up to a tick (and the
+            # client's last ping up to a third of the timeout) later than the timeout itself.
+            pause = ttl + self.rng.uniform(1.0, 2.0)
             fault = self.add(kind, victim, f"SIGSTOP {victim} for {pause:.2f} s (lease {ttl:g} s)")
             self.procs.signal(victim, signal.SIGSTOP)
             self.member_faults[victim] = (fault, time.monotonic() + pause)
@@ -457,7 +468,7 @@ def run_chaos(
         procs.start(f"m{i}")
     procs.wait_stable(config.members, timeout=config.recovery_timeout, resources=resources)
     with Observer(procs, resources, interval=0.02) as observer:
-        chaos = Chaos(procs, store, config, report, log)
+        chaos, chaos_wall = Chaos(procs, store, config, report, log), time.time()
         chaos.run()
         healed, healed_wall = time.monotonic(), time.time()
         procs.wait_stable(
@@ -473,8 +484,11 @@ def run_chaos(
         )
         report.working_again_s = time.monotonic() - healed
     report.rebalances = observer.generations(chaos.started) - 1
+    report.observer_errors = observer.errors[:5]
+    if observer.errors:
+        log(f"observer errors (read as the store being down): {observer.errors[:3]}")
     for fault in chaos.faults:
         took = observer.settled_after(fault)
         report.settled_after[fault.kind].append(float("nan") if took is None else took)
-    check(procs, report, resources, chaos.data_lost_at)
+    check(procs, report, resources, chaos.data_lost_at, chaos_wall)
     return report

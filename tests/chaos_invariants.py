@@ -86,12 +86,17 @@ def check(
     report: ChaosReport,
     resources: Sequence[str],
     data_lost_at: Sequence[float],
+    chaos_started: float,
 ) -> None:
-    """Fill the report's invariant figures from the trails, the audit table and the store."""
+    """Fill the report's invariant figures from the trails, the audit table and the store;
+    ``chaos_started`` is the wall-clock time of the schedule's start."""
     from rebalancer_spark.audit import verify_table
 
     records = procs.records()
     owned = [r for r in records if r["kind"] in ("acquired", "released", "lost")]
+    report.acquisitions = sum(
+        1 for r in owned if r["kind"] == "acquired" and r["at"] > chaos_started
+    )
     by_resource = audit.intervals(owned)
     report.double_ownerships_trail = len(audit.overlaps(by_resource))
     report.longest_gap_s = max((g.seconds for g in audit.gaps(by_resource)), default=0.0)

@@ -37,6 +37,10 @@ RECOVERY_MARGIN = 10.0
 two loaded cores (the figures printed show what it really took)."""
 
 
+MEMBER_FAULTS = {"kill-9", "kill-9-coordinator", "sigstop"}
+"""Faults that take a member out for longer than its lease."""
+
+
 def _seed() -> int:
     return int(os.environ.get("RB_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
 
@@ -67,7 +71,11 @@ def _assert_invariants(procs: MemberProcesses, report: ChaosReport, *, data_loss
     if not data_loss:
         assert report.lost_with_store_data == 0, why
     assert report.recovery_s < TTL + RECOVERY_MARGIN, why
-    assert report.rebalances > 0, why
+    if report.faults.keys() & MEMBER_FAULTS:
+        # A member out past its lease stops work and owns again only by a new claim (a store
+        # fault alone may leave the split as it was; and a ZooKeeper leader election restarts
+        # session timers, so a paused member's session may survive: no new target then).
+        assert report.acquisitions > 0, why
     procs.assert_trail_is_clean(progress_survives=not data_loss)
 
 
