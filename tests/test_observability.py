@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark import FencedError, Member, MemberConfig, Resource, SourceError
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.member.logfields import (
@@ -169,6 +170,35 @@ def test_metrics_over_http_on_metrics_port(tmp_path: Path) -> None:
             taken.start()
     with pytest.raises(urllib.error.URLError, match="refused"):  # closed with the member
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_a_failing_listing_shows_in_the_metrics_and_revokes_nothing(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/groups.db"
+    broken = threading.Event()
+
+    def discover() -> list[Resource]:
+        if broken.is_set():
+            raise SourceError("the source's endpoint refused the connection (by the test)")
+        return [Resource(r) for r in RESOURCES]
+
+    member = Member(config(url, "m1"), discover=discover, discovery_interval=0.05)
+    with member:
+        assert member.wait_until(lambda m: len(m.assigned()) == len(RESOURCES), timeout=15)
+        assert value(member.metrics_text(), "rebalancer_discovery_failing") == 0
+        broken.set()
+        wait_for(
+            lambda: value(member.metrics_text(), "rebalancer_discovery_failing") == 1,
+            timeout=15,
+            what="the failing listing to show in the metrics",
+        )
+        assert "refused the connection" in (member.discovery_error or "")
+        assert len(member.assigned()) == len(RESOURCES), "a failed listing revoked resources"
+        broken.clear()
+        wait_for(
+            lambda: value(member.metrics_text(), "rebalancer_discovery_failing") == 0,
+            timeout=15,
+            what="the metric to clear once the listing works again",
+        )
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", True, "http"])

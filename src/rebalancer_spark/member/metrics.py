@@ -22,7 +22,9 @@ what each alert means):
 * ``rebalancer_fenced_writes_total``: commits of this member refused because it no longer
   owned the resource (found locally, or by the store: the latter also emit a ``fenced``
   event);
-* ``rebalancer_lease_renew_seconds``: time a successful lease renewal took.
+* ``rebalancer_lease_renew_seconds``: time a successful lease renewal took;
+* ``rebalancer_discovery_failing``: 1 while the coordinator's last listing of the source failed
+  (the group keeps its resource set meanwhile; ``Member.discovery_error`` says why).
 
 ``prometheus_client`` is imported when a member is made (``pip install
 'rebalancer-spark[metrics]'``); without it the member runs without metrics and
@@ -73,6 +75,7 @@ class MemberMetrics:
         epoch: Callable[[], int | None],
         group_members: Callable[[], int],
         group_resources: Callable[[], int],
+        discovery_failing: Callable[[], bool] = lambda: False,
     ) -> None:
         try:
             from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -99,6 +102,8 @@ class MemberMetrics:
         gauge("rebalancer_coordinator_epoch", "the coordinator epoch last seen", lambda: (
             epoch() or 0
         ))  # fmt: skip
+        gauge("rebalancer_discovery_failing", "1 while the last listing of the source failed",
+              lambda: 1 if is_coordinator() and discovery_failing() else 0)  # fmt: skip
         self._rebalances = Counter(
             "rebalancer_rebalances",
             "targets published by this member as coordinator",

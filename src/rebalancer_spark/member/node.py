@@ -371,6 +371,7 @@ class Member:
             epoch=self._seen_epoch,
             group_members=lambda: self._coordinator_count("present_members"),
             group_resources=lambda: self._coordinator_count("listed_resources"),
+            discovery_failing=lambda: self.discovery_error is not None,
         )
 
     def _coordinator_count(self, name: str) -> int:
