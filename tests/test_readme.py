@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,22 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "queue-" in done.stdout
+
+
+CLI_LINES = [
+    line.split("#")[0].strip()
+    for line in README.read_text().splitlines()
+    if line.startswith("rebalancer-spark ")
+]
+
+
+def test_the_readme_shows_cli_commands() -> None:
+    assert len(CLI_LINES) >= 5, "README.md lost its operator commands"
+
+
+@pytest.mark.parametrize("line", CLI_LINES)
+def test_readme_cli_command_parses(line: str) -> None:
+    from rebalancer_spark.cli import _parser
+
+    args = _parser().parse_args(shlex.split(line)[1:])  # SystemExit(2) on a wrong command line
+    assert callable(args.func)
