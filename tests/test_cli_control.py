@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from rebalancer_spark.audit import load_events
+from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core.model import GroupState
 from tests.helpers import wait_for
 from tests.procs import MemberProcesses
@@ -241,7 +242,14 @@ def _error(result: subprocess.CompletedProcess[str], code: int) -> str:
 def test_control_commands_without_members_exit_codes_and_one_line_errors(
     tmp_path: Path,
 ) -> None:
-    where = ("--group", "g1", "--backend", f"sqlite://{tmp_path}/g.db")
+    url = f"sqlite://{tmp_path}/g.db"
+    where: tuple[str, ...] = ("--group", "g1", "--backend", url)
+    assert "does not exist: check --backend" in _error(run("pause", *where), 2)
+    assert not (tmp_path / "g.db").exists(), "a control command created a store"
+    with open_backend(url) as store:  # the store exists once a job opened it
+        store.state("g1")
+    assert "check --group" in _error(run("pause", *where), 2)  # a group nobody runs
+    where = (*where, "--force")
     assert run("pause", *where).stdout == "group g1: paused (control version 1)\n"
     assert run("pause", *where).stdout == "group g1: already paused (control version 1)\n"
     assert "resume --group g1" in _error(run("rebalance", *where), 3)

@@ -36,8 +36,10 @@ the audit commands import ``deltalake`` when they run, ``audit timeline`` also m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
+import logging
 import math
 import os
 import socket
@@ -49,8 +51,8 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from rebalancer_spark import __version__
-from rebalancer_spark.backends import BACKENDS, open_backend
-from rebalancer_spark.core.control import Control
+from rebalancer_spark.backends import check_backend_url, open_backend
+from rebalancer_spark.core.control import Control, imbalance
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.core.model import (
     GroupState,
@@ -59,7 +61,7 @@ from rebalancer_spark.core.model import (
     validate_member_id,
     validate_resource_id,
 )
-from rebalancer_spark.core.urls import parse_backend_url, redact_url
+from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.member import default_backend_url
 from rebalancer_spark.member.control import ControlRefused, GroupControl
 from rebalancer_spark.shutdown import exit_process
@@ -96,7 +98,7 @@ def _snapshot(args: argparse.Namespace) -> tuple[str, GroupState, dict[str, Prog
     """(redacted backend URL, group state, resource -> last progress) without writing."""
     group = validate_group(args.group)
     url = args.backend or default_backend_url()
-    parsed = parse_backend_url(url, allowed_options={s: e[2] for s, e in BACKENDS.items()})
+    parsed = check_backend_url(url)
     if parsed.scheme == "sqlite" and not os.path.exists(parsed.path):
         return parsed.redacted(), GroupState(group, {}, None, {}, 0, None, {}), {}
     with open_backend(url) as backend:
@@ -144,9 +146,24 @@ def _assignments(state: GroupState, progress: Mapping[str, Progress]) -> list[di
     ]
 
 
+def _number(value: float) -> int | float:
+    """``value`` as an int when it is whole (counts), else rounded for display."""
+    return int(value) if float(value).is_integer() else round(value, 3)
+
+
 def _status(backend: str, state: GroupState) -> dict[str, Any]:
     members = _members(state)
-    counts = [m["owned"] for m in members if not m["leaving"]]  # leaving ones drain to 0
+    # As the imbalance threshold measures it (docs/control.md): weighted load of the unpinned
+    # resources over the members that may own (not leaving, not drained).
+    control = state.control
+    eligible = [
+        m["member_id"] for m in members if not m["leaving"] and m["member_id"] not in control.drain
+    ]
+    held: dict[str, set[str]] = {}
+    for name, claim in state.claims.items():
+        if name not in control.pins:
+            held.setdefault(claim.member_id, set()).add(name)
+    weights = {name: res.weight for name, res in state.resources.items()}
     owners: dict[str, list[dict[str, Any]]] = {m["member_id"]: [] for m in members}
     for name, claim in sorted(state.claims.items()):
         owners.setdefault(claim.member_id, []).append({"resource": name, "epoch": claim.epoch})
@@ -167,7 +184,7 @@ def _status(backend: str, state: GroupState) -> dict[str, Any]:
         "resources": {"count": len(state.resources), "version": state.resources_version},
         "owners": owners,
         "unowned": sorted(set(state.resources) - set(state.claims)),
-        "imbalance": max(counts) - min(counts) if counts else 0,
+        "imbalance": _number(imbalance(held, weights, eligible)),
         "stable": state.is_stable(),
         "control": _control_status(state),
     }
@@ -252,8 +269,10 @@ def _print_status(status: Mapping[str, Any]) -> None:
             f"last rebalance: #{last['number']} at {last['start']} UTC, took "
             f"{last['duration']:.3f} s, {last['moved']} moved, {last['assigned']} assigned"
         )
-    elif "last_rebalance" in status:
-        print("last rebalance: none in the audit table (or give --audit PATH)")
+    elif status.get("audit_given"):
+        print("last rebalance: none in the audit table")
+    else:
+        print("last rebalance: give --audit PATH to see it")
     _print_control(status["control"])
     if not status["members"]:
         print(f"no members: no live member in group {status['group']}")
@@ -313,7 +332,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     backend, state, _ = _snapshot(args)
     status = _status(backend, state)
     status["last_rebalance"] = _last_rebalance(args.audit, state.group) if args.audit else None
-    _emit(args.json, status, lambda: _print_status(status))
+    _emit(args.json, status, lambda: _print_status({**status, "audit_given": bool(args.audit)}))
     return EXIT_OK
 
 
@@ -426,8 +445,20 @@ def _change(ops: GroupControl, args: argparse.Namespace) -> tuple[Control, bool]
 def _cmd_control(args: argparse.Namespace) -> int:
     group = validate_group(args.group)
     url = args.backend or default_backend_url()
-    shown = parse_backend_url(url, allowed_options={s: e[2] for s, e in BACKENDS.items()})
+    shown = check_backend_url(url)
+    if shown.scheme == "sqlite" and not os.path.exists(shown.path):
+        _fail(
+            f"store {shown.redacted()} does not exist: check --backend (a control command "
+            "never creates a store; the jobs create it when they join)"
+        )
     with open_backend(url) as backend:
+        state = backend.state(group)
+        if not (args.force or state.members or state.resources or state.target):
+            _fail(
+                f"group {group!r} on {shown.redacted()} has no members, resources or target: "
+                f"check --group ('{PROG} status' lists a group's members), or give --force to "
+                "set its control before its jobs start"
+            )
         ops = GroupControl(backend, group, actor=_actor())
         _, changed = _change(ops, args)
         names = {k: getattr(args, k, None) for k in ("member", "resource", "value")}
@@ -537,6 +568,11 @@ def _add_control_commands(commands: Any) -> None:
             "--backend", metavar="URL", help="the store (default: groups.db in $REBALANCER_HOME)"
         )
         sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.add_argument(
+            "--force",
+            action="store_true",
+            help="also for a group with no members, resources or target yet",
+        )
         sub.set_defaults(func=_cmd_control)
 
 
@@ -768,8 +804,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: the command line); return the exit status."""
     args = _parser().parse_args(argv)
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its retries are not the CLI's output
     try:
         status: int = args.func(args)
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces the closed stdout
+        return EXIT_OK
     except ControlRefused as exc:
         _fail(str(exc), EXIT_REFUSED)
     except RebalancerError as exc:

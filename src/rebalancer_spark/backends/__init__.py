@@ -14,9 +14,17 @@ from collections.abc import Collection, Mapping
 from rebalancer_spark.backends.base import Backend, Capability, Session, Watch
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import ConfigurationError
-from rebalancer_spark.core.urls import parse_backend_url
+from rebalancer_spark.core.urls import BackendUrl, parse_backend_url
 
-__all__ = ["BACKENDS", "Backend", "Capability", "Session", "Watch", "open_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Capability",
+    "Session",
+    "Watch",
+    "check_backend_url",
+    "open_backend",
+]
 
 # scheme -> (module, class, the extra to install for its client library). Each backend class
 # declares the URL options it accepts in ``Backend.options``.
@@ -28,10 +36,13 @@ BACKENDS: Mapping[str, tuple[str, str, str]] = {
 }
 
 
-def open_backend(
-    url: str, *, clock: Clock | None = None, require: Collection[Capability] = ()
-) -> Backend:
-    """Open the backend named by ``url``; see the module docstring."""
+def check_backend_url(url: str) -> BackendUrl:
+    """``url`` parsed and checked as :func:`open_backend` checks it (scheme, syntax, the
+    backend's own options), without connecting; a :class:`ConfigurationError` otherwise."""
+    return _backend_class(url)[1]
+
+
+def _backend_class(url: str) -> tuple[type[Backend], BackendUrl]:
     scheme = parse_backend_url(url).scheme  # refuses malformed URLs and unknown schemes
     entry = BACKENDS.get(scheme)
     if entry is None:
@@ -53,7 +64,14 @@ def open_backend(
             f"{exc.name!r}: pip install 'rebalancer-spark[{extra}]'"
         ) from None
     cls: type[Backend] = getattr(module, class_name)
-    parsed = parse_backend_url(url, allowed_options={scheme: tuple(cls.options)})
+    return cls, parse_backend_url(url, allowed_options={scheme: tuple(cls.options)})
+
+
+def open_backend(
+    url: str, *, clock: Clock | None = None, require: Collection[Capability] = ()
+) -> Backend:
+    """Open the backend named by ``url``; see the module docstring."""
+    cls, parsed = _backend_class(url)
     missing = set(require) - cls.capabilities
     if missing:
         raise ConfigurationError(

@@ -182,7 +182,14 @@ class Control:
                     (int(v), float(at), str(what)) for v, at, what in raw.get("history", [])
                 ),
             )
-        except (ValueError, TypeError, KeyError, ConfigurationError) as exc:
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            ConfigurationError,
+            OverflowError,  # int() of an infinite float
+            RecursionError,  # absurdly nested JSON
+        ) as exc:
             shown = text[:80] if isinstance(text, str) else text[:80].decode("utf-8", "replace")
             raise CorruptStateError(
                 f"the control record of group {group!r} is not one rebalancer-spark writes "

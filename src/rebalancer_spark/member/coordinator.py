@@ -177,6 +177,11 @@ class CoordinatorLoop:
                     timeout = retry
                 except RebalancerError:
                     log.exception("coordinator step failed")
+                    timeout = retry
+                except Exception:  # a bug must not leave the group with a silent coordinator
+                    log.exception("coordinator step failed unexpectedly; stepping down")
+                    self._step_down()
+                    timeout = retry
                 if self._wake.is_set():
                     self._wake.clear()
                     continue
@@ -200,6 +205,14 @@ class CoordinatorLoop:
         finally:
             if watch is not None:
                 watch.close()
+
+    def _step_down(self) -> None:
+        """Give up the coordinator role, if held, so that another member can take it."""
+        session, epoch = self._session(), self.epoch
+        self.epoch = None
+        if session is not None and epoch is not None:
+            with contextlib.suppress(Exception):
+                self._backend.resign(session, epoch)
 
     def _step(self) -> float:
         """One look at the group; returns how long to wait before the next if nothing changes."""
