@@ -287,3 +287,19 @@ def test_the_audit_verdict_ignores_control_rows() -> None:
     assert verdict.ok and verdict.events == 3 and verdict.resources == 1
     assert verdict.intervals == 2 and verdict.members == 2
     assert sum("control" in line for line in history(trail)) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"mode":"active","rebalance_requests":1e400,"drain":[],"pins":{},'
+        '"imbalance_threshold":0}',
+        '{"mode":"active","rebalance_requests":0,"drain":[],"pins":{},'
+        '"imbalance_threshold":0,"history":[[Infinity,0,"x"]]}',
+        "[" * 100_000,
+    ],
+    ids=["infinite-count", "infinite-history", "deep-nesting"],
+)
+def test_any_malformed_record_is_corrupt_state_not_a_crash(text: str) -> None:
+    with pytest.raises(CorruptStateError, match="rebalancer-spark reset"):
+        Control.decode("g", text, 3)

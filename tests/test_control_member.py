@@ -35,7 +35,9 @@ def _start(
         group=group,
         backend=url,
         member_id=member_id,
-        session_timeout=2.0,
+        # Long enough that no lease lapses on a loaded machine: the test counts exact events
+        # of one coordinator.
+        session_timeout=6.0,
         stability_window=0.05,
         max_rebalance_delay=1.0,
         **options,  # type: ignore[arg-type]
@@ -69,7 +71,7 @@ def test_a_drained_member_that_leaves_is_undrained_and_every_step_is_an_event(
         b.stop()
         wait_for(
             lambda: not observer.state(group).control.drain,
-            timeout=15,
+            timeout=30,  # after a session timeout of absence (a lapse is not a departure)
             what="b's drain entry removed once b left",
         )
         history = observer.state(group).control.history
@@ -141,4 +143,26 @@ def test_an_operators_rebalance_lists_the_source_now(
         wait_for(lambda: len(a.assigned()) == 8, timeout=15, what="a to own the new listing")
         assert calls[-1] == 8
     finally:
+        a.stop()
+
+
+def test_the_last_member_that_may_own_cannot_be_drained(
+    url: str, observer: Backend, group: str
+) -> None:
+    events: list[OwnershipEvent] = []
+    a = _start(url, group, "a", events)
+    b = _start(url, group, "b", [])
+    try:
+        _stable(observer, group, {"a", "b"})
+        ops = GroupControl(observer, group, actor="tester")
+        ops.drain("b")
+        with pytest.raises(ControlRefused, match=r"last member of group .* that may own"):
+            ops.drain("a")
+        assert observer.state(group).control.drain == {"b"}
+        assert ops.wait_drained("b", timeout=15).done
+        assert len(a.assigned()) == len(RESOURCES) or a.wait_until(
+            lambda m: len(m.assigned()) == len(RESOURCES), timeout=15
+        )
+    finally:
+        b.stop()
         a.stop()

@@ -137,7 +137,19 @@ class GroupControl:
                     f"(live: {', '.join(sorted(state.members)) or 'none'}): give the id that "
                     "'rebalancer-spark members' shows"
                 )
-            return None if member in state.control.drain else state.control.drain_member(member)
+            if member in state.control.drain:
+                return None
+            others = {
+                m for m, rec in state.members.items() if not rec.leaving and m != member
+            } - state.control.drain
+            if not others:
+                raise ControlRefused(
+                    f"member {member!r} is the last member of group {self.group!r} that may own "
+                    "resources: draining it would leave every resource without an owner; start "
+                    f"another job first, or undrain one ('rebalancer-spark undrain MEMBER "
+                    f"--group {self.group}')"
+                )
+            return state.control.drain_member(member)
 
         return self.change(f"drain {member}", transition)
 

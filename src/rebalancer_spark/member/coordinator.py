@@ -123,6 +123,7 @@ class CoordinatorLoop:
         self._first_change = 0.0
         self._last_change = 0.0
         self._away_since: dict[str, float] = {}
+        self._drain_absent_since: dict[str, float] = {}
         self._static_seen: set[str] = set()
         self._stopping_since: float | None = None
         self._sinks = list(event_sinks)
@@ -241,6 +242,7 @@ class CoordinatorLoop:
                 self._control = None
                 self._forced = False
                 self._away_since.clear()
+                self._drain_absent_since.clear()
                 self._next_discovery = 0.0
                 state = self._backend.state(self._config.group)
         if coordinator is not None:
@@ -420,10 +422,25 @@ class CoordinatorLoop:
             self._emit(session, epoch, "", f"control v{state.control.version}: drain done {member}")
 
     def _forget_departed_drains(self, session: Session, state: GroupState) -> bool:
-        """Remove drained members that left the group from the record; True if it changed."""
+        """Remove drained members that left the group from the record; True if it changed.
+
+        A member counts as gone once it has been absent for a session timeout (plus its rejoin
+        grace): one whose lease merely lapsed (a pause, a blip) rejoins sooner and stays
+        drained."""
         control = state.control
-        gone = {m for m in control.drain if m not in state.members and m not in self._away_since}
-        if not gone:
+        now = self._clock.monotonic()
+        absent = {m for m in control.drain if m not in state.members}
+        for member in list(self._drain_absent_since):
+            if member not in absent:
+                del self._drain_absent_since[member]
+        wait = self._config.session_timeout + self._config.rejoin_grace
+        gone = {
+            m
+            for m in absent
+            if m not in self._away_since
+            and now - self._drain_absent_since.setdefault(m, now) >= wait
+        }
+        if not gone or self._session() != session:  # a lapsed coordinator writes nothing
             return False
         # On a conflict someone else changed it: the next look sees the new record.
         with contextlib.suppress(ControlConflict):
