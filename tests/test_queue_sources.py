@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -247,6 +249,55 @@ def test_sqs_lists_queues_by_prefix_over_pages_weighted_by_depth(sqs_prefix: Sqs
     weights = {"q1": 4.0, "q3": 32.0}
     assert found == [Resource(sqs_prefix.prefix + n, weights.get(n, 1.0)) for n in names]
     assert source.depth(sqs_prefix.prefix + "q3") == 20
+
+
+class _SqsClientBetweenListAndAttributes:
+    """The real moto client; ``hook(queue_url)`` runs just before each GetQueueAttributes."""
+
+    def __init__(self, client: Any, hook: Callable[[str], None]) -> None:
+        self._client = client
+        self._hook = hook
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def get_queue_attributes(self, **kwargs: Any) -> Any:
+        self._hook(kwargs["QueueUrl"])
+        return self._client.get_queue_attributes(**kwargs)
+
+
+def test_sqs_listing_skips_only_a_queue_deleted_since_listed(sqs_prefix: SqsPrefix) -> None:
+    urls = {name: sqs_prefix.create(name) for name in ("a", "b", "c")}
+    source = SqsSource(_sqs_url(sqs_prefix))
+
+    def delete_b(queue_url: str) -> None:  # deleted between ListQueues and GetQueueAttributes
+        if queue_url == urls["b"]:
+            sqs_prefix.client.delete_queue(QueueUrl=queue_url)
+
+    source._client = _SqsClientBetweenListAndAttributes(source.client, delete_b)
+    assert source.discover() == [Resource(sqs_prefix.prefix + n, 1.0) for n in ("a", "c")]
+
+
+@pytest.mark.parametrize("code", ["ThrottlingException", "AccessDenied", "InternalError"])
+def test_sqs_listing_fails_whole_when_a_listed_queue_cannot_be_read(
+    sqs_prefix: SqsPrefix, code: str
+) -> None:
+    """A failed listing revokes nothing: an error other than "no such queue" is not a skip."""
+    from botocore.exceptions import ClientError
+
+    urls = {name: sqs_prefix.create(name) for name in ("a", "b", "c")}
+    source = SqsSource(_sqs_url(sqs_prefix))
+    assert len(source.discover()) == 3
+
+    def refuse_b(queue_url: str) -> None:  # SQS cannot be made to throttle on demand
+        if queue_url == urls["b"]:
+            error = {"Error": {"Code": code, "Message": "injected"}}
+            raise ClientError(error, "GetQueueAttributes")  # type: ignore[arg-type]
+
+    source._client = _SqsClientBetweenListAndAttributes(source.client, refuse_b)
+    with pytest.raises(SourceError, match=f"GetQueueAttributes.*{code}") as caught:
+        source.discover()
+    assert sqs_prefix.prefix + "b" in str(caught.value)
 
 
 def test_sqs_urls_are_checked() -> None:
