@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,7 +118,61 @@ def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:
         ["a", "b"],
         7,
     )
-    assert RabbitMqSource("amqps://u@h/%2F?queues=a").port == 5671
+    assert RabbitMqSource(f"amqps://u:{secret}@h/%2F?queues=a").port == 5671
+
+
+def _host_part(rabbitmq: RabbitMq, **options: str) -> str:
+    """``rabbitmq://HOST:PORT/VHOST?options`` of the test broker, without its user."""
+    return rabbitmq.source_url(**options).replace("guest:guest@", "", 1)
+
+
+def test_rabbitmq_password_from_the_environment_or_a_file_never_guest(
+    rabbitmq: RabbitMq, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, _bodies(2))
+    with_user = _host_part(rabbitmq, queues=queue).replace("://", "://guest@", 1)
+    monkeypatch.delenv("RABBITMQ_PASSWORD", raising=False)
+    # a user without a password is refused, naming the ways to give one, not run as guest
+    with pytest.raises(ConfigurationError, match=r"password_file=PATH.*RABBITMQ_PASSWORD"):
+        RabbitMqSource(with_user)
+    # the environment variable: the right one works, a wrong one proves it is the one used
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "guest")
+    assert RabbitMqSource(with_user).discover() == [Resource(queue, 4.0)]
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "env-wr0ng")
+    with pytest.raises(SourceError, match="credentials") as caught:
+        RabbitMqSource(with_user).discover()
+    assert "env-wr0ng" not in str(caught.value)
+    # password_file= wins over the environment; one trailing newline is not part of it
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("guest\n")
+    bad.write_text("file-wr0ng\n")
+    source = RabbitMqSource(f"{with_user}&password_file={good}")
+    assert source.discover() == [Resource(queue, 4.0)]
+    with pytest.raises(SourceError, match="credentials") as caught:
+        RabbitMqSource(f"{with_user}&password_file={bad}").discover()
+    assert "file-wr0ng" not in str(caught.value)
+    for url, fragment in [
+        (f"{with_user}&password_file={tmp_path / 'missing'}", "cannot read password_file"),
+        (f"{with_user}&password_file={tmp_path}", "cannot read password_file"),
+        (f"{with_user.replace('guest@', 'guest:x@')}&password_file={good}", "twice"),
+        (f"{_host_part(rabbitmq, queues=queue)}&password_file={good}", "no user"),
+    ]:
+        with pytest.raises(ConfigurationError, match=fragment):
+            RabbitMqSource(url)
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigurationError, match="is empty"):
+        RabbitMqSource(f"{with_user}&password_file={tmp_path / 'empty'}")
+
+
+def test_rabbitmq_without_any_user_logs_in_as_guest(
+    rabbitmq: RabbitMq, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "not-for-guest")  # only for a named user
+    queue = rabbitmq.declare("q")
+    source = RabbitMqSource(_host_part(rabbitmq, queues=queue))
+    assert (source.username, source._password) == ("guest", "guest")
+    assert source.discover() == [Resource(queue, 1.0)]
 
 
 def test_rabbitmq_unreachable_broker_is_a_source_error_without_the_password() -> None:
