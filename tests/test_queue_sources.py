@@ -191,6 +191,41 @@ def test_rabbitmq_wrong_password_is_a_source_error(rabbitmq: RabbitMq) -> None:
     assert "wr0ng-pw" not in str(caught.value)
 
 
+class _ChannelRefused:
+    """A real connection to the broker whose ``channel()`` fails as a broker at its limit does."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection, name)
+
+    def channel(self) -> Any:
+        import pika
+
+        raise pika.exceptions.ChannelClosedByBroker(530, "NOT_ALLOWED - channel_max reached")
+
+
+def test_rabbitmq_a_refused_channel_is_a_source_error_and_closes_the_connection(
+    rabbitmq: RabbitMq,
+) -> None:
+    queue = rabbitmq.declare("q")
+    source = RabbitMqSource(rabbitmq.source_url(queues=queue))
+    opened: list[Any] = []
+
+    def connect() -> Any:
+        opened.append(RabbitMqSource._connect(source))
+        return _ChannelRefused(opened[-1])
+
+    source._connect = connect  # type: ignore[method-assign]
+    with pytest.raises(SourceError, match=r"cannot open a channel.*NOT_ALLOWED"):
+        source.consumer(queue)
+    with pytest.raises(SourceError, match=r"cannot read queue.*NOT_ALLOWED"):
+        source.discover()
+    assert len(opened) == 2
+    assert [c.is_open for c in opened] == [False, False]  # neither connection leaked
+
+
 def test_rabbitmq_consumer_holds_messages_until_acked_and_close_returns_them(
     rabbitmq: RabbitMq,
 ) -> None:

@@ -230,17 +230,30 @@ class RabbitMqSource(QueueSource):
     # -- consuming ----------------------------------------------------------------------------
 
     def consumer(self, queue: str) -> QueueConsumer:
-        return _RabbitConsumer(self, queue, self._connect())
+        pika = _pika()
+        connection = self._connect()
+        try:
+            channel = connection.channel()
+        except pika.exceptions.AMQPError as exc:
+            _close_quietly(connection)
+            raise SourceError(
+                f"cannot open a channel to read queue {queue!r} of {self.shown!r} "
+                f"({_why(exc)}): the broker refused it or the connection dropped"
+            ) from None
+        except BaseException:
+            _close_quietly(connection)
+            raise
+        return _RabbitConsumer(self, queue, connection, channel)
 
 
 class _RabbitConsumer(QueueConsumer):
     """``basic.get`` without ack on one channel; closing the connection requeues the rest."""
 
-    def __init__(self, source: RabbitMqSource, queue: str, connection: Any) -> None:
+    def __init__(self, source: RabbitMqSource, queue: str, connection: Any, channel: Any) -> None:
         self.resource = queue
         self._source = source
         self._conn = connection
-        self._channel = connection.channel()
+        self._channel = channel
         self._closed = False
 
     def __repr__(self) -> str:
@@ -300,18 +313,18 @@ class _RabbitConsumer(QueueConsumer):
 def _passive_depth(conn: Any, queue: str, shown: str) -> int | None:
     """Ready messages of ``queue``; None if it does not exist."""
     pika = _pika()
-    channel = conn.channel()
     try:
+        channel = conn.channel()
         answer = channel.queue_declare(queue=queue, passive=True)
+        count: int = answer.method.message_count
+        if channel.is_open:
+            channel.close()
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 404:
             return None
         raise SourceError(f"cannot read queue {queue!r} of {shown!r} ({_why(exc)})") from None
     except pika.exceptions.AMQPError as exc:
         raise SourceError(f"cannot read queue {queue!r} of {shown!r} ({_why(exc)})") from None
-    count: int = answer.method.message_count
-    if channel.is_open:
-        channel.close()
     return count
 
 
