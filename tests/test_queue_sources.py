@@ -6,12 +6,14 @@ when a consumer closes or its process dies, URLs refused with the password hidde
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,77 @@ def test_rabbitmq_pattern_lists_queues_through_the_management_api(
         assert "n0pe-pw" not in str(caught.value)
     finally:
         broker.cleanup()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with ``self.server.answer`` and records the request's headers."""
+
+    server: _HttpServer
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.path, self.headers.get("Authorization")))
+        code, headers = self.server.answer
+        self.send_response(code)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _HttpServer(http.server.ThreadingHTTPServer):
+    def __init__(self, answer: tuple[int, dict[str, str]]) -> None:
+        super().__init__(("127.0.0.1", 0), _Recorder)
+        self.answer = answer
+        self.seen: list[tuple[str, str | None]] = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def http_servers() -> Iterator[Callable[[tuple[int, dict[str, str]]], _HttpServer]]:
+    started: list[tuple[_HttpServer, threading.Thread]] = []
+
+    def start(answer: tuple[int, dict[str, str]]) -> _HttpServer:
+        server = _HttpServer(answer)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        started.append((server, thread))
+        return server
+
+    yield start
+    for server, thread in started:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_rabbitmq_management_redirects_are_not_followed_with_the_password(
+    http_servers: Callable[[tuple[int, dict[str, str]]], _HttpServer],
+) -> None:
+    secret = "redir-s3cret"  # noqa: S105
+    elsewhere = http_servers((200, {"Content-Type": "application/json"}))
+    redirecting = http_servers((302, {"Location": f"{elsewhere.url}/api/queues/%2F"}))
+    source = RabbitMqSource(
+        f"rabbitmq://ops:{secret}@127.0.0.1:1/?pattern=*&management={redirecting.url}"
+    )
+    with pytest.raises(SourceError, match="redirected to") as caught:
+        source.discover()
+    assert elsewhere.url in str(caught.value) and secret not in str(caught.value)
+    assert len(redirecting.seen) == 1 and redirecting.seen[0][1] is not None  # it got the auth
+    assert elsewhere.seen == []  # the redirect target got nothing, so no password
+
+
+def test_rabbitmq_management_url_secrets_are_hidden() -> None:
+    secret = "mgmt-s3cret"  # noqa: S105
+    for management, fragment in [
+        (f"http://admin:{secret}@127.0.0.1:15672", "has credentials"),
+        (f"ftp://admin:{secret}@127.0.0.1:15672", "not an http"),
+    ]:
+        with pytest.raises(ConfigurationError, match=fragment) as caught:
+            RabbitMqSource(f"rabbitmq://u:pw@h/?pattern=*&management={management}")
+        assert secret not in str(caught.value)
 
 
 def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:

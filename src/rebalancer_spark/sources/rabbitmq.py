@@ -136,11 +136,20 @@ class RabbitMqSource(QueueSource):
                 "queues, so a pattern needs the management plugin's HTTP API, e.g. "
                 "&management=http://HOST:15672; or list the queues with queues=a,b"
             )
-        if self.management is not None and not self.management.startswith(("http://", "https://")):
-            raise ConfigurationError(
-                f"{where}: management={self.management!r} is not an http(s) URL: write e.g. "
-                "management=http://HOST:15672"
-            )
+        self.management_shown = None if self.management is None else redact_url(self.management)
+        """``management=`` as shown in messages: any secret in it replaced by ``***``."""
+        if self.management is not None:
+            if not self.management.startswith(("http://", "https://")):
+                raise ConfigurationError(
+                    f"{where}: management={self.management_shown!r} is not an http(s) URL: "
+                    "write e.g. management=http://HOST:15672"
+                )
+            if "@" in urlsplit(self.management).netloc:
+                raise ConfigurationError(
+                    f"{where}: management={self.management_shown!r} has credentials in it: "
+                    "write management=http://HOST:15672; the API is called with the source's "
+                    "own user and password"
+                )
         self.queues = None if listed is None else split_names(listed, "queues", where)
         self.shown = shown
 
@@ -206,21 +215,30 @@ class RabbitMqSource(QueueSource):
         request = urllib.request.Request(api + "?columns=name")  # noqa: S310 - http(s) checked
         token = b64encode(f"{self.username}:{self._password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
+        opener = urllib.request.build_opener(_NoRedirects)
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
+            with opener.open(request, timeout=10) as answer:
                 listing = json.loads(answer.read())
         except urllib.error.HTTPError as exc:
             exc.close()
+            if 300 <= exc.code < 400:
+                target = redact_url(str(exc.headers.get("Location", "?")))[:200]
+                raise SourceError(
+                    f"the management API at {self.management_shown} redirected to {target!r} "
+                    f"(HTTP {exc.code}) for source {self.shown!r}: redirects are not followed, "
+                    "so the password goes to no other host; give the final URL as management="
+                ) from None
             raise SourceError(
-                f"the management API at {self.management} refused to list the queues of vhost "
-                f"{self.vhost!r} for source {self.shown!r} (HTTP {exc.code} {exc.reason}): "
-                "check the user's password and that it may read the vhost (management tag)"
+                f"the management API at {self.management_shown} refused to list the queues of "
+                f"vhost {self.vhost!r} for source {self.shown!r} (HTTP {exc.code} "
+                f"{exc.reason}): check the user's password and that it may read the vhost "
+                "(management tag)"
             ) from None
         except (OSError, ValueError) as exc:
             raise SourceError(
                 f"cannot list the queues of vhost {self.vhost!r} through the management API "
-                f"at {self.management} for source {self.shown!r} ({exc}): check that the "
-                "rabbitmq_management plugin is enabled and the user may read the vhost"
+                f"at {self.management_shown} for source {self.shown!r} ({_why(exc)}): check "
+                "that the rabbitmq_management plugin is enabled and the user may read the vhost"
             ) from None
         names = [q.get("name") for q in listing if isinstance(q, dict)]
         return sorted(
@@ -326,6 +344,13 @@ def _passive_depth(conn: Any, queue: str, shown: str) -> int | None:
     except pika.exceptions.AMQPError as exc:
         raise SourceError(f"cannot read queue {queue!r} of {shown!r} ({_why(exc)})") from None
     return count
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the request carries the user's password in Basic auth."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError
 
 
 def _close_quietly(conn: Any) -> None:
