@@ -6,11 +6,16 @@ when a consumer closes or its process dies, URLs refused with the password hidde
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,6 +94,77 @@ def test_rabbitmq_pattern_lists_queues_through_the_management_api(
         broker.cleanup()
 
 
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with ``self.server.answer`` and records the request's headers."""
+
+    server: _HttpServer
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.path, self.headers.get("Authorization")))
+        code, headers = self.server.answer
+        self.send_response(code)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _HttpServer(http.server.ThreadingHTTPServer):
+    def __init__(self, answer: tuple[int, dict[str, str]]) -> None:
+        super().__init__(("127.0.0.1", 0), _Recorder)
+        self.answer = answer
+        self.seen: list[tuple[str, str | None]] = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def http_servers() -> Iterator[Callable[[tuple[int, dict[str, str]]], _HttpServer]]:
+    started: list[tuple[_HttpServer, threading.Thread]] = []
+
+    def start(answer: tuple[int, dict[str, str]]) -> _HttpServer:
+        server = _HttpServer(answer)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        started.append((server, thread))
+        return server
+
+    yield start
+    for server, thread in started:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_rabbitmq_management_redirects_are_not_followed_with_the_password(
+    http_servers: Callable[[tuple[int, dict[str, str]]], _HttpServer],
+) -> None:
+    secret = "redir-s3cret"  # noqa: S105
+    elsewhere = http_servers((200, {"Content-Type": "application/json"}))
+    redirecting = http_servers((302, {"Location": f"{elsewhere.url}/api/queues/%2F"}))
+    source = RabbitMqSource(
+        f"rabbitmq://ops:{secret}@127.0.0.1:1/?pattern=*&management={redirecting.url}"
+    )
+    with pytest.raises(SourceError, match="redirected to") as caught:
+        source.discover()
+    assert elsewhere.url in str(caught.value) and secret not in str(caught.value)
+    assert len(redirecting.seen) == 1 and redirecting.seen[0][1] is not None  # it got the auth
+    assert elsewhere.seen == []  # the redirect target got nothing, so no password
+
+
+def test_rabbitmq_management_url_secrets_are_hidden() -> None:
+    secret = "mgmt-s3cret"  # noqa: S105
+    for management, fragment in [
+        (f"http://admin:{secret}@127.0.0.1:15672", "has credentials"),
+        (f"ftp://admin:{secret}@127.0.0.1:15672", "not an http"),
+    ]:
+        with pytest.raises(ConfigurationError, match=fragment) as caught:
+            RabbitMqSource(f"rabbitmq://u:pw@h/?pattern=*&management={management}")
+        assert secret not in str(caught.value)
+
+
 def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:
     secret = "s3cr3t-pw"  # noqa: S105 - a made-up password that must never show
     bad = [
@@ -115,7 +191,61 @@ def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:
         ["a", "b"],
         7,
     )
-    assert RabbitMqSource("amqps://u@h/%2F?queues=a").port == 5671
+    assert RabbitMqSource(f"amqps://u:{secret}@h/%2F?queues=a").port == 5671
+
+
+def _host_part(rabbitmq: RabbitMq, **options: str) -> str:
+    """``rabbitmq://HOST:PORT/VHOST?options`` of the test broker, without its user."""
+    return rabbitmq.source_url(**options).replace("guest:guest@", "", 1)
+
+
+def test_rabbitmq_password_from_the_environment_or_a_file_never_guest(
+    rabbitmq: RabbitMq, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, _bodies(2))
+    with_user = _host_part(rabbitmq, queues=queue).replace("://", "://guest@", 1)
+    monkeypatch.delenv("RABBITMQ_PASSWORD", raising=False)
+    # a user without a password is refused, naming the ways to give one, not run as guest
+    with pytest.raises(ConfigurationError, match=r"password_file=PATH.*RABBITMQ_PASSWORD"):
+        RabbitMqSource(with_user)
+    # the environment variable: the right one works, a wrong one proves it is the one used
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "guest")
+    assert RabbitMqSource(with_user).discover() == [Resource(queue, 4.0)]
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "env-wr0ng")
+    with pytest.raises(SourceError, match="credentials") as caught:
+        RabbitMqSource(with_user).discover()
+    assert "env-wr0ng" not in str(caught.value)
+    # password_file= wins over the environment; one trailing newline is not part of it
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("guest\n")
+    bad.write_text("file-wr0ng\n")
+    source = RabbitMqSource(f"{with_user}&password_file={good}")
+    assert source.discover() == [Resource(queue, 4.0)]
+    with pytest.raises(SourceError, match="credentials") as caught:
+        RabbitMqSource(f"{with_user}&password_file={bad}").discover()
+    assert "file-wr0ng" not in str(caught.value)
+    for url, fragment in [
+        (f"{with_user}&password_file={tmp_path / 'missing'}", "cannot read password_file"),
+        (f"{with_user}&password_file={tmp_path}", "cannot read password_file"),
+        (f"{with_user.replace('guest@', 'guest:x@')}&password_file={good}", "twice"),
+        (f"{_host_part(rabbitmq, queues=queue)}&password_file={good}", "no user"),
+    ]:
+        with pytest.raises(ConfigurationError, match=fragment):
+            RabbitMqSource(url)
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigurationError, match="is empty"):
+        RabbitMqSource(f"{with_user}&password_file={tmp_path / 'empty'}")
+
+
+def test_rabbitmq_without_any_user_logs_in_as_guest(
+    rabbitmq: RabbitMq, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "not-for-guest")  # only for a named user
+    queue = rabbitmq.declare("q")
+    source = RabbitMqSource(_host_part(rabbitmq, queues=queue))
+    assert (source.username, source._password) == ("guest", "guest")
+    assert source.discover() == [Resource(queue, 1.0)]
 
 
 def test_rabbitmq_unreachable_broker_is_a_source_error_without_the_password() -> None:
@@ -132,6 +262,41 @@ def test_rabbitmq_wrong_password_is_a_source_error(rabbitmq: RabbitMq) -> None:
     with pytest.raises(SourceError, match="credentials") as caught:
         RabbitMqSource(url).discover()
     assert "wr0ng-pw" not in str(caught.value)
+
+
+class _ChannelRefused:
+    """A real connection to the broker whose ``channel()`` fails as a broker at its limit does."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection, name)
+
+    def channel(self) -> Any:
+        import pika
+
+        raise pika.exceptions.ChannelClosedByBroker(530, "NOT_ALLOWED - channel_max reached")
+
+
+def test_rabbitmq_a_refused_channel_is_a_source_error_and_closes_the_connection(
+    rabbitmq: RabbitMq,
+) -> None:
+    queue = rabbitmq.declare("q")
+    source = RabbitMqSource(rabbitmq.source_url(queues=queue))
+    opened: list[Any] = []
+
+    def connect() -> Any:
+        opened.append(RabbitMqSource._connect(source))
+        return _ChannelRefused(opened[-1])
+
+    source._connect = connect  # type: ignore[method-assign]
+    with pytest.raises(SourceError, match=r"cannot open a channel.*NOT_ALLOWED"):
+        source.consumer(queue)
+    with pytest.raises(SourceError, match=r"cannot read queue.*NOT_ALLOWED"):
+        source.discover()
+    assert len(opened) == 2
+    assert [c.is_open for c in opened] == [False, False]  # neither connection leaked
 
 
 def test_rabbitmq_consumer_holds_messages_until_acked_and_close_returns_them(
@@ -247,6 +412,55 @@ def test_sqs_lists_queues_by_prefix_over_pages_weighted_by_depth(sqs_prefix: Sqs
     weights = {"q1": 4.0, "q3": 32.0}
     assert found == [Resource(sqs_prefix.prefix + n, weights.get(n, 1.0)) for n in names]
     assert source.depth(sqs_prefix.prefix + "q3") == 20
+
+
+class _SqsClientBetweenListAndAttributes:
+    """The real moto client; ``hook(queue_url)`` runs just before each GetQueueAttributes."""
+
+    def __init__(self, client: Any, hook: Callable[[str], None]) -> None:
+        self._client = client
+        self._hook = hook
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def get_queue_attributes(self, **kwargs: Any) -> Any:
+        self._hook(kwargs["QueueUrl"])
+        return self._client.get_queue_attributes(**kwargs)
+
+
+def test_sqs_listing_skips_only_a_queue_deleted_since_listed(sqs_prefix: SqsPrefix) -> None:
+    urls = {name: sqs_prefix.create(name) for name in ("a", "b", "c")}
+    source = SqsSource(_sqs_url(sqs_prefix))
+
+    def delete_b(queue_url: str) -> None:  # deleted between ListQueues and GetQueueAttributes
+        if queue_url == urls["b"]:
+            sqs_prefix.client.delete_queue(QueueUrl=queue_url)
+
+    source._client = _SqsClientBetweenListAndAttributes(source.client, delete_b)
+    assert source.discover() == [Resource(sqs_prefix.prefix + n, 1.0) for n in ("a", "c")]
+
+
+@pytest.mark.parametrize("code", ["ThrottlingException", "AccessDenied", "InternalError"])
+def test_sqs_listing_fails_whole_when_a_listed_queue_cannot_be_read(
+    sqs_prefix: SqsPrefix, code: str
+) -> None:
+    """A failed listing revokes nothing: an error other than "no such queue" is not a skip."""
+    from botocore.exceptions import ClientError
+
+    urls = {name: sqs_prefix.create(name) for name in ("a", "b", "c")}
+    source = SqsSource(_sqs_url(sqs_prefix))
+    assert len(source.discover()) == 3
+
+    def refuse_b(queue_url: str) -> None:  # SQS cannot be made to throttle on demand
+        if queue_url == urls["b"]:
+            error = {"Error": {"Code": code, "Message": "injected"}}
+            raise ClientError(error, "GetQueueAttributes")  # type: ignore[arg-type]
+
+    source._client = _SqsClientBetweenListAndAttributes(source.client, refuse_b)
+    with pytest.raises(SourceError, match=f"GetQueueAttributes.*{code}") as caught:
+        source.discover()
+    assert sqs_prefix.prefix + "b" in str(caught.value)
 
 
 def test_sqs_urls_are_checked() -> None:

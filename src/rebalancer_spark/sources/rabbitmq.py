@@ -7,12 +7,20 @@ exactly one job at a time (ordering per queue, one consumer per queue)::
     rabbitmq://USER:PASSWORD@HOST[:PORT][/VHOST]?pattern=orders-*&management=http://HOST:15672
 
 ``amqp://`` is the same; ``rabbitmqs://`` and ``amqps://`` use TLS (port 5671 by default). The
-vhost is the path, percent-encoded (``/%2F`` or no path is the default vhost ``/``). Options:
+vhost is the path, percent-encoded (``/%2F`` or no path is the default vhost ``/``).
+
+The password of ``USER@`` comes from the URL (``USER:PASSWORD@``), else from the file named by
+``password_file=PATH`` (its content, one trailing newline dropped), else from the environment
+variable ``RABBITMQ_PASSWORD``; a user with none of these is refused. Only a URL without any
+user logs in as RabbitMQ's default ``guest``/``guest``. Options:
 
 * ``queues=a,b`` — the queues, listed; a listed queue that does not exist is left out of the
   listing (with a warning) until it does;
+* ``password_file=PATH`` — the file holding the user's password (see above);
 * ``pattern=GLOB`` with ``management=http[s]://host:15672`` — every queue of the vhost whose
-  name matches the glob, listed through the management plugin's HTTP API with the same user;
+  name matches the glob, listed through the management plugin's HTTP API with the same user
+  (sent as Basic auth to that URL only: a redirect is refused, never followed with the
+  password; credentials written in the ``management=`` URL itself are hidden in messages);
   AMQP itself cannot list queues, so a pattern without ``management=`` is refused;
 * ``dedupe=message_id|header:NAME|json:FIELD|body`` — the dedupe key (see
   :mod:`.queues`); ``message_id`` is the AMQP ``message-id`` property the producer sets;
@@ -31,6 +39,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import os
 import ssl
 import urllib.error
 import urllib.request
@@ -58,7 +67,9 @@ __all__ = ["RabbitMqSource"]
 log = logging.getLogger("rebalancer_spark.sources.rabbitmq")
 
 _SCHEMES = {"rabbitmq": False, "amqp": False, "rabbitmqs": True, "amqps": True}
-_OPTIONS = ("batch", "dedupe", "heartbeat", "management", "pattern", "queues")
+_OPTIONS = ("batch", "dedupe", "heartbeat", "management", "password_file", "pattern", "queues")
+PASSWORD_ENV = "RABBITMQ_PASSWORD"  # noqa: S105 - a variable name, not a password
+"""The environment variable a user's password is read from when the URL has none."""
 
 
 def _pika() -> Any:
@@ -98,11 +109,15 @@ class RabbitMqSource(QueueSource):
         self.tls = _SCHEMES[parts.scheme]
         self.host = host
         self.port = port or (5671 if self.tls else 5672)
-        self.username = unquote(parts.username) if parts.username else "guest"
-        self._password = unquote(parts.password) if parts.password is not None else "guest"
         path = parts.path
         self.vhost = "/" if path in ("", "/") else unquote(path[1:])
         options = parse_query(parts.query, _OPTIONS, where)
+        self.username, self._password = _credentials(
+            unquote(parts.username) if parts.username else None,
+            unquote(parts.password) if parts.password is not None else None,
+            options.get("password_file"),
+            where,
+        )
         self.batch_size = batch_option(options.get("batch"), where)
         self.dedupe = DedupeRule.parse(options.get("dedupe", "message_id"), where)
         self.heartbeat = _seconds(options.get("heartbeat", "60"), "heartbeat", where)
@@ -121,11 +136,20 @@ class RabbitMqSource(QueueSource):
                 "queues, so a pattern needs the management plugin's HTTP API, e.g. "
                 "&management=http://HOST:15672; or list the queues with queues=a,b"
             )
-        if self.management is not None and not self.management.startswith(("http://", "https://")):
-            raise ConfigurationError(
-                f"{where}: management={self.management!r} is not an http(s) URL: write e.g. "
-                "management=http://HOST:15672"
-            )
+        self.management_shown = None if self.management is None else redact_url(self.management)
+        """``management=`` as shown in messages: any secret in it replaced by ``***``."""
+        if self.management is not None:
+            if not self.management.startswith(("http://", "https://")):
+                raise ConfigurationError(
+                    f"{where}: management={self.management_shown!r} is not an http(s) URL: "
+                    "write e.g. management=http://HOST:15672"
+                )
+            if "@" in urlsplit(self.management).netloc:
+                raise ConfigurationError(
+                    f"{where}: management={self.management_shown!r} has credentials in it: "
+                    "write management=http://HOST:15672; the API is called with the source's "
+                    "own user and password"
+                )
         self.queues = None if listed is None else split_names(listed, "queues", where)
         self.shown = shown
 
@@ -191,21 +215,30 @@ class RabbitMqSource(QueueSource):
         request = urllib.request.Request(api + "?columns=name")  # noqa: S310 - http(s) checked
         token = b64encode(f"{self.username}:{self._password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
+        opener = urllib.request.build_opener(_NoRedirects)
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
+            with opener.open(request, timeout=10) as answer:
                 listing = json.loads(answer.read())
         except urllib.error.HTTPError as exc:
             exc.close()
+            if 300 <= exc.code < 400:
+                target = redact_url(str(exc.headers.get("Location", "?")))[:200]
+                raise SourceError(
+                    f"the management API at {self.management_shown} redirected to {target!r} "
+                    f"(HTTP {exc.code}) for source {self.shown!r}: redirects are not followed, "
+                    "so the password goes to no other host; give the final URL as management="
+                ) from None
             raise SourceError(
-                f"the management API at {self.management} refused to list the queues of vhost "
-                f"{self.vhost!r} for source {self.shown!r} (HTTP {exc.code} {exc.reason}): "
-                "check the user's password and that it may read the vhost (management tag)"
+                f"the management API at {self.management_shown} refused to list the queues of "
+                f"vhost {self.vhost!r} for source {self.shown!r} (HTTP {exc.code} "
+                f"{exc.reason}): check the user's password and that it may read the vhost "
+                "(management tag)"
             ) from None
         except (OSError, ValueError) as exc:
             raise SourceError(
                 f"cannot list the queues of vhost {self.vhost!r} through the management API "
-                f"at {self.management} for source {self.shown!r} ({exc}): check that the "
-                "rabbitmq_management plugin is enabled and the user may read the vhost"
+                f"at {self.management_shown} for source {self.shown!r} ({_why(exc)}): check "
+                "that the rabbitmq_management plugin is enabled and the user may read the vhost"
             ) from None
         names = [q.get("name") for q in listing if isinstance(q, dict)]
         return sorted(
@@ -215,17 +248,30 @@ class RabbitMqSource(QueueSource):
     # -- consuming ----------------------------------------------------------------------------
 
     def consumer(self, queue: str) -> QueueConsumer:
-        return _RabbitConsumer(self, queue, self._connect())
+        pika = _pika()
+        connection = self._connect()
+        try:
+            channel = connection.channel()
+        except pika.exceptions.AMQPError as exc:
+            _close_quietly(connection)
+            raise SourceError(
+                f"cannot open a channel to read queue {queue!r} of {self.shown!r} "
+                f"({_why(exc)}): the broker refused it or the connection dropped"
+            ) from None
+        except BaseException:
+            _close_quietly(connection)
+            raise
+        return _RabbitConsumer(self, queue, connection, channel)
 
 
 class _RabbitConsumer(QueueConsumer):
     """``basic.get`` without ack on one channel; closing the connection requeues the rest."""
 
-    def __init__(self, source: RabbitMqSource, queue: str, connection: Any) -> None:
+    def __init__(self, source: RabbitMqSource, queue: str, connection: Any, channel: Any) -> None:
         self.resource = queue
         self._source = source
         self._conn = connection
-        self._channel = connection.channel()
+        self._channel = channel
         self._closed = False
 
     def __repr__(self) -> str:
@@ -285,19 +331,26 @@ class _RabbitConsumer(QueueConsumer):
 def _passive_depth(conn: Any, queue: str, shown: str) -> int | None:
     """Ready messages of ``queue``; None if it does not exist."""
     pika = _pika()
-    channel = conn.channel()
     try:
+        channel = conn.channel()
         answer = channel.queue_declare(queue=queue, passive=True)
+        count: int = answer.method.message_count
+        if channel.is_open:
+            channel.close()
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 404:
             return None
         raise SourceError(f"cannot read queue {queue!r} of {shown!r} ({_why(exc)})") from None
     except pika.exceptions.AMQPError as exc:
         raise SourceError(f"cannot read queue {queue!r} of {shown!r} ({_why(exc)})") from None
-    count: int = answer.method.message_count
-    if channel.is_open:
-        channel.close()
     return count
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the request carries the user's password in Basic auth."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError
 
 
 def _close_quietly(conn: Any) -> None:
@@ -306,6 +359,52 @@ def _close_quietly(conn: Any) -> None:
             conn.close()
     except Exception as exc:  # a broker that is gone: the messages are requeued by it anyway
         log.debug("closing a RabbitMQ connection failed: %s", _why(exc))
+
+
+def _credentials(
+    user: str | None, password: str | None, password_file: str | None, where: str
+) -> tuple[str, str]:
+    """``(user, password)``: from the URL, else ``password_file=``, else ``RABBITMQ_PASSWORD``.
+
+    No user at all is RabbitMQ's default ``guest``/``guest`` (a broker's own test account,
+    allowed from localhost only); a user without a password anywhere is refused, never guessed.
+    """
+    if user is None:
+        if password is not None or password_file is not None:
+            raise ConfigurationError(
+                f"{where} gives a password but no user: write rabbitmq://USER@HOST/... with the "
+                f"password in the URL, in password_file=PATH or in ${PASSWORD_ENV}"
+            )
+        return "guest", "guest"
+    if password is not None:
+        if password_file is not None:
+            raise ConfigurationError(
+                f"{where} gives the password twice, in the URL and in password_file=: keep one"
+            )
+        return user, password
+    if password_file is not None:
+        try:
+            with open(password_file, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(
+                f"{where}: cannot read password_file={password_file!r} "
+                f"({_why(exc)}): "
+                "give a readable UTF-8 file holding the password"
+            ) from None
+        text = text.removesuffix("\n").removesuffix("\r")
+        if not text:
+            raise ConfigurationError(f"{where}: password_file={password_file!r} is empty")
+        return user, text
+    env = os.environ.get(PASSWORD_ENV)
+    if env:
+        return user, env
+    raise ConfigurationError(
+        f"{where} names user {user!r} without a password: put it in a file and add "
+        f"&password_file=PATH, or set the environment variable {PASSWORD_ENV}, or (less safe: "
+        "URLs end up in logs and process lists) write rabbitmq://USER:PASSWORD@HOST/...; "
+        "without any user the source logs in as guest"
+    )
 
 
 def _seconds(text: str, name: str, where: str) -> int:

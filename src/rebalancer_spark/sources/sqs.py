@@ -23,8 +23,11 @@ usual chain (environment, profile, instance role), never from the URL. Options:
 
 A queue's weight is ``ApproximateNumberOfMessages`` in powers of two
 (:func:`.queues.depth_weight`); queues are listed with ``ListQueues`` and ``QueueNamePrefix``,
-every page. A resource id is the queue's name. Acknowledging is ``DeleteMessageBatch``; giving
-back and closing set the visibility of the messages still held to 0.
+every page. A queue that ``GetQueueAttributes`` says no longer exists is left out of the
+listing; any other failure there fails the whole listing (:class:`SourceError`), so a throttled
+or refused call never revokes a queue that is still listed. A resource id is the queue's name.
+Acknowledging is ``DeleteMessageBatch``; giving back and closing set the visibility of the
+messages still held to 0.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ log = logging.getLogger("rebalancer_spark.sources.sqs")
 
 _OPTIONS = ("batch", "dedupe", "endpoint_url", "visibility_timeout")
 _MAX_VISIBILITY = 43_200  # SQS's limit: 12 hours
+_GONE = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+"""The error codes of a queue that does not exist (the query and the JSON protocol's)."""
 
 
 def _boto3() -> Any:
@@ -149,13 +154,34 @@ class SqsSource(QueueSource):
             kwargs["NextToken"] = token
         found = []
         for name in sorted(set(names)):
-            try:
-                depth = self.depth(name)
-            except SourceError as exc:  # deleted since listed
-                log.warning("source %s: skipping queue %r: %s", self.shown, name, exc)
+            depth = self._listed_depth(name)
+            if depth is None:
                 continue
             found.append(Resource(name, depth_weight(depth)))
         return found
+
+    def _listed_depth(self, name: str) -> int | None:
+        """The depth of a queue ListQueues just gave; None only if SQS says it is gone.
+
+        Any other failure (a timeout, throttling, AccessDenied) fails the whole listing: a
+        listing that left out a queue SQS still has would revoke it from its owner.
+        """
+        try:
+            answer = self.client.get_queue_attributes(
+                QueueUrl=self._urls[name], AttributeNames=["ApproximateNumberOfMessages"]
+            )
+        except Exception as exc:  # botocore's errors: translated at the plug-in boundary
+            if _error_code(exc) in _GONE:
+                log.warning("source %s: queue %r was deleted since listed", self.shown, name)
+                self._urls.pop(name, None)
+                return None
+            raise SourceError(
+                f"SQS GetQueueAttributes failed for queue {name!r} of source {self.shown!r} "
+                f"({_why(exc)}): the listing is incomplete, so the group keeps its resources; "
+                "check the region, endpoint, credentials and the sqs:GetQueueAttributes "
+                "permission"
+            ) from None
+        return int(answer["Attributes"]["ApproximateNumberOfMessages"])
 
     def depth(self, queue: str) -> int:
         answer = self._call(
@@ -268,6 +294,14 @@ class _SqsConsumer(QueueConsumer):
             return
         self._closed = True
         self._hide(list(self._held.items()), raise_errors=False)
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """The AWS error code of a botocore ``ClientError`` (None for any other exception)."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    code = error.get("Code") if isinstance(error, dict) else None
+    return str(code) if code is not None else None
 
 
 def _why(exc: BaseException) -> str:
