@@ -292,8 +292,7 @@ def test_the_audit_verdict_ignores_control_rows() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        '{"mode":"active","rebalance_requests":1e400,"drain":[],"pins":{},'
-        '"imbalance_threshold":0}',
+        '{"mode":"active","rebalance_requests":1e400,"drain":[],"pins":{},"imbalance_threshold":0}',
         '{"mode":"active","rebalance_requests":0,"drain":[],"pins":{},'
         '"imbalance_threshold":0,"history":[[Infinity,0,"x"]]}',
         "[" * 100_000,
