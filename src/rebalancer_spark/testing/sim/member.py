@@ -358,14 +358,14 @@ class SimMember:
             self.epoch = None
             return MAX_WAIT
         sid, memory = session.session_id, self.memory
-        state: StateView = yield Call("state", lambda s, now: s.state(now))
+        state: StateView = yield Call("state", lambda s, now: s.state(now, memory))
         coordinator = state.coordinator
         if coordinator is None or (coordinator[0] == sid and self.epoch != coordinator[1]):
             coordinator = yield Call("elect", lambda s, now: s.elect(sid, now, memory))
             if coordinator is not None and coordinator[0] == sid:
                 self._pending = None
                 self._stopping_since = None
-                state = yield Call("state", lambda s, now: s.state(now))
+                state = yield Call("state", lambda s, now: s.state(now, memory))
         if coordinator is None or coordinator[0] != sid:
             self.epoch = None
             return MAX_WAIT

@@ -226,8 +226,12 @@ class SimStore:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def state(self, now: float) -> StateView:
+    def state(self, now: float, memory: HandleMemory | None = None) -> StateView:
+        """The group as one read sees it; like the Redis handle, a ``memory`` that joined this
+        incarnation of the data remembers the resource set it read (restored after a loss)."""
         self._check_up()
+        if memory is not None and memory.incarnation == self.incarnation:
+            memory.resources = dict(self.resources)
         live = {rec.member_id: rec for rec in self.sessions.values() if now < rec.expires}
         coordinator = None
         if self.coordinator is not None and self._live(self.coordinator[1], now) is not None:

@@ -368,6 +368,8 @@ class World:
         alive = [p.member for p in self.procs if p.member.alive and not p.member.left]
         if not alive:
             return None  # everyone left or crashed for good: nothing to settle
+        if self.operator.resources and not store.resources:
+            return "the resource set was lost and never restored"
         if target is None:
             return "no target"
         if target.phase is not Phase.RUNNING:
