@@ -585,7 +585,8 @@ def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
-    events = _audit_events(args)
+    # Control rows (pins, drains, pauses) are no ownership: neither lanes nor events here.
+    events = [e for e in _audit_events(args) if e["kind"] != "control"]
     try:
         from rebalancer_spark.audit.timeline import save_timeline
     except ImportError as exc:
