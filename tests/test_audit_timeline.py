@@ -272,6 +272,22 @@ def test_rebalances_and_owners_commands(table: str, capsys: pytest.CaptureFixtur
     assert len(table_text.splitlines()) == 7
 
 
+def test_rebalances_since_counts_moves_from_the_whole_trail(
+    table: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-over just after --since is a move: the previous owner is before the cut."""
+    from datetime import UTC, datetime
+
+    cut = datetime.fromtimestamp(T0 + 5.0, UTC).isoformat().replace("+00:00", "Z")
+    data = json.loads(here(capsys, "audit", "rebalances", table, "--since", cut, "--json"))
+
+    assert data["rebalances"] == 2 and data["moved"] == 4
+    items = [(i["number"], i["moved"], i["assigned"]) for i in data["items"]]
+    assert items == [(2, 2, 0), (3, 2, 0)]
+    late = datetime.fromtimestamp(T0 + 30.0, UTC).isoformat()
+    assert here(capsys, "audit", "rebalances", table, "--since", late).strip() == "no rebalances"
+
+
 def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     for args in (("history", "--help"), ("audit", "timeline", "--help")):
         text = here(capsys, *args)
