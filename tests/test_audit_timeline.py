@@ -56,6 +56,22 @@ def trail() -> list[OwnershipEvent]:
     return events
 
 
+def control(at: float, resource: str) -> OwnershipEvent:
+    """A control row (a pin, a pause) as a member writes it: no ownership."""
+    return OwnershipEvent(
+        kind=EventKind.CONTROL,
+        group=GROUP,
+        resource=resource,
+        member_id="m1",
+        session_id="m1-s",
+        epoch=1,
+        at=T0 + at,
+        observed_at=T0 + at,
+        reason="control v2: paused",
+        info={"host": "host-m1", "pid": "1"},
+    )
+
+
 def rows() -> list[dict[str, object]]:
     return [
         {
@@ -176,6 +192,33 @@ def test_timeline_errors_are_one_line(table: str, tmp_path: Path) -> None:
     assert len(nowhere.stderr.splitlines()) == 1
 
 
+def test_control_rows_are_neither_lanes_nor_events_of_the_timeline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rebalancer_spark.audit.timeline import timeline_figure
+
+    path = str(tmp_path / "audit")
+    with DeltaAuditLog(path, flush_interval=0) as log:
+        log(control(-100.0, ""))  # long before the first ownership: not the axis origin
+        for e in trail()[:2]:  # r0 and r1 acquired by m1
+            log(e)
+        log(control(0.5, "r0"))
+        assert log.flush(), log.last_error
+    assert len(load_events(path)) == 4
+
+    report = json.loads(
+        here(capsys, "audit", "timeline", path, "--out", str(tmp_path / "t.png"), "--json")
+    )
+    assert (report["resources"], report["members"], report["events"]) == (2, 1, 2)
+    text = here(capsys, "audit", "timeline", path, "--out", str(tmp_path / "t.png"))
+    assert "2 resources, 1 members, 2 events" in text, text
+    axes = timeline_figure(load_events(path)).axes[0]
+    assert [t.get_text() for t in axes.get_yticklabels()] == ["r0", "r1"]
+    assert axes.get_xlabel() == "seconds since 2026-09-21T14:13:20.000Z"  # T0, not T0 - 100
+    with pytest.raises(ConfigurationError, match="nothing to draw"):
+        timeline_figure([r for r in load_events(path) if r["kind"] == "control"])
+
+
 # -- history, rebalances, owners from the command line ----------------------------------------
 
 
@@ -227,6 +270,22 @@ def test_rebalances_and_owners_commands(table: str, capsys: pytest.CaptureFixtur
     table_text = here(capsys, "audit", "owners", table)
     assert table_text.splitlines()[0].split()[:3] == ["GROUP", "RESOURCE", "OWNER"]
     assert len(table_text.splitlines()) == 7
+
+
+def test_rebalances_since_counts_moves_from_the_whole_trail(
+    table: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-over just after --since is a move: the previous owner is before the cut."""
+    from datetime import UTC, datetime
+
+    cut = datetime.fromtimestamp(T0 + 5.0, UTC).isoformat().replace("+00:00", "Z")
+    data = json.loads(here(capsys, "audit", "rebalances", table, "--since", cut, "--json"))
+
+    assert data["rebalances"] == 2 and data["moved"] == 4
+    items = [(i["number"], i["moved"], i["assigned"]) for i in data["items"]]
+    assert items == [(2, 2, 0), (3, 2, 0)]
+    late = datetime.fromtimestamp(T0 + 30.0, UTC).isoformat()
+    assert here(capsys, "audit", "rebalances", table, "--since", late).strip() == "no rebalances"
 
 
 def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from rebalancer_spark import Member, MemberConfig
 from rebalancer_spark.audit import DeltaAuditLog, load_events, rebalances
+from rebalancer_spark.core.events import EventKind, OwnershipEvent
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "ownership_audit.ipynb"
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -68,14 +69,38 @@ def text_of(cell: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-@pytest.mark.slow
-def test_the_notebook_shows_owners_timeline_and_rebalances(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def written_table(tmp_path: Path, events: list[OwnershipEvent]) -> str:
+    path = str(tmp_path / "audit")
+    with DeltaAuditLog(path, flush_interval=0) as log:
+        for e in events:
+            log(e)
+        assert log.flush(), log.last_error
+    return path
+
+
+def row(kind: EventKind, group: str, resource: str, member: str, epoch: int, at: float) -> Any:
+    return OwnershipEvent(
+        kind=kind,
+        group=group,
+        resource=resource,
+        member_id=member,
+        session_id=f"{member}-s",
+        epoch=epoch,
+        at=1_790_000_000.0 + at,
+        observed_at=1_790_000_000.0 + at,
+        reason="control v2: paused" if kind is EventKind.CONTROL else "test",
+        info={"host": "h", "pid": "1"},
+    )
+
+
+def execute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, audit: str, group: str | None = None
+) -> list[Any]:
+    """Run the committed notebook (which must have no outputs) on ``audit``; its code cells,
+    executed, with no error."""
     import nbformat
     from nbclient import NotebookClient
 
-    audit = live_audit_table(tmp_path)
     kernel_spec(tmp_path / "jupyter")
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
@@ -84,6 +109,8 @@ def test_the_notebook_shows_owners_timeline_and_rebalances(
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("PYTHONPATH", str(SRC))
     monkeypatch.setenv("REBALANCER_AUDIT", audit)
+    if group is not None:
+        monkeypatch.setenv("REBALANCER_GROUP", group)
     notebook = nbformat.read(NOTEBOOK, as_version=4)  # type: ignore[no-untyped-call]
     assert all(c.get("outputs", []) == [] for c in notebook.cells if c.cell_type == "code"), (
         "commit the notebook without outputs"
@@ -94,13 +121,93 @@ def test_the_notebook_shows_owners_timeline_and_rebalances(
     code = [c for c in notebook.cells if c.cell_type == "code"]
     outputs = [o for c in code for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    return code
+
+
+def images(code: list[Any]) -> int:
+    return len([o for c in code for o in c.outputs if "image/png" in o.get("data", {})])
+
+
+@pytest.mark.slow
+def test_the_notebook_shows_owners_timeline_and_rebalances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audit = live_audit_table(tmp_path)
+
+    code = execute(tmp_path, monkeypatch, audit)
+
     owners = next(c for c in code if "current_owners(" in c.source)
     shown = text_of(owners)
     assert "m1    2" in shown and "m2    2" in shown, shown
-    images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 2  # the timeline and the rebalance chart
+    assert images(code) == 2  # the timeline and the rebalance chart
     stats = text_of(next(c for c in code if "rebalances(" in c.source))
     expected = len(rebalances(load_events(audit), window=2.0))
     assert f"{expected} rebalances, 2 resources moved" in stats, stats
     verdict = text_of(code[-1])
     assert verdict.startswith("audit OK"), verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", [None, "nobody"])
+def test_the_notebook_says_so_when_there_is_no_ownership(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: str | None
+) -> None:
+    """A table with only a control row, or a GROUP that matches nothing: every cell runs and
+    says there is nothing, no empty chart is drawn."""
+    audit = written_table(tmp_path, [row(EventKind.CONTROL, "nb", "", "m1", 1, 0.0)])
+
+    code = execute(tmp_path, monkeypatch, audit, group)
+
+    assert text_of(code[1]).startswith("0 events" if group else "1 events"), text_of(code[1])
+    shown = "".join(text_of(c) for c in code)
+    assert "no ownership events: no resource has had an owner" in shown
+    assert "no ownership events: no timeline to draw" in shown
+    assert "no rebalances: the table holds no ownership change" in shown
+    assert "no rebalances to chart" in shown
+    assert images(code) == 0
+    assert text_of(code[-1]).startswith("audit OK"), text_of(code[-1])
+
+
+@pytest.mark.slow
+def test_the_notebook_charts_the_rebalances_of_several_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rebalance numbers restart in each group: the bars are coloured by group (the duration
+    chart holds both groups' colours), not drawn per number on top of each other."""
+    import base64
+    import io
+
+    import numpy as np
+    from matplotlib.colors import to_rgb
+    from matplotlib.image import imread
+
+    from rebalancer_spark.audit.timeline import member_colours
+
+    acquired, released = EventKind.ACQUIRED, EventKind.RELEASED
+    audit = written_table(
+        tmp_path,
+        [
+            row(acquired, "orders", "a", "m1", 1, 0.0),
+            row(acquired, "orders", "b", "m1", 1, 0.5),
+            row(acquired, "clicks", "x", "m1", 1, 1.0),
+            row(acquired, "clicks", "y", "m1", 1, 1.4),
+            row(released, "orders", "a", "m1", 1, 10.0),
+            row(acquired, "orders", "a", "m2", 2, 10.3),
+        ],
+    )
+
+    code = execute(tmp_path, monkeypatch, audit)
+
+    stats = text_of(next(c for c in code if "rebalances(" in c.source))
+    assert "3 rebalances, 1 resources moved" in stats, stats
+    assert "orders" in stats and "clicks" in stats, stats
+    assert images(code) == 2
+    chart = next(c for c in code if "chart.savefig" in c.source)
+    png = base64.b64decode(
+        next(o for o in chart.outputs if "image/png" in o.get("data", {})).data["image/png"]
+    )
+    pixels = imread(io.BytesIO(png), format="png")[:, :, :3]
+    duration = pixels[:, : pixels.shape[1] // 2]
+    for group, colour in member_colours(["clicks", "orders"]).items():
+        near = np.all(np.abs(duration - np.array(to_rgb(colour))) < 0.01, axis=2)
+        assert int(near.sum()) > 200, group

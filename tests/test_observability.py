@@ -250,3 +250,41 @@ def test_configure_logging_text_and_json() -> None:
     assert "[group=g member=m9 epoch=7] tagged" in second
     with pytest.raises(ConfigurationError, match="log format 'xml'"):
         configure_logging("xml")
+
+
+def test_the_job_thread_that_started_the_node_logs_with_the_member_fields(
+    tmp_path: Path, log_lines: io.StringIO
+) -> None:
+    """A Spark job's main loop (run_ingest, QueueLoop, StreamManager) runs on the driver thread
+    that started the node: its lines carry group, member and epoch; other threads' do not,
+    and neither do the thread's lines once the node stopped."""
+    from types import SimpleNamespace
+
+    from rebalancer_spark.spark.options import JobConfig
+    from rebalancer_spark.spark.session import start
+
+    spark = SimpleNamespace(
+        sparkContext=SimpleNamespace(applicationId="app-1", appName="fake"), stop=lambda: None
+    )
+    job = JobConfig(member=config(f"sqlite://{tmp_path}/groups.db", "driver-1"), resources=("a",))
+    job_log = logging.getLogger("rebalancer_spark.spark.ingest")
+    node = start(spark, job)  # type: ignore[arg-type]
+    try:
+        assert node.member.wait_until(lambda m: len(m.assigned()) == 1, timeout=15)
+        wait_for(lambda: node.member.log_context.fields()["epoch"], timeout=10, what="an epoch")
+        job_log.info("batch on the job thread")
+        other = threading.Thread(target=lambda: job_log.info("batch on another thread"))
+        other.start()
+        other.join()
+    finally:
+        node.stop()
+    job_log.info("after the node stopped")
+
+    records = {r["message"]: r for r in map(json.loads, log_lines.getvalue().splitlines())}
+    joined = records["member driver-1 joined group metered (spark app app-1)"]
+    assert (joined["group"], joined["member"]) == (GROUP, "driver-1")
+    mine = records["batch on the job thread"]
+    assert (mine["group"], mine["member"]) == (GROUP, "driver-1")
+    assert mine["epoch"] == node.member.log_context.fields()["epoch"] is not None
+    for message in ("batch on another thread", "after the node stopped"):
+        assert records[message]["group"] is records[message]["member"] is None, records[message]

@@ -621,7 +621,8 @@ def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
-    events = _audit_events(args)
+    # Control rows (pins, drains, pauses) are no ownership: neither lanes nor events here.
+    events = [e for e in _audit_events(args) if e["kind"] != "control"]
     try:
         from rebalancer_spark.audit.timeline import save_timeline
     except ImportError as exc:
@@ -645,7 +646,13 @@ def _cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def _cmd_rebalances(args: argparse.Namespace) -> int:
-    found = _audit().rebalances(_audit_events(args), window=args.window)
+    # Rebalances are computed on the whole trail (a move just after --since is still a move,
+    # not a first assignment), then those starting at or after --since are kept.
+    since = None if args.since is None else _since(args.since)
+    everything = argparse.Namespace(**{**vars(args), "since": None})
+    found = _audit().rebalances(_audit_events(everything), window=args.window)
+    if since is not None:
+        found = [r for r in found if r.start >= since]
     rows = [r.as_dict() for r in found]
     durations = sorted(r.duration for r in found)
     summary = {

@@ -63,8 +63,9 @@ def timeline_figure(
 ) -> Figure:
     """The timeline of ``events`` (dicts as :func:`load_events` returns) as a Matplotlib
     figure on an Agg canvas; the x axis is seconds since the first event (its UTC time is in
-    the axis label). Raises :class:`ConfigurationError` for a trail without ownerships."""
-    trail = list(events)
+    the axis label); control rows (``kind`` ``control``) are left out. Raises
+    :class:`ConfigurationError` for a trail without ownerships."""
+    trail = [e for e in events if str(e["kind"]) != "control"]
     by_resource = intervals(trail)
     if not by_resource:
         raise ConfigurationError(

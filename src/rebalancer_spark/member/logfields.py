@@ -9,9 +9,11 @@ line the member's threads write, and with ``--log-format json`` (or
      "message": "member job-a joined group orders"}
 
 How the fields get there: each :class:`~rebalancer_spark.member.Member` binds its three threads
-(heartbeat, coordinator, member) to a :class:`LogContext`; :class:`MemberContextFilter`, placed
-on a handler, copies the context of the thread that logs into the record (``group``,
-``member``, ``epoch``; ``None`` outside any member's thread). Values passed explicitly with
+(heartbeat, coordinator, member) to a :class:`LogContext`, and a Spark job's node
+(:meth:`rebalancer_spark.spark.session.RebalancerNode.start`) also binds the driver thread that
+started it, where the job's main loop runs, until the node stops. :class:`MemberContextFilter`,
+placed on a handler, copies the context of the thread that logs into the record (``group``,
+``member``, ``epoch``; ``None`` outside any bound thread). Values passed explicitly with
 ``extra={"group": ...}`` win, so user code can log with the fields through
 :func:`member_logger`. ``epoch`` is the coordinator epoch the member last saw (the fencing
 token of the coordinator whose targets it follows); ``None`` before it saw one.
@@ -40,6 +42,7 @@ __all__ = [
     "bind_thread",
     "configure_logging",
     "member_logger",
+    "unbind_thread",
 ]
 
 FIELDS = ("group", "member", "epoch")
@@ -75,6 +78,13 @@ def bind_thread(thread: threading.Thread, context: LogContext) -> None:
     """Log lines written on ``thread`` carry ``context``'s fields (through the filter)."""
     with _lock:
         _contexts[thread] = context
+
+
+def unbind_thread(thread: threading.Thread, context: LogContext) -> None:
+    """Undo :func:`bind_thread` if ``thread`` is still bound to ``context``."""
+    with _lock:
+        if _contexts.get(thread) is context:
+            del _contexts[thread]
 
 
 def _current() -> LogContext | None:

@@ -27,6 +27,7 @@ from rebalancer_spark.audit.delta import DeltaAuditLog
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.core.events import EventSink
 from rebalancer_spark.member import Member, OwnedResource
+from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.options import JobConfig
@@ -80,6 +81,7 @@ class RebalancerNode:
         self._listeners: list[tuple[Callback | None, Callback | None, Callback | None]] = []
         self._lock = threading.Lock()
         self._stopped = False
+        self._driver_thread: threading.Thread | None = None
 
     def listen(
         self,
@@ -95,7 +97,11 @@ class RebalancerNode:
             self._listeners.append((on_assigned, on_revoked, on_lost))
 
     def start(self) -> RebalancerNode:
+        """Join the group. The calling thread (the driver thread that runs the job's main
+        loop) logs with this member's group, member and epoch fields until :meth:`stop`."""
         self.member.start()
+        self._driver_thread = threading.current_thread()
+        bind_thread(self._driver_thread, self.member.log_context)
         _wrap_stop(self.spark, self)
         atexit.register(self.stop)
         log.info(
@@ -118,6 +124,8 @@ class RebalancerNode:
         finally:
             if self.audit is not None:
                 self.audit.close()
+            if self._driver_thread is not None:
+                unbind_thread(self._driver_thread, self.member.log_context)
             _forget_current(self)
 
     def assigned_sources(self) -> list[AssignedSource]:
