@@ -748,7 +748,8 @@ def _add_audit_commands(commands: Any, audits: Any) -> None:
         sub.add_argument("path", metavar="PATH", help="the audit table's path or URL")
     for sub in (history, timeline, stats, owners):
         sub.add_argument("--group", help="this group only (default: every group)")
-        sub.add_argument("--since", metavar="TIME", help="events at or after TIME only")
+        since = "rebalances starting" if sub is stats else "events"
+        sub.add_argument("--since", metavar="TIME", help=f"{since} at or after TIME only")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
 
 
