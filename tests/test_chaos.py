@@ -68,6 +68,7 @@ def _assert_invariants(procs: MemberProcesses, report: ChaosReport, *, data_loss
     why = f"seed {report.seed}; schedule:\n" + "\n".join(report.schedule)
     assert sum(report.faults.values()) >= 3, f"too few faults to prove anything; {why}"
     assert report.double_ownerships_trail == 0, why
+    assert report.audit_events > 0, f"the audit table recorded nothing to verify; {why}"
     assert report.double_ownerships_audit == 0, why
     assert report.lost_commits == 0, f"{report.lost_examples}; {why}"
     if not data_loss:
