@@ -830,8 +830,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run() -> NoReturn:
     """The ``rebalancer-spark`` console script: :func:`main`, then end the process without
-    the native teardown that can abort it (see :mod:`rebalancer_spark.shutdown`)."""
-    exit_process(main())
+    the native teardown that can abort it (see :mod:`rebalancer_spark.shutdown`) — also when
+    it ends by ``SystemExit`` (an error, ``--help``): once deltalake has been loaded, a normal
+    interpreter exit can abort with SIGABRT instead of the exit code."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    exit_process(code)
 
 
 if __name__ == "__main__":
