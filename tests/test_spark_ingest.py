@@ -58,7 +58,7 @@ def test_sub_directories_are_resources_and_hidden_names_are_ignored(tmp_path: Pa
     assert isinstance(source, FileShareSource)
     assert [r.id for r in source.discover()] == ["a", "b"]
     assert [f.name for f in source.files("a")] == ["deep/y.csv", "x.csv"]
-    assert source.location("a") == (tmp_path / "a").as_uri() + "/"
+    assert source.location("a") == f"file://{tmp_path / 'a'}/"
     with pytest.raises(SourceError, match="leave the directory"):
         source.files("../outside")
 
@@ -156,6 +156,39 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     assert out.count() == 15
     assert out.select("id").distinct().count() == 15
     assert sorted(r["batch"] for r in out.select("batch").distinct().collect()) == [1, 2, 3]
+
+
+def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    resource = "a b%20ü"
+    names = ["x y.csv", "p%41.csv", "pA.csv", "ü.csv", "g[1]{2}.csv", "sub dir/z%.csv"]
+    for i, name in enumerate(names):
+        path = landing / resource / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"row-{i},{i}\n", encoding="utf-8")
+    source = FileShareSource(landing.as_uri() + "/")
+    assert [r.id for r in source.discover()] == [resource]
+    a = _member(members, "a", resources=[resource])
+    src = _source_for(a, resource, source)
+    output = str(tmp_path / "out")
+    batches = 0
+    while (df := src.read(spark)) is not None:
+        rows = df.collect()
+        batch = src.batch
+        assert batch is not None
+        assert len(rows) == len(batch.files), f"one row per file of {batch.files}"
+        df.drop("_resource", "_batch").write.mode("overwrite").parquet(src.output_path(output))
+        src.commit()
+        batches += 1
+        assert batches <= 3, "a batch is read again"
+    assert src.pending_files() == []
+    got = sorted(r["id"] for r in spark.read.parquet(output).select("id").collect())
+    assert got == sorted(f"row-{i}" for i in range(len(names))), "every file exactly once"
+    # a streaming query loads location() as it is: the whole directory, recursively
+    whole = spark.read.option("recursiveFileLookup", "true").csv(source.location(resource))
+    assert whole.count() == len(names)
 
 
 def test_reading_without_a_file_source_says_what_to_do(members: dict[str, Any]) -> None:

@@ -11,6 +11,10 @@ Rules, so that a half-written file is never read:
   ``.name.tmp`` and renaming it);
 * a resource's files are listed recursively, by their path relative to the resource;
 * a resource's weight is its number of bytes when ``weigh="bytes"``, else 1.
+
+:meth:`FileShareSource.location` is a ``file:`` URL holding the directory's path as it is (not
+percent-encoded): Hadoop's ``Path`` takes a string's characters literally, so names with
+spaces, ``%`` or non-ASCII letters are read as they are written.
 """
 
 from __future__ import annotations
@@ -95,4 +99,6 @@ class FileShareSource(FileSource):
         return sorted(found)
 
     def location(self, resource: str) -> str:
-        return self._resource_dir(resource).as_uri() + "/"
+        # Not Path.as_uri(): Hadoop does not decode %-escapes in a path string, it takes every
+        # character literally, so "x y" must stay "x y" (and "%41" stay "%41").
+        return f"file://{self._resource_dir(resource)}/"
