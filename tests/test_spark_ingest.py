@@ -78,6 +78,42 @@ def test_weights_can_be_bytes(tmp_path: Path) -> None:
     (tmp_path / "small" / "f").write_bytes(b"x" * 10)
     source = FileShareSource(tmp_path.as_uri() + "/", weigh="bytes")
     assert {r.id: r.weight for r in source.discover()} == {"big": 1000.0, "small": 10.0}
+    by_url = open_source(tmp_path.as_uri() + "/?weight=bytes")
+    assert {r.id: r.weight for r in by_url.discover()} == {"big": 1000.0, "small": 10.0}
+    plain = open_source(tmp_path.as_uri() + "/?weight=none")
+    assert {r.id: r.weight for r in plain.discover()} == {"big": 1.0, "small": 1.0}
+    with pytest.raises(ConfigurationError, match="contradicts"):
+        FileShareSource(tmp_path.as_uri() + "/?weight=none", weigh="bytes")
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("?weigh=bytes", r"unknown option 'weigh' \(did you mean weight\?\).*weight=none\|bytes"),
+        ("?weight=objects", r"weight='objects'.*none, bytes"),
+        ("?weight=bytes&weight=none", "twice"),
+        ("?poll=1", "unknown option 'poll'"),
+        ("#frag", "'#'"),
+    ],
+)
+def test_unknown_or_bad_file_share_options_are_refused(
+    tmp_path: Path, query: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        open_source(tmp_path.as_uri() + "/" + query)
+
+
+def test_a_directory_that_cannot_be_a_resource_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("good", "bad\nname", "tab\there", "ok ü"):
+        (tmp_path / name).mkdir()
+    source = FileShareSource(tmp_path.as_uri() + "/")
+    with caplog.at_level("WARNING", logger="rebalancer_spark.sources.files"):
+        found = [r.id for r in source.discover()]
+    assert found == ["good", "ok ü"]
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "'bad\\nname'" in warned and "'tab\\there'" in warned and "rename" in warned
 
 
 # -- batches, fenced -----------------------------------------------------------------------
