@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +165,54 @@ def test_rabbitmq_management_url_secrets_are_hidden() -> None:
         with pytest.raises(ConfigurationError, match=fragment) as caught:
             RabbitMqSource(f"rabbitmq://u:pw@h/?pattern=*&management={management}")
         assert secret not in str(caught.value)
+
+
+@pytest.fixture
+def management_stub() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A stand-in for the management API's queue listing: (its URL, the queues it lists)."""
+    listing: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(listing).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", listing
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_rabbitmq_pattern_skips_a_queue_that_cannot_be_a_resource_with_a_warning(
+    rabbitmq: RabbitMq,
+    management_stub: tuple[str, list[dict[str, str]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    management, listing = management_stub
+    good = rabbitmq.declare("orders-a")
+    bad = rabbitmq.declare("orders-\tbad")  # RabbitMQ takes a tab; a resource id cannot
+    listing.extend([{"name": good}, {"name": bad}, {"name": rabbitmq.prefix + "other"}])
+    source = RabbitMqSource(
+        rabbitmq.source_url(pattern=f"{rabbitmq.prefix}orders-*", management=management)
+    )
+    with caplog.at_level(logging.WARNING, logger="rebalancer_spark.sources.rabbitmq"):
+        assert source.discover() == [Resource(good, 1.0)]
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert repr(bad) in warned and "rename" in warned
+    with pytest.raises(ConfigurationError, match="bad name"):
+        RabbitMqSource(rabbitmq.source_url(queues=f"{good},a%0Ab"))
 
 
 def test_rabbitmq_urls_are_checked_and_passwords_hidden() -> None:

@@ -58,7 +58,7 @@ def test_sub_directories_are_resources_and_hidden_names_are_ignored(tmp_path: Pa
     assert isinstance(source, FileShareSource)
     assert [r.id for r in source.discover()] == ["a", "b"]
     assert [f.name for f in source.files("a")] == ["deep/y.csv", "x.csv"]
-    assert source.location("a") == (tmp_path / "a").as_uri() + "/"
+    assert source.location("a") == f"file://{tmp_path / 'a'}/"
     with pytest.raises(SourceError, match="leave the directory"):
         source.files("../outside")
 
@@ -78,6 +78,42 @@ def test_weights_can_be_bytes(tmp_path: Path) -> None:
     (tmp_path / "small" / "f").write_bytes(b"x" * 10)
     source = FileShareSource(tmp_path.as_uri() + "/", weigh="bytes")
     assert {r.id: r.weight for r in source.discover()} == {"big": 1000.0, "small": 10.0}
+    by_url = open_source(tmp_path.as_uri() + "/?weight=bytes")
+    assert {r.id: r.weight for r in by_url.discover()} == {"big": 1000.0, "small": 10.0}
+    plain = open_source(tmp_path.as_uri() + "/?weight=none")
+    assert {r.id: r.weight for r in plain.discover()} == {"big": 1.0, "small": 1.0}
+    with pytest.raises(ConfigurationError, match="contradicts"):
+        FileShareSource(tmp_path.as_uri() + "/?weight=none", weigh="bytes")
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("?weigh=bytes", r"unknown option 'weigh' \(did you mean weight\?\).*weight=none\|bytes"),
+        ("?weight=objects", r"weight='objects'.*none, bytes"),
+        ("?weight=bytes&weight=none", "twice"),
+        ("?poll=1", "unknown option 'poll'"),
+        ("#frag", "'#'"),
+    ],
+)
+def test_unknown_or_bad_file_share_options_are_refused(
+    tmp_path: Path, query: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        open_source(tmp_path.as_uri() + "/" + query)
+
+
+def test_a_directory_that_cannot_be_a_resource_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("good", "bad\nname", "tab\there", "ok ü"):
+        (tmp_path / name).mkdir()
+    source = FileShareSource(tmp_path.as_uri() + "/")
+    with caplog.at_level("WARNING", logger="rebalancer_spark.sources.files"):
+        found = [r.id for r in source.discover()]
+    assert found == ["good", "ok ü"]
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "'bad\\nname'" in warned and "'tab\\there'" in warned and "rename" in warned
 
 
 # -- batches, fenced -----------------------------------------------------------------------
@@ -156,6 +192,39 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     assert out.count() == 15
     assert out.select("id").distinct().count() == 15
     assert sorted(r["batch"] for r in out.select("batch").distinct().collect()) == [1, 2, 3]
+
+
+def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    resource = "a b%20ü"
+    names = ["x y.csv", "p%41.csv", "pA.csv", "ü.csv", "g[1]{2}.csv", "sub dir/z%.csv"]
+    for i, name in enumerate(names):
+        path = landing / resource / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"row-{i},{i}\n", encoding="utf-8")
+    source = FileShareSource(landing.as_uri() + "/")
+    assert [r.id for r in source.discover()] == [resource]
+    a = _member(members, "a", resources=[resource])
+    src = _source_for(a, resource, source)
+    output = str(tmp_path / "out")
+    batches = 0
+    while (df := src.read(spark)) is not None:
+        rows = df.collect()
+        batch = src.batch
+        assert batch is not None
+        assert len(rows) == len(batch.files), f"one row per file of {batch.files}"
+        df.drop("_resource", "_batch").write.mode("overwrite").parquet(src.output_path(output))
+        src.commit()
+        batches += 1
+        assert batches <= 3, "a batch is read again"
+    assert src.pending_files() == []
+    got = sorted(r["id"] for r in spark.read.parquet(output).select("id").collect())
+    assert got == sorted(f"row-{i}" for i in range(len(names))), "every file exactly once"
+    # a streaming query loads location() as it is: the whole directory, recursively
+    whole = spark.read.option("recursiveFileLookup", "true").csv(source.location(resource))
+    assert whole.count() == len(names)
 
 
 def test_reading_without_a_file_source_says_what_to_do(members: dict[str, Any]) -> None:

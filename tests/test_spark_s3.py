@@ -16,7 +16,7 @@ from rebalancer_spark.sources.base import FileSource
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.spark.reading import read_all
-from rebalancer_spark.spark.s3_read import s3a_available
+from rebalancer_spark.spark.s3_read import s3a_available, s3a_paths
 from rebalancer_spark.spark.source import AssignedSource
 from tests.helpers import wait_for
 from tests.servers.cloud import S3Bucket
@@ -82,6 +82,17 @@ def _source(bucket: S3Bucket, reader: str = "arrow") -> S3Source:
 def test_auto_uses_the_arrow_path_where_spark_has_no_s3a(spark: Any) -> None:
     # pyspark from PyPI has no hadoop-aws (FACTS.md): this pins what `reader=auto` picks here
     assert not s3a_available(spark)
+
+
+def test_s3a_paths_name_each_key_as_written(spark: Any) -> None:
+    # S3A asks S3 for path.toUri().getPath() without its leading '/': Hadoop's Path must give
+    # back the key exactly, not a %-quoted form of it (no hadoop-aws here: Path is enough).
+    keys = ["in/x y.csv", "in/p%41.csv", "in/ü.csv", "in/a+b=c&d.csv"]
+    jvm: Any = spark.sparkContext._jvm
+    for key, path in zip(keys, s3a_paths("lake", keys), strict=True):
+        uri = jvm.org.apache.hadoop.fs.Path(path).toUri()
+        assert (uri.getScheme(), uri.getAuthority(), uri.getPath()) == ("s3a", "lake", "/" + key)
+    assert s3a_paths("lake", ["in/g[1]{2}*?.csv"]) == ["s3a://lake/in/g\\[1\\]\\{2\\}\\*\\?.csv"]
 
 
 def test_reader_s3a_without_hadoop_aws_says_what_to_do(

@@ -10,20 +10,36 @@ Rules, so that a half-written file is never read:
   Hadoop use ``_temporary``, ``_SUCCESS``, and writers publish atomically by writing
   ``.name.tmp`` and renaming it);
 * a resource's files are listed recursively, by their path relative to the resource;
-* a resource's weight is its number of bytes when ``weigh="bytes"``, else 1.
+* a sub-directory whose name cannot be a resource id (a control character such as a newline,
+  over the id size limit) is **skipped with a warning** naming it, so that one badly named
+  directory does not stop the discovery of every other resource; rename it to have it picked up;
+* a resource's weight is 1, or its number of bytes with the URL option ``weight=bytes``
+  (``file:///dir/?weight=bytes``; ``weight=none`` is the default). That is the only option:
+  any other is refused.
+
+:meth:`FileShareSource.location` is a ``file:`` URL holding the directory's path as it is (not
+percent-encoded): Hadoop's ``Path`` takes a string's characters literally, so names with
+spaces, ``%`` or non-ASCII letters are read as they are written.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
-from rebalancer_spark.core.model import Resource
+from rebalancer_spark.core.model import Resource, validate_resource_id
 from rebalancer_spark.sources.base import FileEntry, FileSource
 
 __all__ = ["FileShareSource"]
+
+log = logging.getLogger("rebalancer_spark.sources.files")
+
+OPTIONS = ("weight",)
+WEIGHTS = ("none", "bytes")
 
 
 def _hidden(name: str) -> bool:
@@ -33,18 +49,47 @@ def _hidden(name: str) -> bool:
 class FileShareSource(FileSource):
     """Sub-directories of ``file:///dir/`` as resources; see the module docstring."""
 
-    def __init__(self, url: str, *, weigh: str = "count") -> None:
+    def __init__(self, url: str, *, weigh: str | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path:
             raise ConfigurationError(
                 f"source {url!r} is not a file-share URL: write file:///absolute/dir/ (three "
                 "slashes, no host)"
             )
-        if weigh not in ("count", "bytes"):
-            raise ConfigurationError(f"weigh={weigh!r} is unknown: use 'count' or 'bytes'")
+        if parts.fragment:
+            raise ConfigurationError(
+                f"source {url!r} holds a '#': write a '#' in the directory's path as %23"
+            )
+        options: dict[str, str] = {}
+        for name, value in parse_qsl(parts.query, keep_blank_values=True):
+            if name not in OPTIONS:
+                close = difflib.get_close_matches(name, OPTIONS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigurationError(
+                    f"source {url!r} has the unknown option {name!r}{hint}: the only option of "
+                    f"a file share is weight={'|'.join(WEIGHTS)}"
+                )
+            if name in options:
+                raise ConfigurationError(f"source {url!r} gives the option {name!r} twice")
+            options[name] = value
+        weight = options.get("weight", "none")
+        if weight not in WEIGHTS:
+            raise ConfigurationError(
+                f"option weight={weight!r} of source {url!r} is unknown: use one of "
+                f"{', '.join(WEIGHTS)}"
+            )
+        if weigh is not None:  # the keyword of earlier versions: "count" (weight 1) or "bytes"
+            if weigh not in ("count", "bytes"):
+                raise ConfigurationError(f"weigh={weigh!r} is unknown: use 'count' or 'bytes'")
+            if "weight" in options and (weigh == "bytes") != (weight == "bytes"):
+                raise ConfigurationError(
+                    f"weigh={weigh!r} contradicts the option weight={weight!r} of source "
+                    f"{url!r}: give one of them"
+                )
+            weight = "bytes" if weigh == "bytes" else "none"
         self.url = url
         self.root = Path(unquote(parts.path))
-        self.weigh = weigh
+        self.weight = weight
 
     def _resource_dir(self, resource: str) -> Path:
         path = (self.root / resource).resolve()
@@ -57,7 +102,7 @@ class FileShareSource(FileSource):
 
     def discover(self) -> list[Resource]:
         try:
-            entries = sorted(
+            listed = sorted(
                 e.name for e in os.scandir(self.root) if e.is_dir() and not _hidden(e.name)
             )
         except OSError as exc:
@@ -65,7 +110,18 @@ class FileShareSource(FileSource):
                 f"cannot list source {self.url!r} ({exc.strerror or exc}): check that the "
                 "share is mounted at the same path on this host and readable"
             ) from None
-        if self.weigh == "count":
+        entries = []
+        for name in listed:
+            try:
+                entries.append(validate_resource_id(name))
+            except ConfigurationError as exc:
+                log.warning(
+                    "source %r: directory %r skipped, it cannot be a resource (rename it): %s",
+                    self.url,
+                    name,
+                    exc,
+                )
+        if self.weight == "none":
             return [Resource(name) for name in entries]
         return [
             Resource(name, float(max(sum(f.size for f in self.files(name)), 1))) for name in entries
@@ -95,4 +151,6 @@ class FileShareSource(FileSource):
         return sorted(found)
 
     def location(self, resource: str) -> str:
-        return self._resource_dir(resource).as_uri() + "/"
+        # Not Path.as_uri(): Hadoop does not decode %-escapes in a path string, it takes every
+        # character literally, so "x y" must stay "x y" (and "%41" stay "%41").
+        return f"file://{self._resource_dir(resource)}/"

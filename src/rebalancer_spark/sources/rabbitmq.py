@@ -21,7 +21,9 @@ user logs in as RabbitMQ's default ``guest``/``guest``. Options:
   name matches the glob, listed through the management plugin's HTTP API with the same user
   (sent as Basic auth to that URL only: a redirect is refused, never followed with the
   password; credentials written in the ``management=`` URL itself are hidden in messages);
-  AMQP itself cannot list queues, so a pattern without ``management=`` is refused;
+  AMQP itself cannot list queues, so a pattern without ``management=`` is refused. A matching
+  queue whose name cannot be a resource id (a control character) is skipped with a warning
+  naming it, so that it does not stop the listing of the others;
 * ``dedupe=message_id|header:NAME|json:FIELD|body`` — the dedupe key (see
   :mod:`.queues`); ``message_id`` is the AMQP ``message-id`` property the producer sets;
 * ``batch=N`` — messages per batch (default 100); ``heartbeat=S`` — the AMQP heartbeat in
@@ -49,7 +51,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
-from rebalancer_spark.core.model import Resource
+from rebalancer_spark.core.model import Resource, validate_resource_id
 from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.sources.queues import (
     DedupeRule,
@@ -151,6 +153,11 @@ class RabbitMqSource(QueueSource):
                     "own user and password"
                 )
         self.queues = None if listed is None else split_names(listed, "queues", where)
+        for queue in self.queues or ():
+            try:
+                validate_resource_id(queue)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{where}: queues= holds a bad name: {exc}") from None
         self.shown = shown
 
     def __repr__(self) -> str:
@@ -241,9 +248,22 @@ class RabbitMqSource(QueueSource):
                 "that the rabbitmq_management plugin is enabled and the user may read the vhost"
             ) from None
         names = [q.get("name") for q in listing if isinstance(q, dict)]
-        return sorted(
+        matched = sorted(
             n for n in names if isinstance(n, str) and fnmatch.fnmatchcase(n, self.pattern)
         )
+        usable = []
+        for name in matched:
+            try:
+                usable.append(validate_resource_id(name))
+            except ConfigurationError as exc:
+                # one badly named queue must not stop the discovery of every other one
+                log.warning(
+                    "source %s: queue %r skipped, it cannot be a resource (rename it): %s",
+                    self.shown,
+                    name,
+                    exc,
+                )
+        return usable
 
     # -- consuming ----------------------------------------------------------------------------
 

@@ -29,7 +29,6 @@ import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
 from rebalancer_spark.sources.base import FileSource
 from rebalancer_spark.sources.s3 import S3Source
@@ -67,7 +66,9 @@ def load_files(
     from pyspark.sql import functions as sf
 
     base = source.location(resource)
-    paths = [base + _GLOB.sub(r"\\\1", quote(name)) for name in names]
+    # Hadoop takes a path string literally (no %-decoding), except for glob characters: escape
+    # only those, so that "x y.csv", "p%41.csv" and "ü.csv" name exactly those files.
+    paths = [base + _GLOB.sub(r"\\\1", name) for name in names]
     reader = spark.read.format(format).options(**options)
     if schema:
         reader = reader.schema(schema)

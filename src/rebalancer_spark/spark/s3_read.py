@@ -26,7 +26,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.sources.s3 import S3Source
@@ -34,7 +34,7 @@ from rebalancer_spark.sources.s3 import S3Source
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["load_s3", "s3a_available"]
+__all__ = ["load_s3", "s3a_available", "s3a_paths"]
 
 log = logging.getLogger("rebalancer_spark.spark.s3")
 
@@ -99,11 +99,18 @@ def _load_s3a(
     for key, value in wanted.items():
         if conf.get(base + key) is None and conf.get("fs.s3a." + key) is None:
             conf.set(base + key, value)
-    paths = [f"s3a://{source.bucket}/" + _GLOB.sub(r"\\\1", quote(k)) for k in keys]
+    paths = s3a_paths(source.bucket, keys)
     reader = spark.read.format(format).options(**options)
     if schema:
         reader = reader.schema(schema)
     return reader.load(paths).withColumn("_file", sf.col("_metadata.file_path"))
+
+
+def s3a_paths(bucket: str, keys: Sequence[str]) -> list[str]:
+    """The ``s3a://`` paths Spark reads ``keys`` from. Hadoop takes a path string literally (it
+    does not %-decode it) and S3A asks for ``path.toUri().getPath()``, the key as written, so
+    a key is not %-quoted: only glob characters are escaped."""
+    return [f"s3a://{bucket}/" + _GLOB.sub(r"\\\1", k) for k in keys]
 
 
 def _filesystem(source: S3Source) -> Any:
