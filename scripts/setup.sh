@@ -52,6 +52,24 @@ if ! command -v redis-server >/dev/null; then
     }
 fi
 
+# RabbitMQ: the queue tests use the machine's broker on 127.0.0.1:5672 (guest/guest, or
+# $RABBITMQ_URL) and start a node of their own from the same installation for the management
+# API. Install it if missing, and start it if nothing listens on 5672.
+if ! command -v rabbitmq-server >/dev/null && [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+    apt_install rabbitmq-server || {
+        say "RabbitMQ is needed by the queue tests: sudo apt-get install -y rabbitmq-server"
+        exit 1
+    }
+fi
+if [ -z "${RABBITMQ_URL:-}" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then
+    say "starting RabbitMQ (nothing listens on 127.0.0.1:5672)"
+    rabbitmq-server -detached >/dev/null 2>&1 || say "could not start RabbitMQ: start it, or set RABBITMQ_URL"
+    for _ in $(seq 60); do
+        (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break
+        sleep 1
+    done
+fi
+
 if [ ! -x .venv/bin/python ]; then
     say "creating .venv"
     "$PY" -m venv .venv
