@@ -368,7 +368,11 @@ class World:
         alive = [p.member for p in self.procs if p.member.alive and not p.member.left]
         if not alive:
             return None  # everyone left or crashed for good: nothing to settle
-        if self.operator.resources and not store.resources:
+        # A lost set is restored by a live handle that remembers it (as with Redis without
+        # persistence: if every process that knew it is gone, so is the set, until a member or
+        # discovery declares it again: docs/backends/redis.md).
+        remembered = any(m.memory.resources for m in alive)
+        if self.operator.resources and not store.resources and remembered:
             return "the resource set was lost and never restored"
         if target is None:
             return "no target"
