@@ -812,7 +812,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: the command line); return the exit status."""
     args = _parser().parse_args(argv)
-    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its retries are not the CLI's output
     try:
         status: int = args.func(args)
     except BrokenPipeError:  # `... | head`: the reader has what it wanted
@@ -833,6 +832,9 @@ def run() -> NoReturn:
     the native teardown that can abort it (see :mod:`rebalancer_spark.shutdown`) — also when
     it ends by ``SystemExit`` (an error, ``--help``): once deltalake has been loaded, a normal
     interpreter exit can abort with SIGABRT instead of the exit code."""
+    # kazoo's connection retries are not the command's output (set here, not in main(), so
+    # that main() called in a process of one's own leaves its logging alone).
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     try:
         code = main()
     except SystemExit as exc:
