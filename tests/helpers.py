@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rebalancer_spark.backends.base import Backend, Session, Watch
 from rebalancer_spark.core.control import Control
@@ -20,6 +20,11 @@ from rebalancer_spark.core.model import (
     Target,
 )
 from rebalancer_spark.core.protocols import MemberView
+
+if TYPE_CHECKING:
+    from rebalancer_spark.member import Member
+    from rebalancer_spark.sources.base import FileSource
+    from rebalancer_spark.spark.source import AssignedSource
 
 T = TypeVar("T")
 
@@ -125,3 +130,23 @@ class FlakyStore(Backend):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def assigned_source(member: Member, resource: str, source: FileSource, **kw: Any) -> AssignedSource:
+    """``resource`` as the job of ``member`` reads it, once ``member`` owns it: an
+    :class:`AssignedSource` committing through the member (CSV ``id STRING, value INT``, two
+    files per batch unless ``kw`` says otherwise)."""
+    from rebalancer_spark.spark.source import AssignedSource
+
+    owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
+    assert owned is not None
+    return AssignedSource(
+        group=member.group,
+        resource=resource,
+        epoch=owned.epoch,
+        progress=owned.progress,
+        source=source,
+        commit=lambda r, v, e: member.commit(r, v, epoch=e),
+        before_first_read=lambda: None,
+        **{"schema": "id STRING, value INT", "max_files_per_batch": 2, **kw},
+    )

@@ -18,7 +18,7 @@ from rebalancer_spark.spark.ingest import run_ingest
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.session import assigned_sources, start
 from rebalancer_spark.spark.source import AssignedSource
-from tests.helpers import wait_for
+from tests.helpers import assigned_source, wait_for
 
 # Spark's collect() leaves its local socket to the garbage collector.
 pytestmark = pytest.mark.filterwarnings(
@@ -144,22 +144,6 @@ def _member(ctx: dict[str, Any], name: str, **kw: Any) -> Member:
     return m
 
 
-def _source_for(member: Member, resource: str, source: FileShareSource) -> AssignedSource:
-    owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
-    assert owned is not None
-    return AssignedSource(
-        group=member.group,
-        resource=resource,
-        epoch=owned.epoch,
-        progress=owned.progress,
-        source=source,
-        commit=lambda r, v, e: member.commit(r, v, epoch=e),
-        before_first_read=lambda: None,
-        schema="id STRING, value INT",
-        max_files_per_batch=2,
-    )
-
-
 def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     spark: Any, members: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -168,7 +152,7 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     source = FileShareSource(landing.as_uri() + "/")
     output = str(tmp_path / "out")
     a = _member(members, "a", resources=["d00"])
-    src_a = _source_for(a, "d00", source)
+    src_a = assigned_source(a, "d00", source)
     df = src_a.read(spark)
     assert df is not None
     first = src_a.batch
@@ -179,7 +163,7 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     # a dies between writing and committing; b takes over.
     b = _member(members, "b")
     a.stop(drain=False)
-    src_b = _source_for(b, "d00", source)
+    src_b = assigned_source(b, "d00", source)
     assert src_b.epoch > src_a.epoch
     assert src_b.batch == first, "the unfinished batch is handed over as planned"
     with pytest.raises(FencedError):
@@ -207,7 +191,7 @@ def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
     source = FileShareSource(landing.as_uri() + "/")
     assert [r.id for r in source.discover()] == [resource]
     a = _member(members, "a", resources=[resource])
-    src = _source_for(a, resource, source)
+    src = assigned_source(a, resource, source)
     output = str(tmp_path / "out")
     batches = 0
     while (df := src.read(spark)) is not None:

@@ -12,13 +12,11 @@ import pytest
 
 from rebalancer_spark import FencedError, Member, MemberConfig
 from rebalancer_spark.core.errors import ConfigurationError
-from rebalancer_spark.sources.base import FileSource
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.spark.reading import read_all
 from rebalancer_spark.spark.s3_read import s3a_available, s3a_paths
-from rebalancer_spark.spark.source import AssignedSource
-from tests.helpers import wait_for
+from tests.helpers import assigned_source
 from tests.servers.cloud import S3Bucket
 
 pytestmark = pytest.mark.filterwarnings(
@@ -60,21 +58,6 @@ def _member(ctx: dict[str, Any], name: str, resources: list[str] | None = None) 
     return m
 
 
-def _assigned(member: Member, resource: str, source: FileSource, **kw: Any) -> AssignedSource:
-    owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
-    assert owned is not None
-    return AssignedSource(
-        group=member.group,
-        resource=resource,
-        epoch=owned.epoch,
-        progress=owned.progress,
-        source=source,
-        commit=lambda r, v, e: member.commit(r, v, epoch=e),
-        before_first_read=lambda: None,
-        **{"schema": "id STRING, value INT", "max_files_per_batch": 2, **kw},
-    )
-
-
 def _source(bucket: S3Bucket, reader: str = "arrow") -> S3Source:
     return S3Source(f"s3://{bucket.name}/landing/?endpoint_url={bucket.endpoint}&reader={reader}")
 
@@ -99,7 +82,7 @@ def test_reader_s3a_without_hadoop_aws_says_what_to_do(
     spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
 ) -> None:
     s3_bucket.put("landing/r1/a.csv", "x,1\n")
-    src = _assigned(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
+    src = assigned_source(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
     with pytest.raises(ConfigurationError, match=r"S3AFileSystem.*hadoop-aws.*reader=arrow"):
         src.read(spark)
 
@@ -109,7 +92,7 @@ def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
 ) -> None:
     ids = _landing(s3_bucket, "r1", files=3)
     source = _source(s3_bucket, reader="auto")
-    src = _assigned(_member(members, "a", ["r1"]), "r1", source)
+    src = assigned_source(_member(members, "a", ["r1"]), "r1", source)
     df = src.read(spark)
     assert df is not None and src.batch is not None
     assert src.batch.files == ("part-000.csv", "part-001.csv")
@@ -130,7 +113,7 @@ def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     source = _source(s3_bucket)
     output = str(tmp_path / "out")
     a = _member(members, "a", ["r1"])
-    src_a = _assigned(a, "r1", source)
+    src_a = assigned_source(a, "r1", source)
     df = src_a.read(spark)
     assert df is not None
     first = src_a.batch
@@ -138,7 +121,7 @@ def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     # a dies between writing and committing; b takes over the planned batch
     b = _member(members, "b")
     a.stop(drain=False)
-    src_b = _assigned(b, "r1", source)
+    src_b = assigned_source(b, "r1", source)
     assert src_b.epoch > src_a.epoch
     assert src_b.batch == first, "the unfinished batch is handed over as planned"
     with pytest.raises(FencedError):
@@ -169,7 +152,11 @@ def test_read_all_gives_every_owned_resource_with_its_name(
     s3 = _source(s3_bucket)
     files = FileShareSource(share.as_uri() + "/")
     a = _member(members, "a", ["r1", "r2", "d1"])
-    sources = [_assigned(a, "r1", s3), _assigned(a, "r2", s3), _assigned(a, "d1", files)]
+    sources = [
+        assigned_source(a, "r1", s3),
+        assigned_source(a, "r2", s3),
+        assigned_source(a, "d1", files),
+    ]
     df = read_all(spark, sources)
     assert df is not None
     got = {(r["_resource"], r["id"]) for r in df.collect()}
@@ -200,7 +187,7 @@ def test_other_formats_through_the_arrow_path(
     s3_bucket.put("landing/hd/c.csv", "id,value\nh3,3\n")
     source = _source(s3_bucket)
     a = _member(members, "a", ["pq", "js", "tx", "hd"])
-    hd = _assigned(a, "hd", source, read_options={"header": "true"}, max_files_per_batch=3)
+    hd = assigned_source(a, "hd", source, read_options={"header": "true"}, max_files_per_batch=3)
     hd_df = hd.read(spark)
     assert hd_df is not None
     assert sorted((r["id"], r["value"]) for r in hd_df.collect()) == [
@@ -208,14 +195,14 @@ def test_other_formats_through_the_arrow_path(
         ("h2", 2),
         ("h3", 3),
     ], "headers skipped, an empty object gives no rows"
-    pq_df = _assigned(a, "pq", source, format="parquet", schema="id STRING, value BIGINT").read(
-        spark
-    )
+    pq_df = assigned_source(
+        a, "pq", source, format="parquet", schema="id STRING, value BIGINT"
+    ).read(spark)
     assert pq_df is not None
     assert sorted((r["id"], r["value"]) for r in pq_df.collect()) == [("p1", 1), ("p2", 2)]
-    js_df = _assigned(a, "js", source, format="json").read(spark)
+    js_df = assigned_source(a, "js", source, format="json").read(spark)
     assert js_df is not None
     assert sorted((r["id"], r["value"]) for r in js_df.collect()) == [("j1", 5), ("j2", 6)]
-    tx_df = _assigned(a, "tx", source, format="text", schema=None).read(spark)
+    tx_df = assigned_source(a, "tx", source, format="text", schema=None).read(spark)
     assert tx_df is not None
     assert [r["value"] for r in tx_df.collect()] == ["line one", "line two"]
