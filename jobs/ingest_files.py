@@ -19,8 +19,8 @@ from rebalancer_spark.spark.jobs import JobContext, job_main
 
 
 def loop(ctx: JobContext) -> str:
-    stats = run_ingest(ctx.spark, ctx.node, ctx.output, ctx.stop)
-    return f"{stats.batches} batches, {stats.files} files, {stats.rows} rows, {stats.fenced} fenced"
+    stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
+    return f"{stats.batches} batches, {stats.files} files, {stats.fenced} fenced"
 
 
 def main(argv: list[str]) -> int:

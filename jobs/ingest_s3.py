@@ -23,7 +23,7 @@ from rebalancer_spark.spark.jobs import JobContext, job_main
 
 
 def loop(ctx: JobContext) -> str:
-    stats = run_ingest(ctx.spark, ctx.node, ctx.output, ctx.stop)
+    stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
     return (
         f"{stats.batches} batches, {stats.files} objects, {stats.rows} rows, {stats.fenced} fenced"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rebalancer_spark.backends.base import Backend, Session, Watch
@@ -24,6 +25,7 @@ from rebalancer_spark.core.protocols import MemberView
 if TYPE_CHECKING:
     from rebalancer_spark.member import Member
     from rebalancer_spark.sources.base import FileSource
+    from rebalancer_spark.spark.outputs import Output
     from rebalancer_spark.spark.source import AssignedSource
 
 T = TypeVar("T")
@@ -132,14 +134,27 @@ class FlakyStore(Backend):
         self.inner.close()
 
 
-def assigned_source(member: Member, resource: str, source: FileSource, **kw: Any) -> AssignedSource:
-    """``resource`` as the job of ``member`` reads it, once ``member`` owns it: an
-    :class:`AssignedSource` committing through the member (CSV ``id STRING, value INT``, two
-    files per batch unless ``kw`` says otherwise)."""
-    from rebalancer_spark.spark.source import AssignedSource
+def assigned_source(
+    member: Member,
+    resource: str,
+    source: FileSource,
+    output: Output | None = None,
+    **read: Any,
+) -> AssignedSource:
+    """``resource`` as the job of ``member`` works on it, once ``member`` owns it: an
+    :class:`AssignedSource` committing through the member and writing to ``output`` (CSV
+    ``id STRING, value INT``, two files per batch unless ``read`` says otherwise)."""
+    from rebalancer_spark.spark.source import AssignedSource, ReadSettings
 
     owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
     assert owned is not None
+    session = member.session
+
+    def owns(r: str, epoch: int) -> bool:
+        now = member.owns(r)
+        return now is not None and now.epoch == epoch
+
+    settings = {"schema": "id STRING, value INT", "max_files_per_batch": 2, **read}
     return AssignedSource(
         group=member.group,
         resource=resource,
@@ -147,6 +162,14 @@ def assigned_source(member: Member, resource: str, source: FileSource, **kw: Any
         progress=owned.progress,
         source=source,
         commit=lambda r, v, e: member.commit(r, v, epoch=e),
+        owns=owns,
         before_first_read=lambda: None,
-        **{"schema": "id STRING, value INT", "max_files_per_batch": 2, **kw},
+        who={"member_id": member.member_id, "session_id": session.session_id if session else ""},
+        output=output,
+        read=ReadSettings(**settings),
     )
+
+
+def read_delta(spark: Any, path: str | Path) -> Any:
+    """The Delta table at ``path`` through Spark's own Delta reader."""
+    return spark.read.format("delta").load(str(path))

@@ -16,9 +16,10 @@ from rebalancer_spark.sources import open_source
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.ingest import run_ingest
 from rebalancer_spark.spark.options import JobConfig
+from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.session import assigned_sources, start
 from rebalancer_spark.spark.source import AssignedSource
-from tests.helpers import assigned_source, wait_for
+from tests.helpers import assigned_source, read_delta, wait_for
 
 # Spark's collect() leaves its local socket to the garbage collector.
 pytestmark = pytest.mark.filterwarnings(
@@ -150,29 +151,30 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     landing = tmp_path / "landing"
     _landing(landing, dirs=1, files=5)
     source = FileShareSource(landing.as_uri() + "/")
-    output = str(tmp_path / "out")
+    output = ParquetOutput(str(tmp_path / "out"))
     a = _member(members, "a", resources=["d00"])
-    src_a = assigned_source(a, "d00", source)
-    df = src_a.read(spark)
-    assert df is not None
-    first = src_a.batch
-    assert first is not None and first.files == ("part-000.csv", "part-001.csv")
+    src_a = assigned_source(a, "d00", source, output)
+    batch = src_a.next_batch(spark)
+    assert batch is not None
+    first = batch.planned
+    assert first.files == ("part-000.csv", "part-001.csv")
+    df = batch.read()
     description = spark.sparkContext.getLocalProperty("spark.job.description")
     assert f"group={members['group']} resource=d00 epoch={src_a.epoch} batch=1" in description
-    df.write.mode("overwrite").parquet(src_a.output_path(output))
+    df.drop("_resource", "_batch").write.mode("overwrite").parquet(output.path("d00", 1))
     # a dies between writing and committing; b takes over.
     b = _member(members, "b")
     a.stop(drain=False)
-    src_b = assigned_source(b, "d00", source)
+    src_b = assigned_source(b, "d00", source, output)
     assert src_b.epoch > src_a.epoch
-    assert src_b.batch == first, "the unfinished batch is handed over as planned"
+    assert src_b.planned == first, "the unfinished batch is handed over as planned"
     with pytest.raises(FencedError):
-        src_a.commit()
-    while (df := src_b.read(spark)) is not None:
-        df.write.mode("overwrite").parquet(src_b.output_path(output))
-        src_b.commit()
+        batch.commit()
+    while (next_batch := src_b.next_batch(spark)) is not None:
+        with next_batch:
+            next_batch.write(next_batch.read())
     assert src_b.pending_files() == []
-    out = spark.read.parquet(output)
+    out = spark.read.parquet(str(tmp_path / "out"))
     assert out.count() == 15
     assert out.select("id").distinct().count() == 15
     assert sorted(r["batch"] for r in out.select("batch").distinct().collect()) == [1, 2, 3]
@@ -191,20 +193,19 @@ def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
     source = FileShareSource(landing.as_uri() + "/")
     assert [r.id for r in source.discover()] == [resource]
     a = _member(members, "a", resources=[resource])
-    src = assigned_source(a, resource, source)
-    output = str(tmp_path / "out")
+    output = ParquetOutput(str(tmp_path / "out"))
+    src = assigned_source(a, resource, source, output)
     batches = 0
-    while (df := src.read(spark)) is not None:
-        rows = df.collect()
-        batch = src.batch
-        assert batch is not None
-        assert len(rows) == len(batch.files), f"one row per file of {batch.files}"
-        df.drop("_resource", "_batch").write.mode("overwrite").parquet(src.output_path(output))
-        src.commit()
+    while (batch := src.next_batch(spark)) is not None:
+        with batch:
+            df = batch.read()
+            rows = df.collect()
+            assert len(rows) == len(batch.files), f"one row per file of {batch.files}"
+            batch.write(df)
         batches += 1
         assert batches <= 3, "a batch is read again"
     assert src.pending_files() == []
-    got = sorted(r["id"] for r in spark.read.parquet(output).select("id").collect())
+    got = sorted(r["id"] for r in spark.read.parquet(output.location).select("id").collect())
     assert got == sorted(f"row-{i}" for i in range(len(names))), "every file exactly once"
     # a streaming query loads location() as it is: the whole directory, recursively
     whole = spark.read.option("recursiveFileLookup", "true").csv(source.location(resource))
@@ -222,7 +223,9 @@ def test_reading_without_a_file_source_says_what_to_do(members: dict[str, Any]) 
         progress=None,
         source=None,
         commit=lambda r, v, e: a.commit(r, v, epoch=e),
+        owns=lambda r, e: a.owns(r) is not None,
         before_first_read=lambda: None,
+        who={"member_id": a.member_id},
     )
     with pytest.raises(RebalancerError, match="--source"):
         src.pending_files()
@@ -264,15 +267,13 @@ def test_one_job_ingests_every_file_exactly_once_and_audits_it(
     node = start(spark, job)
     stop = threading.Event()
     result: list[Any] = []
-    runner = threading.Thread(
-        target=lambda: result.append(run_ingest(spark, node, str(output), stop))
-    )
+    runner = threading.Thread(target=lambda: result.append(run_ingest(spark, node, stop)))
     runner.start()
     try:
         wait_for(
             lambda: (
                 len(assigned_sources()) == 3
-                and all(not s.pending_files() and s.batch is None for s in assigned_sources())
+                and all(not s.pending_files() and s.planned is None for s in assigned_sources())
             ),
             timeout=120,
             what="every file to be ingested",
@@ -285,7 +286,7 @@ def test_one_job_ingests_every_file_exactly_once_and_audits_it(
         (late / ".part.tmp").rename(late / "part.csv")
         wait_for(
             lambda: any(
-                s.resource == "d99" and s.batch is None and not s.pending_files()
+                s.resource == "d99" and s.planned is None and not s.pending_files()
                 for s in assigned_sources()
             ),
             timeout=60,
@@ -295,7 +296,7 @@ def test_one_job_ingests_every_file_exactly_once_and_audits_it(
         stop.set()
         runner.join(60)
         node.stop()
-    out = spark.read.parquet(str(output))
+    out = read_delta(spark, output)
     got = [r["id"] for r in out.select("id").collect()]
     assert sorted(got) == sorted(ids), "every input row exactly once"
     assert result and result[0].fenced == 0

@@ -1,5 +1,5 @@
 """Reading S3 resources from Spark through the pyarrow path (no hadoop-aws here), with the
-fenced batches that make it exactly-once, and read_all over S3 and file resources at once."""
+fenced batches that make it exactly-once."""
 
 from __future__ import annotations
 
@@ -12,12 +12,24 @@ import pytest
 
 from rebalancer_spark import FencedError, Member, MemberConfig
 from rebalancer_spark.core.errors import ConfigurationError
-from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.sources.s3 import S3Source
-from rebalancer_spark.spark.reading import read_all
+from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.s3_read import s3a_available, s3a_paths
+from rebalancer_spark.spark.source import AssignedSource, FileBatch
 from tests.helpers import assigned_source
 from tests.servers.cloud import S3Bucket
+
+
+def _read(spark: Any, src: AssignedSource) -> Any:
+    """The next batch of ``src`` as a DataFrame (planned, fenced), or None."""
+    batch = src.next_batch(spark)
+    return None if batch is None else batch.read()
+
+
+def _planned(src: AssignedSource) -> FileBatch:
+    assert src.planned is not None
+    return src.planned
+
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
@@ -84,7 +96,7 @@ def test_reader_s3a_without_hadoop_aws_says_what_to_do(
     s3_bucket.put("landing/r1/a.csv", "x,1\n")
     src = assigned_source(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
     with pytest.raises(ConfigurationError, match=r"S3AFileSystem.*hadoop-aws.*reader=arrow"):
-        src.read(spark)
+        _read(spark, src)
 
 
 def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
@@ -93,9 +105,9 @@ def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
     ids = _landing(s3_bucket, "r1", files=3)
     source = _source(s3_bucket, reader="auto")
     src = assigned_source(_member(members, "a", ["r1"]), "r1", source)
-    df = src.read(spark)
-    assert df is not None and src.batch is not None
-    assert src.batch.files == ("part-000.csv", "part-001.csv")
+    df = _read(spark, src)
+    assert df is not None and src.planned is not None
+    assert src.planned.files == ("part-000.csv", "part-001.csv")
     rows = df.collect()
     assert df.columns == ["id", "value", "_file", "_resource", "_batch"]
     assert {r["id"] for r in rows} == {i for i in ids if "-002-" not in i}
@@ -114,22 +126,26 @@ def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     output = str(tmp_path / "out")
     a = _member(members, "a", ["r1"])
     src_a = assigned_source(a, "r1", source)
-    df = src_a.read(spark)
+    df = _read(spark, src_a)
     assert df is not None
-    first = src_a.batch
-    df.drop("_resource", "_batch").write.mode("overwrite").parquet(src_a.output_path(output))
+    first = src_a.planned
+    df.drop("_resource", "_batch").write.mode("overwrite").parquet(
+        ParquetOutput(output).path("r1", 1)
+    )
     # a dies between writing and committing; b takes over the planned batch
     b = _member(members, "b")
     a.stop(drain=False)
     src_b = assigned_source(b, "r1", source)
     assert src_b.epoch > src_a.epoch
-    assert src_b.batch == first, "the unfinished batch is handed over as planned"
+    assert src_b.planned == first, "the unfinished batch is handed over as planned"
     with pytest.raises(FencedError):
-        src_a.commit()
+        src_a.mark_done(_planned(src_a))
     batches = 0
-    while (df := src_b.read(spark)) is not None:
-        df.drop("_resource", "_batch").write.mode("overwrite").parquet(src_b.output_path(output))
-        src_b.commit()
+    while (df := _read(spark, src_b)) is not None:
+        df.drop("_resource", "_batch").write.mode("overwrite").parquet(
+            ParquetOutput(output).path("r1", _planned(src_b).id)
+        )
+        src_b.mark_done(_planned(src_b))
         batches += 1
     assert batches == 3 and src_b.pending_files() == []
     out = spark.read.parquet(output)
@@ -137,38 +153,9 @@ def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     assert {r["id"] for r in out.select("id").collect()} == ids
     # a file that lands later is picked up by a new batch, and only it
     s3_bucket.put("landing/r1/part-100.csv", "late,1\n")
-    df = src_b.read(spark)
+    df = _read(spark, src_b)
     assert df is not None and [r["id"] for r in df.collect()] == ["late"]
-    assert src_b.batch is not None and src_b.batch.id == 4
-
-
-def test_read_all_gives_every_owned_resource_with_its_name(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], tmp_path: Path
-) -> None:
-    ids = _landing(s3_bucket, "r1", files=1) | _landing(s3_bucket, "r2", files=2)
-    share = tmp_path / "share"
-    (share / "d1").mkdir(parents=True)
-    (share / "d1" / "f.csv").write_text("d1-x,7\n")
-    s3 = _source(s3_bucket)
-    files = FileShareSource(share.as_uri() + "/")
-    a = _member(members, "a", ["r1", "r2", "d1"])
-    sources = [
-        assigned_source(a, "r1", s3),
-        assigned_source(a, "r2", s3),
-        assigned_source(a, "d1", files),
-    ]
-    df = read_all(spark, sources)
-    assert df is not None
-    got = {(r["_resource"], r["id"]) for r in df.collect()}
-    assert got == {(i.split("-")[0], i) for i in ids} | {("d1", "d1-x")}
-    output = str(tmp_path / "out")
-    df.write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy(
-        "_resource", "_batch"
-    ).parquet(output)
-    for src in sources:
-        src.commit()
-    assert read_all(spark, sources) is None, "everything was committed"
-    assert spark.read.parquet(output).count() == len(ids) + 1
+    assert src_b.planned is not None and src_b.planned.id == 4
 
 
 def test_other_formats_through_the_arrow_path(
@@ -188,21 +175,21 @@ def test_other_formats_through_the_arrow_path(
     source = _source(s3_bucket)
     a = _member(members, "a", ["pq", "js", "tx", "hd"])
     hd = assigned_source(a, "hd", source, read_options={"header": "true"}, max_files_per_batch=3)
-    hd_df = hd.read(spark)
+    hd_df = _read(spark, hd)
     assert hd_df is not None
     assert sorted((r["id"], r["value"]) for r in hd_df.collect()) == [
         ("h1", 1),
         ("h2", 2),
         ("h3", 3),
     ], "headers skipped, an empty object gives no rows"
-    pq_df = assigned_source(
-        a, "pq", source, format="parquet", schema="id STRING, value BIGINT"
-    ).read(spark)
+    pq_df = _read(
+        spark, assigned_source(a, "pq", source, format="parquet", schema="id STRING, value BIGINT")
+    )
     assert pq_df is not None
     assert sorted((r["id"], r["value"]) for r in pq_df.collect()) == [("p1", 1), ("p2", 2)]
-    js_df = assigned_source(a, "js", source, format="json").read(spark)
+    js_df = _read(spark, assigned_source(a, "js", source, format="json"))
     assert js_df is not None
     assert sorted((r["id"], r["value"]) for r in js_df.collect()) == [("j1", 5), ("j2", 6)]
-    tx_df = assigned_source(a, "tx", source, format="text", schema=None).read(spark)
+    tx_df = _read(spark, assigned_source(a, "tx", source, format="text", schema=None))
     assert tx_df is not None
     assert [r["value"] for r in tx_df.collect()] == ["line one", "line two"]

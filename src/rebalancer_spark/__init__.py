@@ -25,10 +25,6 @@ from rebalancer_spark.core.model import Resource
 from rebalancer_spark.member import Member, MemberState, OwnedResource, join
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from pyspark.sql import DataFrame, SparkSession
-
     from rebalancer_spark.spark.source import AssignedSource
 
 __all__ = [
@@ -52,7 +48,6 @@ __all__ = [
     "SourceError",
     "assigned_sources",
     "join",
-    "read_all",
 ]
 
 __version__ = "0.1.0"
@@ -60,17 +55,9 @@ __version__ = "0.1.0"
 
 def assigned_sources() -> list[AssignedSource]:
     """What this Spark driver's job owns now, answered from memory: one source per resource,
-    each with its epoch, ``read(spark)`` and a fenced ``commit()``. The node must have been
-    started with :func:`rebalancer_spark.spark.session.start` (the jobs in ``jobs/`` do)."""
+    each with its epoch, ``next_batch(spark)`` and a fenced ``commit()``; the usual loop is
+    :func:`rebalancer_spark.spark.batches`. The node must have been started with
+    :func:`rebalancer_spark.spark.start` (the jobs in ``jobs/`` do)."""
     from rebalancer_spark.spark.session import assigned_sources as current
 
     return current()
-
-
-def read_all(spark: SparkSession, sources: Iterable[AssignedSource]) -> DataFrame | None:
-    """The next batch of every source in ``sources`` (e.g. ``assigned_sources()``) in one
-    DataFrame with ``_resource``, ``_batch`` and ``_file`` columns; None when nothing is
-    pending. Each batch is planned (committed, fenced) as :meth:`AssignedSource.read` does."""
-    from rebalancer_spark.spark.reading import read_all as read
-
-    return read(spark, sources)

@@ -25,6 +25,7 @@ from rebalancer_spark.spark.option_table import (
     FORMATS,
     MEMBERSHIP,
     OPTIONS,
+    OUTPUT_FORMATS,
     SOURCE,
     TIMING,
     check_read_key,
@@ -55,6 +56,7 @@ class JobConfig:
     source: str | None = None
     resources: tuple[str, ...] | None = None
     output: str | None = None
+    output_format: str = "delta"
     checkpoint_root: str | None = None
     audit: str | None = None
     format: str = "csv"
@@ -91,6 +93,7 @@ class JobConfig:
             "source": source,
             "resources": resources,
             "output": _text("output", self.output),
+            "output_format": _output_format(self.output_format),
             "checkpoint_root": _text("checkpoint_root", self.checkpoint_root),
             "audit": _text("audit", self.audit),
             "format": _format(self.format),
@@ -208,6 +211,16 @@ def _format(value: object) -> str:
     hint = _did_you_mean(wanted, FORMATS) if isinstance(wanted, str) else ""
     raise ConfigurationError(
         f"format = {show(value)} is not a reader format{hint}: use one of {', '.join(FORMATS)}"
+    )
+
+
+def _output_format(value: object) -> str:
+    wanted = value.strip().lower() if isinstance(value, str) else value
+    if wanted in OUTPUT_FORMATS and isinstance(wanted, str):
+        return wanted
+    raise ConfigurationError(
+        f"output_format = {show(value)} is not an output format: use delta (the default: one "
+        "fenced Delta commit per batch) or parquet (a directory per batch)"
     )
 
 

@@ -7,10 +7,14 @@ loop until SIGTERM or Ctrl-C, then stops Spark, which drains this member's resou
 others and leaves the group. A job is then its loop and a few lines::
 
     def loop(ctx: JobContext) -> str:
-        stats = run_ingest(ctx.spark, ctx.node, ctx.output, ctx.stop)
+        stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
         return f"{stats.batches} batches"
 
     exit_process(job_main(argv, "ingest_files.py", loop, schemes=("file",)))
+
+A pipeline adds flags of its own next to ours with ``add_arguments`` (an argparse argument
+group); their values are ``ctx.args``. ``--log-format json`` and every other option work the
+same in it.
 
 Exit codes: 0 after a clean stop, 2 for bad options or a source that cannot be opened (one
 line on stderr saying what to fix).
@@ -18,6 +22,7 @@ line on stderr saying what to fix).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
@@ -32,7 +37,8 @@ from rebalancer_spark.member import default_backend_url
 from rebalancer_spark.member.logfields import configure_logging
 from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.job_config import JobConfig
-from rebalancer_spark.spark.options import parse_command_line, resolve, spark_conf_options
+from rebalancer_spark.spark.layers import AddArguments, parse_job_command_line
+from rebalancer_spark.spark.options import resolve, spark_conf_options
 from rebalancer_spark.spark.session import RebalancerNode, start
 
 if TYPE_CHECKING:
@@ -53,6 +59,8 @@ class JobContext:
     source: ResourceSource
     output: str
     stop: threading.Event
+    args: argparse.Namespace
+    """The pipeline's own flags (``add_arguments`` of :func:`job_main`)."""
 
 
 def job_main(
@@ -63,6 +71,7 @@ def job_main(
     schemes: Collection[str],
     make_source: Callable[[str], ResourceSource] = open_source,
     check: Callable[[JobConfig], None] | None = None,
+    add_arguments: AddArguments | None = None,
 ) -> int:
     """Run a job; ``loop`` runs until ``ctx.stop`` is set and returns a one-line summary.
     ``schemes`` are the ``--source`` URL schemes the job reads (the first one is named in the
@@ -70,7 +79,7 @@ def job_main(
     the job needs beyond a source and an output."""
     from pyspark.sql import SparkSession
 
-    command_line = parse_command_line(list(argv), prog=prog)
+    command_line, args = parse_job_command_line(list(argv), prog=prog, add_arguments=add_arguments)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _quiet()
     spark = SparkSession.builder.appName(f"rebalancer-{prog.removesuffix('.py')}").getOrCreate()
@@ -99,7 +108,7 @@ def job_main(
     name = node.member.member_id
     print(f"member {name} of group {job.member.group} running", flush=True)
     try:
-        summary = loop(JobContext(spark, job, node, source, output, stop))
+        summary = loop(JobContext(spark, job, node, source, output, stop, args))
     finally:
         spark.stop()  # drains and leaves the group first
     print(f"member {name} stopped: {summary}", flush=True)

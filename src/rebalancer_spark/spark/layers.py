@@ -17,7 +17,7 @@ import dataclasses
 import difflib
 import os
 import tomllib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NoReturn
 
 from rebalancer_spark.core.config import MemberConfig
@@ -61,9 +61,16 @@ Spark conf, then the TOML file, then the defaults. Names are written with '-' or
 Durations: {_DURATION_HELP}."""
 
 
-def build_parser(prog: str = "rebalancer job") -> argparse.ArgumentParser:
+AddArguments = Callable[[argparse._ArgumentGroup], None]
+"""Adds a pipeline's own flags to the group of the parser it is given."""
+
+
+def build_parser(
+    prog: str = "rebalancer job", add_arguments: AddArguments | None = None
+) -> argparse.ArgumentParser:
     """The job's argument parser: every option as ``--kebab-case``, defaulting to ``None``
-    (not given), so that the layers below it can supply the value."""
+    (not given), so that the layers below it can supply the value; then the pipeline's own
+    flags (``add_arguments``), in a group of their own."""
     parser = _Parser(
         prog=prog,
         description="Join a rebalancer group and work on the resources this job is assigned.",
@@ -95,6 +102,8 @@ def build_parser(prog: str = "rebalancer job") -> argparse.ArgumentParser:
                 metavar="KEY=VALUE",
                 help="a Spark reader option, e.g. header=true; repeat for more (default: none)",
             )
+    if add_arguments is not None:
+        add_arguments(parser.add_argument_group("this job's own options"))
     return parser
 
 
@@ -102,12 +111,23 @@ def parse_command_line(argv: Sequence[str], *, prog: str = "rebalancer job") -> 
     """The options given in ``argv`` (the arguments after the script), keys in ``_`` form;
     ``--read-option`` pairs become ``read_options``. Bad or unknown arguments print a message
     (with a "did you mean") and exit with status 2, as argparse does."""
-    parser = build_parser(prog)
+    return parse_job_command_line(argv, prog=prog)[0]
+
+
+def parse_job_command_line(
+    argv: Sequence[str], *, prog: str = "rebalancer job", add_arguments: AddArguments | None = None
+) -> tuple[dict[str, object], argparse.Namespace]:
+    """:func:`parse_command_line` for a pipeline with flags of its own (``add_arguments``):
+    (our options, the pipeline's flags as argparse parsed them)."""
+    parser = build_parser(prog, add_arguments)
+    ours = {"config", "read_option", *(o.name for o in OPTIONS)}
     flags = ["-h", "--help", "--config", "--read-option", *(_flag(o.name) for o in OPTIONS)]
     namespace, extra = parser.parse_known_args([_dashes(arg, flags) for arg in argv])
     if extra:
         parser.error(f"unrecognized arguments: {_unrecognised(extra, flags)}; see --help")
-    given = {k: v for k, v in vars(namespace).items() if v is not None}
+    values = vars(namespace)
+    own = argparse.Namespace(**{k: v for k, v in values.items() if k not in ours})
+    given = {k: v for k, v in values.items() if v is not None and k in ours}
     pairs = given.pop("read_option", None)
     if isinstance(pairs, list):
         reads: dict[str, str] = {}
@@ -126,7 +146,7 @@ def parse_command_line(argv: Sequence[str], *, prog: str = "rebalancer job") -> 
                 del reads[old]  # the command line is ordered: the last one wins
             reads[key] = value
         given["read_options"] = reads
-    return given
+    return given, own
 
 
 def _dashes(arg: str, flags: Collection[str]) -> str:

@@ -46,6 +46,8 @@ DEFAULT_CONFIG_FILE = "conf/rebalancer.toml"
 """Read, relative to the current directory, when no TOML file is named and this one exists."""
 FORMATS = ("csv", "json", "parquet", "text", "orc")
 """The Spark reader formats a job can read its source files with."""
+OUTPUT_FORMATS = ("delta", "parquet")
+"""What a job's batches are written as (:mod:`rebalancer_spark.spark.outputs`)."""
 
 COMMAND_LINE, SPARK_CONF, DEFAULT = "command line", "spark conf", "default"
 """Layer names, as origins and messages show them (a TOML file is ``TOML file PATH``)."""
@@ -86,7 +88,12 @@ OPTIONS = (
            "static://a,b,c (the same as --resources a,b,c); not with --resources", "none"),
     Option("resources", "list", SOURCE, "A,B,...",
            "a static comma-separated list of resources, instead of --source", "none"),
-    Option("output", "text", SOURCE, "PATH", "where the job writes its results", "none"),
+    Option("output", "text", SOURCE, "PATH",
+           "where the job writes its results: a Delta table (a path, s3a:// URL or catalog "
+           "table name) or, with --output-format parquet, a directory", "none"),
+    Option("output_format", "text", SOURCE, "NAME",
+           "delta (one fenced Delta commit per batch) or parquet (a directory per batch)",
+           "delta"),
     Option("checkpoint_root", "text", SOURCE, "PATH",
            "streaming jobs: shared directory of the per-resource checkpoints "
            "(ROOT/GROUP/RESOURCE/), on storage every job of the group reaches", "none"),

@@ -1,33 +1,16 @@
-"""DataFrames of file resources: one batch of one resource, or every owned resource at once.
+"""DataFrames of file resources: the files of one batch of one resource.
 
 :func:`load_files` reads named files of one resource of any
 :class:`~rebalancer_spark.sources.base.FileSource`: Spark's own reader on the source's paths
 (local disks, NFS/SMB mounts, ``hdfs://``), or :mod:`.s3_read` for S3. Every row gets
-``_file``, the path or URL it came from. :class:`~.source.AssignedSource.read` adds
-``_resource`` (the resource id) and ``_batch`` (the batch id).
-
-:func:`read_all` is the reader for everything a job owns now: the next batch of every owned
-file resource in one DataFrame, told apart by ``_resource``. Writing it exactly once::
-
-    df = read_all(spark, sources)
-    if df is not None:
-        (df.write.mode("overwrite")
-           .option("partitionOverwriteMode", "dynamic")
-           .partitionBy("_resource", "_batch").parquet(output))
-        for src in sources:
-            if src.batch is not None:
-                src.commit()
-
-Each (resource, batch) lands in its own partition directory, replaced by a re-run, so the same
-argument as for one resource holds (:mod:`.source`). Committing is still per resource: one
-fenced commit may fail while the others succeed.
+``_file``, the path or URL it came from. :meth:`~.batch.Batch.read` adds ``_resource`` (the
+resource id) and ``_batch`` (the batch id).
 """
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.sources.base import FileSource
@@ -36,9 +19,7 @@ from rebalancer_spark.sources.s3 import S3Source
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from rebalancer_spark.spark.source import AssignedSource
-
-__all__ = ["BATCH_COLUMN", "FILE_COLUMN", "RESOURCE_COLUMN", "load_files", "read_all"]
+__all__ = ["BATCH_COLUMN", "FILE_COLUMN", "RESOURCE_COLUMN", "load_files"]
 
 RESOURCE_COLUMN = "_resource"
 BATCH_COLUMN = "_batch"
@@ -73,13 +54,3 @@ def load_files(
     if schema:
         reader = reader.schema(schema)
     return reader.load(paths).withColumn(FILE_COLUMN, sf.col("_metadata.file_path"))
-
-
-def read_all(spark: SparkSession, sources: Iterable[AssignedSource]) -> DataFrame | None:
-    """The next batch of every source in ``sources`` (e.g. ``assigned_sources()``) in one
-    DataFrame with ``_resource``, ``_batch`` and ``_file``; None when nothing is pending.
-    Each source plans (commits) its batch as :meth:`AssignedSource.read` does."""
-    frames = [df for src in sources if (df := src.read(spark)) is not None]
-    if not frames:
-        return None
-    return functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)

@@ -3,10 +3,9 @@
 ::
 
     node = start(spark, job)              # joins the group on a background thread
-    for src in assigned_sources():        # anywhere in the driver: from memory, no round trip
-        df = src.read(spark)
-        ...
-        src.commit()
+    for batch in batches(spark):          # what it owns now, from memory (spark.batch)
+        with batch:
+            batch.write(batch.read())     # fenced in the output's commit, then in the store
     spark.stop()                          # stops the node first (graceful drain), then Spark
 
 The node stops with the Spark session: :func:`start` wraps this session's ``stop()`` so the
@@ -31,7 +30,8 @@ from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.options import JobConfig
-from rebalancer_spark.spark.source import AssignedSource
+from rebalancer_spark.spark.outputs import Output, open_output
+from rebalancer_spark.spark.source import AssignedSource, ReadSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,6 +82,7 @@ class RebalancerNode:
         self._lock = threading.Lock()
         self._stopped = False
         self._driver_thread: threading.Thread | None = None
+        self._output: Output | None = None
 
     def listen(
         self,
@@ -140,7 +141,26 @@ class RebalancerNode:
             out.append(src)
         return out
 
+    @property
+    def output(self) -> Output | None:
+        """The job's output (``--output`` in ``--output-format``), opened on first use."""
+        if self._output is None and self.job.output is not None:
+            with self._lock:
+                if self._output is None:
+                    self._output = open_output(
+                        self.spark, self.job.output, self.member.group, self.job.output_format
+                    )
+        return self._output
+
+    def owns(self, resource: str, epoch: int) -> bool:
+        """Whether this job owns ``resource`` at ``epoch`` now, from memory (False once the
+        local lease deadline passed). The one "am I still the owner?" check of the Spark glue."""
+        owned = self.member.owns(resource)
+        return owned is not None and owned.epoch == epoch
+
     def _make(self, owned: OwnedResource) -> AssignedSource:
+        session = self.member.session
+        job = self.job
         return AssignedSource(
             group=self.member.group,
             resource=owned.resource,
@@ -148,11 +168,16 @@ class RebalancerNode:
             progress=owned.progress,
             source=self.source,
             commit=lambda resource, value, epoch: self.member.commit(resource, value, epoch=epoch),
+            owns=self.owns,
             before_first_read=self._audit_before_work,
-            format=self.job.format,
-            schema=self.job.schema,
-            read_options=dict(self.job.read_options),
-            max_files_per_batch=self.job.max_files_per_batch,
+            who={
+                "member_id": self.member.member_id,
+                "session_id": "" if session is None else session.session_id,
+            },
+            output=self.output,
+            read=ReadSettings(
+                job.format, job.schema, dict(job.read_options), job.max_files_per_batch
+            ),
         )
 
     def flush_audit(self) -> None:

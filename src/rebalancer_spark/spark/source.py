@@ -1,4 +1,4 @@
-"""One resource this job owns now, as something Spark can read and the job can commit.
+"""One resource this job owns now: its epoch, its progress, and the planning of its batches.
 
 For a file source (any :class:`~rebalancer_spark.sources.base.FileSource`: a share's
 directories, S3 sub-prefixes) the progress of a resource is, with file names relative to the
@@ -6,37 +6,47 @@ resource (paths under a directory, keys under a sub-prefix)::
 
     {"done": ["a.csv", "sub/b.csv"], "batch": {"id": 7, "files": ["c.csv"]} | null, "next": 8}
 
-and reading works in fenced **batches**, which is what makes file processing exactly-once:
+and work goes in **batches** (:class:`~rebalancer_spark.spark.batch.Batch`), which is what
+makes file processing exactly-once:
 
-1. :meth:`AssignedSource.read` *plans* a batch (the next unprocessed files, at most
+1. :meth:`AssignedSource.next_batch` *plans* a batch (the next unprocessed files, at most
    ``max_files_per_batch``) and commits the plan, fenced by the resource epoch, before any data
    is read; if an unfinished batch is already planned (the previous owner died mid-batch), the
-   same batch, with the same id and files, is read again instead;
-2. the job writes the batch's output to :meth:`AssignedSource.output_path`, a path that depends
-   only on the resource and the batch id, replacing whatever is there;
-3. :meth:`AssignedSource.commit` marks the batch's files done, fenced again.
+   same batch, with the same id and files, is taken again instead — after *fencing* the output
+   (a Delta table then refuses the previous owner's late commit of it) and asking the output
+   whether it landed already (then only its progress is committed);
+2. the batch's rows are written to the output in one fenced commit (:mod:`.outputs`);
+3. the batch's files are marked done, fenced again.
 
-A job killed between 2 and 3 leaves the batch planned: the next owner re-runs the very same
-files into the very same path, so nothing is duplicated and nothing is lost. A stale owner
-cannot plan a batch (the commit is refused) and, if it still writes the batch it had planned,
-writes the same data to the same place.
+A job killed between 2 and 3 leaves the batch planned: the next owner finds it landed (Delta)
+or re-runs the very same files into the very same place (Parquet), so nothing is duplicated and
+nothing is lost. A stale owner cannot plan a batch (the store refuses), cannot land one (the
+table refuses), and its progress commit is refused.
+
+For any other source (a static list, or a resource the pipeline reads itself),
+:meth:`AssignedSource.commit` stores the pipeline's own progress, fenced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
-from rebalancer_spark.core.errors import CorruptStateError, RebalancerError
+from rebalancer_spark.core.errors import CorruptStateError, FencedError, RebalancerError
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.sources.base import FileSource, ResourceSource
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-__all__ = ["AssignedSource", "FileBatch"]
+    from rebalancer_spark.spark.batch import Batch
+    from rebalancer_spark.spark.outputs import Output
+
+__all__ = ["AssignedSource", "FileBatch", "ReadSettings"]
+
+log = logging.getLogger("rebalancer_spark.ingest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +55,16 @@ class FileBatch:
 
     id: int
     files: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSettings:
+    """How a job reads its files: Spark reader format, schema, options, batch size."""
+
+    format: str = "csv"
+    schema: str | None = None
+    options: Mapping[str, str] | None = None
+    max_files_per_batch: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,32 +116,48 @@ class AssignedSource:
         progress: JsonValue,
         source: ResourceSource | None,
         commit: Callable[[str, JsonValue, int], None],
+        owns: Callable[[str, int], bool],
         before_first_read: Callable[[], None],
-        format: str = "csv",
-        schema: str | None = None,
-        read_options: dict[str, str] | None = None,
-        max_files_per_batch: int = 100,
+        who: Mapping[str, str],
+        output: Output | None = None,
+        read: ReadSettings | None = None,
     ) -> None:
         self.group = group
         self.resource = resource
         self.epoch = epoch
         self.progress: JsonValue = progress
         """The last committed progress: the previous owner's at first, then this job's."""
+        self.output = output
+        self.read_settings = read or ReadSettings()
+        self.who = dict(who)
         self._source = source
         self._commit = commit
+        self._owns = owns
         self._before_first_read = before_first_read
-        self._read_yet = False
-        self._format = format
-        self._schema = schema
-        self._read_options = dict(read_options or {})
-        self._max_files = max_files_per_batch
+        self._first = True
 
     def __repr__(self) -> str:
         return f"AssignedSource({self.resource!r}, epoch={self.epoch}, group={self.group!r})"
 
-    # -- files ---------------------------------------------------------------------------
+    # -- ownership -------------------------------------------------------------------------
 
-    def _files(self) -> FileSource:
+    def owned(self) -> bool:
+        """Whether this job still owns the resource at this epoch, from memory (False once the
+        local lease deadline passed: a paused driver stops here)."""
+        return self._owns(self.resource, self.epoch)
+
+    def check_owner(self) -> None:
+        """Raise :class:`FencedError` unless :meth:`owned`: call it before any side effect."""
+        if not self.owned():
+            raise FencedError(
+                f"resource {self.resource!r} is no longer owned by this job at epoch "
+                f"{self.epoch} (it moved, or this job's lease lapsed): stop working on it"
+            )
+
+    # -- files -----------------------------------------------------------------------------
+
+    def files_source(self) -> FileSource:
+        """The file source this resource is read from."""
         if not isinstance(self._source, FileSource):
             raise RebalancerError(
                 f"resource {self.resource!r} has no file source to read from: give the job "
@@ -131,7 +167,7 @@ class AssignedSource:
         return self._source
 
     @property
-    def batch(self) -> FileBatch | None:
+    def planned(self) -> FileBatch | None:
         """The batch planned and not yet committed, if any."""
         if not isinstance(self._source, FileSource):
             return None
@@ -140,82 +176,77 @@ class AssignedSource:
     def pending_files(self) -> list[str]:
         """Files of the resource that no committed batch processed yet, sorted."""
         done = _FileProgress.parse(self.resource, self.progress).done
-        return [f.name for f in self._files().files(self.resource) if f.name not in done]
+        return [f.name for f in self.files_source().files(self.resource) if f.name not in done]
 
-    def next_batch(self) -> FileBatch | None:
-        """The unfinished batch, or a new one planned (and committed, fenced) from the pending
-        files; None when there is nothing to read."""
+    def next_batch(self, spark: SparkSession) -> Batch | None:
+        """The batch to work on now, or None when nothing is pending: the unfinished batch
+        (after fencing the output and skipping it if it landed), or a new one planned and
+        committed (fenced) from the pending files. Raises :class:`FencedError` when ownership
+        moved on (nothing was planned then)."""
+        from rebalancer_spark.spark.batch import Batch
+
+        self.check_owner()
         state = _FileProgress.parse(self.resource, self.progress)
-        if state.batch is None and not (pending := self.pending_files()[: self._max_files]):
-            return None
-        if not self._read_yet:
-            self._before_first_read()
-            self._read_yet = True
-        if state.batch is not None:
-            return state.batch
-        batch = FileBatch(state.next, tuple(pending))
-        self._store(_FileProgress(state.done, batch, state.next + 1).as_json())
-        return batch
-
-    def read(self, spark: SparkSession) -> DataFrame | None:
-        """The next batch of this resource as a DataFrame, or None when no file is pending.
-
-        Columns: the files' own, then ``_resource`` (the resource id), ``_batch`` (the batch
-        id) and ``_file`` (the file's path or URL). Names the group, resource, epoch and batch
-        in the Spark job description for the Spark UI."""
-        from pyspark.sql import functions as sf
-
-        from rebalancer_spark.spark.reading import BATCH_COLUMN, RESOURCE_COLUMN, load_files
-
-        batch = self.next_batch()
-        if batch is None:
-            return None
-        spark.sparkContext.setJobDescription(
-            f"rebalancer group={self.group} resource={self.resource} epoch={self.epoch} "
-            f"batch={batch.id} ({len(batch.files)} files)"
-        )
-        spark.sparkContext.setLocalProperty("spark.rebalancer.resource", self.resource)
-        spark.sparkContext.setLocalProperty("spark.rebalancer.epoch", str(self.epoch))
-        df = load_files(
-            spark,
-            self._files(),
-            self.resource,
-            batch.files,
-            format=self._format,
-            schema=self._schema,
-            options=self._read_options,
-        )
-        return df.withColumn(RESOURCE_COLUMN, sf.lit(self.resource)).withColumn(
-            BATCH_COLUMN, sf.lit(batch.id)
-        )
-
-    def output_path(self, root: str) -> str:
-        """Where the current batch's output goes: ``root/resource=<id>/batch=<n>``, the same
-        for every owner that runs this batch, so a re-run replaces rather than duplicates."""
-        batch = self.batch
-        if batch is None:
-            raise RebalancerError(
-                f"resource {self.resource!r} has no batch in progress: call read() first"
+        if self._first and state.batch is not None:
+            self._start_work()  # the predecessor may still be writing this batch: fence
+            landed = (
+                None
+                if self.output is None
+                else self.output.fence(self.resource, self.epoch, self.who)
             )
-        return f"{root.rstrip('/')}/resource={quote(self.resource, safe='')}/batch={batch.id:010d}"
+            state = self._skip_landed(state, landed)
+        elif state.batch is not None and self.output is not None:
+            state = self._skip_landed(state, self.output.landed(self.resource))
+        if state.batch is None:
+            pending = self.pending_files()[: self.read_settings.max_files_per_batch]
+            if not pending:
+                return None
+            self._start_work()
+            batch = FileBatch(state.next, tuple(pending))
+            self._store(_FileProgress(state.done, batch, state.next + 1).as_json())
+            state = _FileProgress.parse(self.resource, self.progress)
+        assert state.batch is not None
+        return Batch(self, spark, state.batch)
+
+    def _start_work(self) -> None:
+        if self._first:
+            self._before_first_read()
+            self._first = False
+
+    def _skip_landed(self, state: _FileProgress, landed: int | None) -> _FileProgress:
+        if state.batch is None or landed is None or landed < state.batch.id:
+            return state
+        log.info(
+            "%s: batch %d already landed in the output; committing its progress only",
+            self,
+            state.batch.id,
+        )
+        self.mark_done(state.batch)
+        return _FileProgress.parse(self.resource, self.progress)
+
+    def mark_done(self, batch: FileBatch, extra: JsonValue = None) -> None:
+        """Commit ``batch``'s files as processed, fenced (``extra``: kept alongside)."""
+        state = _FileProgress.parse(self.resource, self.progress)
+        if state.batch is None or state.batch.id != batch.id:
+            raise RebalancerError(
+                f"resource {self.resource!r}: batch {batch.id} is not the batch in progress "
+                f"({None if state.batch is None else state.batch.id}): it was committed already"
+            )
+        done = state.done | frozenset(batch.files)
+        self._store(_FileProgress(done, None, state.next).as_json(extra))
 
     # -- committing ------------------------------------------------------------------------
 
     def commit(self, progress: JsonValue = None) -> None:
-        """Commit, fenced by this ownership's epoch. For a file source: mark the current batch
-        done (``progress`` is kept alongside as ``extra``). Otherwise: store ``progress``.
-        Raises :class:`FencedError` once ownership moved on: stop working on the resource."""
-        if not isinstance(self._source, FileSource):
-            self._store(progress)
-            return
-        state = _FileProgress.parse(self.resource, self.progress)
-        if state.batch is None:
+        """Store ``progress`` for a resource that is not read in file batches (a static list,
+        or a resource the pipeline reads itself), fenced by this ownership's epoch. Raises
+        :class:`FencedError` once ownership moved on: stop working on the resource then."""
+        if isinstance(self._source, FileSource):
             raise RebalancerError(
-                f"resource {self.resource!r} has no batch in progress to commit: call read() "
-                "and write its output first"
+                f"resource {self.resource!r} is read in file batches: commit a batch with "
+                "batch.write(df) (or batch.commit() after writing it yourself), not the source"
             )
-        done = state.done | frozenset(state.batch.files)
-        self._store(_FileProgress(done, None, state.next).as_json(progress))
+        self._store(progress)
 
     def _store(self, value: JsonValue) -> None:
         self._commit(self.resource, value, self.epoch)

@@ -254,19 +254,17 @@ def _all_committed(store: Backend, group: str, source: FileShareSource) -> bool:
 
 
 def _check_output(report: DemoReport, output: Path, ids: set[str], landing: Path) -> None:
-    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
 
-    table = ds.dataset(str(output), format="parquet", partitioning="hive").to_table(
-        columns=["id", "_file", "resource", "batch"]
-    )
+    table = DeltaTable(str(output)).to_pyarrow_table(columns=["id", "_file", "_resource", "_batch"])
     got = Counter(table.column("id").to_pylist())
     report.duplicate_rows = sum(n - 1 for n in got.values() if n > 1)
     report.missing_rows = len(ids - set(got))
     batches_per_file: dict[str, set[tuple[str, int]]] = {}
     for file, resource, batch in zip(
         table.column("_file").to_pylist(),
-        table.column("resource").to_pylist(),
-        table.column("batch").to_pylist(),
+        table.column("_resource").to_pylist(),
+        table.column("_batch").to_pylist(),
         strict=True,
     ):
         batches_per_file.setdefault(str(file), set()).add((str(resource), int(batch)))

@@ -1,0 +1,286 @@
+"""Fenced commits into a Delta table: the resource epoch checked inside Delta's own commit.
+
+Every batch a job writes for a resource becomes **one** Delta commit that carries an
+application transaction (Delta's idempotent-writer record, ``txn``)::
+
+    app id   rebalancer-spark/<group>/<resource>
+    version  epoch * 2**32 + batch        (a :class:`Mark`: who wrote last, what landed last)
+
+A commit of batch ``b`` at epoch ``e`` is made only while the table's recorded mark for the
+resource is below ``(e, b)`` with an epoch not above ``e``; the check and the commit are one
+compare-and-swap, because delta-rs refuses a commit whose app transaction was also written by a
+concurrent winner (``CommitFailedError``: the loop then re-reads the mark). So:
+
+* a **stale owner** (epoch ``e``) is refused as soon as the table holds anything of epoch
+  ``e + 1``: the new owner's first data commit, or its *fence*, an empty commit that raises the
+  recorded epoch and keeps the batch part, made when it inherits a batch its predecessor had
+  planned and may still be writing;
+* a batch that already **landed** (the mark's batch is ``>= b``) is not written again, whoever
+  wrote it: after a kill between the Delta commit and the progress commit, the next owner reads
+  the mark, sees the batch in, and only commits the progress.
+
+Commits are made by ``deltalake`` (delta-rs) from the driver: its S3 commits use put-if-absent,
+so several jobs (several JVMs) appending to one table on S3 lose nothing, which Spark's own Delta
+writer on ``s3a://`` does not guarantee (docs/spark.md). The files come from Spark
+(:mod:`.outputs`); this module only commits them. Each commit also carries the metadata the
+audit's output check reads (``rebalancer.kind``, ``.group``, ``.resource``, ``.epoch``,
+``.batch``, ``.member_id``, ``.session_id``, ``.rows``) at the top of its ``commitInfo``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rebalancer_spark.core.errors import ConfigurationError, FencedError, RebalancerError
+
+__all__ = [
+    "DeltaCommitter",
+    "Landing",
+    "Mark",
+    "app_id",
+]
+
+log = logging.getLogger("rebalancer_spark.output")
+
+_BATCH_BITS = 32
+_BATCH_MAX = (1 << _BATCH_BITS) - 1
+_EPOCH_MAX = (1 << 31) - 1
+_ATTEMPTS = 100
+PARTITION_COLUMN = "_resource"
+
+
+def app_id(group: str, resource: str) -> str:
+    """The Delta application id under which a group's batches of ``resource`` are recorded."""
+    return f"rebalancer-spark/{group}/{resource}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Mark:
+    """What a table recorded for one resource: the epoch of its last writer (or fencer) and
+    the highest batch id that landed. ``Mark(0, 0)``: nothing yet."""
+
+    epoch: int
+    batch: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.epoch <= _EPOCH_MAX or not 0 <= self.batch <= _BATCH_MAX:
+            raise RebalancerError(
+                f"epoch {self.epoch} / batch {self.batch} cannot be recorded in a Delta "
+                f"transaction version (epoch up to {_EPOCH_MAX}, batch up to {_BATCH_MAX})"
+            )
+
+    @property
+    def version(self) -> int:
+        return (self.epoch << _BATCH_BITS) | self.batch
+
+    @classmethod
+    def of(cls, version: int | None) -> Mark:
+        if version is None:
+            return cls(0, 0)
+        return cls(version >> _BATCH_BITS, version & _BATCH_MAX)
+
+
+class Landing(enum.Enum):
+    """How a fenced commit of one batch ended."""
+
+    COMMITTED = "committed"
+    """This call made the commit."""
+    ALREADY = "already"
+    """The table already holds this batch (an earlier attempt, or a previous owner)."""
+
+
+class DeltaCommitter:
+    """Commits files into the Delta table at ``uri`` (a local path or ``s3://`` URL for
+    delta-rs, with ``storage_options``), fenced per resource as the module docstring says."""
+
+    def __init__(
+        self,
+        uri: str,
+        group: str,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        shown_as: str | None = None,
+    ) -> None:
+        self.uri = uri
+        self.group = group
+        self.storage_options = dict(storage_options or {})
+        self.shown_as = shown_as or uri
+        self._table: Any = None
+
+    def __repr__(self) -> str:
+        return f"DeltaCommitter({self.shown_as!r}, group={self.group!r})"
+
+    # -- the table -------------------------------------------------------------------------
+
+    def table(self, schema_json: str | None = None) -> Any:
+        """The table at its latest version; created (partitioned by ``_resource``) from
+        ``schema_json`` (Spark's schema JSON, ``_resource`` included) when it does not exist
+        and a schema is given. Several jobs creating it at once: one wins, the others load it."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        if self._table is not None:
+            self._table.update_incremental()
+            return self._table
+        try:
+            self._table = DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            if schema_json is None:
+                return None
+            self._create(schema_json)
+        self._check_layout(self._table)
+        return self._table
+
+    def _create(self, schema_json: str) -> None:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError, TableNotFoundError
+        from deltalake.schema import Schema
+
+        try:
+            self._table = DeltaTable.create(
+                self.uri,
+                Schema.from_json(schema_json),
+                mode="error",
+                partition_by=[PARTITION_COLUMN],
+                storage_options=self.storage_options or None,
+            )
+            log.info("created the output Delta table %s", self.shown_as)
+        except DeltaError as exc:  # another job created it first
+            try:
+                self._table = DeltaTable(self.uri, storage_options=self.storage_options or None)
+            except TableNotFoundError:
+                raise RebalancerError(
+                    f"cannot create the output Delta table {self.shown_as}: {exc}; check that "
+                    "the path is writable (or create the table yourself, partitioned by "
+                    f"{PARTITION_COLUMN})"
+                ) from exc
+
+    def _check_layout(self, table: Any) -> None:
+        parts = list(table.metadata().partition_columns)
+        if parts != [PARTITION_COLUMN]:
+            raise ConfigurationError(
+                f"the output Delta table {self.shown_as} is partitioned by {parts or 'nothing'}, "
+                f"not by [{PARTITION_COLUMN!r}] as a rebalancer job's output is: give --output a "
+                "new path, or a table created with PARTITIONED BY (_resource)"
+            )
+
+    def schema_json(self) -> str | None:
+        """The table's schema as Spark's schema JSON, or None when there is no table yet."""
+        table = self.table()
+        return None if table is None else str(table.schema().to_json())
+
+    # -- marks, fences and commits ----------------------------------------------------------
+
+    def mark(self, resource: str) -> Mark:
+        """The table's mark for ``resource`` now (``Mark(0, 0)`` without a table)."""
+        table = self.table()
+        if table is None:
+            return Mark(0, 0)
+        return Mark.of(table.transaction_version(app_id(self.group, resource)))
+
+    def landed(self, resource: str, epoch: int, batch: int) -> bool:
+        """Whether batch ``batch`` of ``resource`` is in the table already; raises
+        :class:`FencedError` when the table holds an epoch newer than ``epoch``."""
+        current = self.mark(resource)
+        if current.epoch > epoch:
+            raise self._fenced(resource, epoch, current)
+        return current.batch >= batch
+
+    def fence(self, resource: str, epoch: int, who: Mapping[str, str]) -> Mark:
+        """Raise the table's epoch for ``resource`` to ``epoch`` (an empty commit) unless it is
+        there already, so that no writer of an older epoch can commit afterwards. Returns the
+        mark after the fence (its batch part says what landed before it). Raises
+        :class:`FencedError` if the table already holds a newer epoch."""
+        while True:
+            current = self.mark(resource)
+            if current.epoch > epoch:
+                raise self._fenced(resource, epoch, current)
+            if current.epoch == epoch or self.table() is None:
+                return current
+            target = Mark(epoch, current.batch)
+            meta = _meta(self.group, resource, "fence", target, who)
+            if self._try_commit(resource, [], target, meta):
+                log.info("output %s: %s fenced at epoch %d", self.shown_as, resource, epoch)
+                return target
+
+    def commit(
+        self,
+        resource: str,
+        epoch: int,
+        batch: int,
+        adds: Sequence[Any],
+        who: Mapping[str, str],
+        *,
+        schema_json: str,
+        rows: int | None,
+        check: Callable[[], None],
+    ) -> Landing:
+        """Commit ``adds`` (delta-rs ``AddAction`` s) as batch ``batch`` of ``resource`` at
+        ``epoch``, fenced (module docstring). ``check`` runs right before each attempt and
+        raises :class:`FencedError` when this job no longer owns the resource locally (a
+        lapsed lease). Raises :class:`FencedError` when the table holds a newer epoch."""
+        target = Mark(epoch, batch)
+        extra = {} if rows is None else {"rebalancer.rows": str(rows)}
+        meta = {**_meta(self.group, resource, "data", target, who), **extra}
+        self.table(schema_json)
+        while True:
+            if self.landed(resource, epoch, batch):
+                return Landing.ALREADY
+            check()
+            if self._try_commit(resource, adds, target, meta):
+                return Landing.COMMITTED
+
+    def _try_commit(
+        self, resource: str, adds: Sequence[Any], target: Mark, meta: Mapping[str, str]
+    ) -> bool:
+        """One attempt; False when a concurrent commit of the same resource won (re-check)."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        table = self.table()
+        props = CommitProperties(
+            app_transactions=[Transaction(app_id(self.group, resource), target.version)],
+            custom_metadata=dict(meta),
+            max_commit_retries=_ATTEMPTS,
+        )
+        try:
+            table.create_write_transaction(
+                list(adds),
+                mode="append",
+                schema=table.schema(),
+                partition_by=[PARTITION_COLUMN],
+                commit_properties=props,
+            )
+        except CommitFailedError as exc:
+            log.info("output %s: %s commit lost a race (%s); re-checking", self.shown_as,
+                     resource, str(exc).splitlines()[0])  # fmt: skip
+            time.sleep(0.01)
+            return False
+        return True
+
+    def _fenced(self, resource: str, epoch: int, current: Mark) -> FencedError:
+        return FencedError(
+            f"the output Delta table {self.shown_as} already holds epoch {current.epoch} of "
+            f"resource {resource!r} (batch {current.batch} landed), newer than this job's "
+            f"epoch {epoch}: ownership moved on, so this job's write was refused by the table; "
+            "stop working on the resource"
+        )
+
+
+def _meta(
+    group: str, resource: str, kind: str, mark: Mark, who: Mapping[str, str]
+) -> dict[str, str]:
+    return {
+        "rebalancer.kind": kind,
+        "rebalancer.group": group,
+        "rebalancer.resource": resource,
+        "rebalancer.epoch": str(mark.epoch),
+        "rebalancer.batch": str(mark.batch),
+        "rebalancer.member_id": who.get("member_id", ""),
+        "rebalancer.session_id": who.get("session_id", ""),
+    }

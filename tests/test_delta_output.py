@@ -1,0 +1,315 @@
+"""The fenced Delta output and the unit of work (batches), on this process's one SparkSession.
+
+The zombie cases are played in one process with two members on one SQLite store: member ``a``
+is the stale owner (its lease lapsed, or it stopped without draining, at a chosen moment of its
+batch), member ``b`` the new owner; ``a``'s own local check is bypassed where the case is "a
+driver paused right after that check", so that only the Delta table can refuse it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.spark.delta_commit import DeltaCommitter, Landing, Mark, app_id
+from rebalancer_spark.spark.outputs import DeltaOutput, ParquetOutput
+from tests.helpers import assigned_source, read_delta, wait_for
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
+)
+
+
+def _landing(root: Path, resource: str, files: int, rows: int = 3) -> set[str]:
+    ids: set[str] = set()
+    for f in range(files):
+        path = root / resource / f"part-{f:03d}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{resource}-{f:03d}-{r},{r}" for r in range(rows)]
+        ids |= {line.split(",")[0] for line in lines}
+        path.write_text("\n".join(lines) + "\n")
+    return ids
+
+
+@pytest.fixture
+def members(tmp_path: Path, group: str) -> Iterator[dict[str, Any]]:
+    ctx: dict[str, Any] = {"url": f"sqlite://{tmp_path}/groups.db?poll=0.005", "group": group}
+    ctx["started"] = []
+    yield ctx
+    for m in ctx["started"]:
+        m.stop(drain=False)
+
+
+def _member(ctx: dict[str, Any], name: str, **kw: Any) -> Member:
+    config = MemberConfig(
+        group=ctx["group"],
+        backend=ctx["url"],
+        member_id=name,
+        session_timeout=2.0,
+        stability_window=0.02,
+    )
+    m = Member(config, **kw).start()
+    ctx["started"].append(m)
+    return m
+
+
+def _history(path: Path) -> list[dict[str, Any]]:
+    """The table's commits, oldest first, with their rebalancer metadata."""
+    from deltalake import DeltaTable
+
+    return sorted(DeltaTable(str(path)).history(), key=lambda c: int(c["version"]))
+
+
+def _data_commits(path: Path) -> list[tuple[int, int]]:
+    """(epoch, batch) of every data commit, in table order."""
+    return [
+        (int(c["rebalancer.epoch"]), int(c["rebalancer.batch"]))
+        for c in _history(path)
+        if c.get("rebalancer.kind") == "data"
+    ]
+
+
+def _ids(spark: Any, path: Path) -> list[str]:
+    return sorted(r["id"] for r in read_delta(spark, path).select("id").collect())
+
+
+# -- the mark -------------------------------------------------------------------------------
+
+
+def test_a_mark_orders_by_epoch_then_batch_and_round_trips_through_a_version() -> None:
+    assert Mark(3, 7) < Mark(4, 0) < Mark(4, 1)
+    assert Mark.of(Mark(3, 7).version) == Mark(3, 7)
+    assert Mark.of(None) == Mark(0, 0)
+    with pytest.raises(Exception, match="cannot be recorded"):
+        Mark(1 << 31, 0)
+
+
+# -- one job ---------------------------------------------------------------------------------
+
+
+def test_batches_land_once_in_delta_and_spark_reads_them(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    ids = _landing(tmp_path / "landing", "d0", files=5)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    out = tmp_path / "out"
+    output = DeltaOutput(spark, str(out), members["group"])
+    a = _member(members, "a", resources=["d0"])
+    src = assigned_source(a, "d0", source, output)
+    written = 0
+    while (batch := src.next_batch(spark)) is not None:
+        with batch:
+            batch.write(batch.read())
+        assert batch.outcome == "written"
+        written += 1
+        assert written <= 3, "a batch was planned again"
+    assert _ids(spark, out) == sorted(ids)
+    df = read_delta(spark, out)
+    assert {"_resource", "_batch", "_file"} <= set(df.columns)
+    assert {r["_batch"] for r in df.select("_batch").collect()} == {1, 2, 3}
+    assert _data_commits(out) == [(src.epoch, 1), (src.epoch, 2), (src.epoch, 3)]
+    commit = _history(out)[-1]
+    assert commit["rebalancer.resource"] == "d0" and commit["rebalancer.member_id"] == "a"
+    assert commit["rebalancer.rows"] == "3"
+    assert output.landed("d0") == 3
+
+
+def test_a_resource_id_with_spaces_and_percent_signs_round_trips(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    resource = "a b%20ü"
+    ids = _landing(tmp_path / "landing", resource, files=2)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    out = tmp_path / "out"
+    a = _member(members, "a", resources=[resource])
+    src = assigned_source(a, resource, source, DeltaOutput(spark, str(out), members["group"]))
+    while (batch := src.next_batch(spark)) is not None:
+        with batch:
+            batch.write(batch.read())
+    df = read_delta(spark, out)
+    assert sorted(r["id"] for r in df.collect()) == sorted(ids)
+    assert {r["_resource"] for r in df.collect()} == {resource}
+
+
+def test_a_later_batch_with_other_inferred_types_is_cast_and_extra_columns_refused(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    output = DeltaOutput(spark, str(out), members["group"])
+    (tmp_path / "landing" / "r").mkdir(parents=True)
+    (tmp_path / "landing" / "r" / "a.csv").write_text("x,1\n")
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    a = _member(members, "a", resources=["r"])
+    src = assigned_source(a, "r", source, output, schema="id STRING, value INT")
+    batch = src.next_batch(spark)
+    assert batch is not None
+    with batch:
+        batch.write(batch.read())
+    (tmp_path / "landing" / "r" / "b.csv").write_text("y,2\n")
+    batch = src.next_batch(spark)
+    assert batch is not None
+    with batch:  # value arrives as a string, is cast back to the table's INT
+        batch.write(batch.read().selectExpr("id", "CAST(value AS STRING) AS value", "_file"))
+    assert read_delta(spark, out).schema["value"].dataType.typeName() == "integer"
+    (tmp_path / "landing" / "r" / "c.csv").write_text("z,3\n")
+    batch = src.next_batch(spark)
+    assert batch is not None
+    with pytest.raises(ConfigurationError, match=r"columns \['extra'\].*--schema"), batch:
+        batch.write(batch.read().selectExpr("*", "1 AS extra"))
+    assert batch.outcome == "failed" and src.planned is not None, "the batch stays planned"
+
+
+def test_an_output_partitioned_otherwise_is_refused(spark: Any, tmp_path: Path) -> None:
+    spark.range(2).write.format("delta").save(str(tmp_path / "other"))
+    committer = DeltaCommitter(str(tmp_path / "other"), "g")
+    with pytest.raises(ConfigurationError, match=r"partitioned by nothing.*_resource"):
+        committer.mark("r")
+
+
+# -- zombies: the stale owner at each moment of its batch --------------------------------------
+
+
+def _two_owners(
+    spark: Any, members: dict[str, Any], tmp_path: Path, files: int
+) -> tuple[Any, Member, Member, FileShareSource, DeltaOutput, set[str]]:
+    ids = _landing(tmp_path / "landing", "d0", files=files)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    output = DeltaOutput(spark, str(tmp_path / "out"), members["group"])
+    a = _member(members, "a", resources=["d0"])
+    src_a = assigned_source(a, "d0", source, output)
+    b = _member(members, "b")
+    return src_a, a, b, source, output, ids
+
+
+def _take_over(b: Member, a: Member, source: FileShareSource, output: DeltaOutput) -> Any:
+    a.stop(drain=False)  # a's session ends without a release: b is granted d0 at a new epoch
+    wait_for(lambda: b.owns("d0"), timeout=20, what="b to own d0")
+    return assigned_source(b, "d0", source, output)
+
+
+def _run_all(spark: Any, src: Any) -> list[str]:
+    outcomes = []
+    while (batch := src.next_batch(spark)) is not None:
+        with batch:
+            batch.write(batch.read())
+        outcomes.append(str(batch.outcome))
+        assert len(outcomes) <= 5, outcomes
+    return outcomes
+
+
+def test_a_stale_owner_paused_before_its_write_is_refused_by_the_table(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    src_a, a, b, source, output, ids = _two_owners(spark, members, tmp_path, files=4)
+    batch_a = src_a.next_batch(spark)  # planned, not read yet
+    assert batch_a is not None
+    df_a = batch_a.read()
+    src_b = _take_over(b, a, source, output)
+    assert src_b.epoch == src_a.epoch + 1
+    assert _run_all(spark, src_b) == ["written", "written"]
+    # a wakes up; its local check is past (a pause right after it): only Delta can refuse.
+    with pytest.raises(FencedError, match=f"epoch {src_b.epoch}.*refused by the table"):
+        output.write(df_a, resource="d0", epoch=src_a.epoch, batch=batch_a.id,
+                     who=src_a.who, check=lambda: None)  # fmt: skip
+    assert _ids(spark, tmp_path / "out") == sorted(ids), "every row exactly once"
+    assert all(epoch == src_b.epoch for epoch, _ in _data_commits(tmp_path / "out"))
+
+
+def test_a_stale_owner_paused_during_its_write_cannot_commit_after_the_successor(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    src_a, a, b, source, output, ids = _two_owners(spark, members, tmp_path, files=4)
+    batch_a = src_a.next_batch(spark)
+    assert batch_a is not None
+    paused: list[Any] = []
+
+    def pause_after_the_files() -> None:  # the check before the commit: a "pauses" there
+        if not paused:
+            paused.append(_take_over(b, a, source, output))
+            paused.append(_run_all(spark, paused[0]))
+
+    with pytest.raises(FencedError, match="refused by the table"):
+        output.write(batch_a.read(), resource="d0", epoch=src_a.epoch, batch=batch_a.id,
+                     who=src_a.who, check=pause_after_the_files)  # fmt: skip
+    src_b, outcomes = paused
+    assert outcomes == ["written", "written"], "the successor fenced, then re-ran batch 1"
+    kinds = [c.get("rebalancer.kind") for c in _history(tmp_path / "out")]
+    assert kinds.count("fence") == 1
+    assert _data_commits(tmp_path / "out") == [(src_b.epoch, 1), (src_b.epoch, 2)]
+    assert _ids(spark, tmp_path / "out") == sorted(ids), "every row exactly once"
+
+
+def test_a_kill_between_the_delta_commit_and_the_progress_commit_is_recovered_exactly(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    src_a, a, b, source, output, ids = _two_owners(spark, members, tmp_path, files=4)
+    batch_a = src_a.next_batch(spark)
+    assert batch_a is not None
+    landing = output.write(batch_a.read(), resource="d0", epoch=src_a.epoch, batch=batch_a.id,
+                           who=src_a.who, check=src_a.check_owner)  # fmt: skip
+    assert landing is Landing.COMMITTED  # ... and a dies before its progress commit
+    src_b = _take_over(b, a, source, output)
+    assert src_b.planned == batch_a.planned, "the batch is handed over as planned"
+    assert _run_all(spark, src_b) == ["written"], "batch 1 is skipped as landed, batch 2 runs"
+    assert _data_commits(tmp_path / "out") == [(src_a.epoch, 1), (src_b.epoch, 2)]
+    assert _ids(spark, tmp_path / "out") == sorted(ids), "every row exactly once"
+    assert src_b.pending_files() == []
+
+
+def test_a_stale_owner_cannot_plan_or_commit_its_progress(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    src_a, a, b, source, output, _ = _two_owners(spark, members, tmp_path, files=4)
+    batch_a = src_a.next_batch(spark)
+    assert batch_a is not None
+    _take_over(b, a, source, output)
+    with batch_a:  # every fenced step ends the batch the same way
+        batch_a.write(batch_a.read())
+    assert batch_a.outcome == "fenced"
+    with pytest.raises(FencedError):
+        src_a.next_batch(spark)
+
+
+# -- the other output, and catalog tables ------------------------------------------------------
+
+
+def test_the_parquet_output_replaces_a_batch_directory(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    ids = _landing(tmp_path / "landing", "d0", files=3)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    output = ParquetOutput(str(tmp_path / "out"))
+    a = _member(members, "a", resources=["d0"])
+    src = assigned_source(a, "d0", source, output)
+    assert _run_all(spark, src) == ["written", "written"]
+    got = spark.read.parquet(str(tmp_path / "out"))
+    assert sorted(r["id"] for r in got.collect()) == sorted(ids)
+    assert {r["batch"] for r in got.select("batch").collect()} == {1, 2}
+
+
+def test_a_catalog_table_name_is_an_output(
+    spark: Any, members: dict[str, Any], tmp_path: Path
+) -> None:
+    name = f"bronze_{members['group'].replace('-', '_')}"[:60]
+    spark.sql(
+        f"CREATE TABLE {name} (id STRING, value INT, _file STRING, _batch BIGINT, "
+        f"_resource STRING) USING delta PARTITIONED BY (_resource) "
+        f"LOCATION '{tmp_path / 'catalog'}'"
+    )
+    ids = _landing(tmp_path / "landing", "d0", files=2)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    output = DeltaOutput(spark, name, members["group"])
+    a = _member(members, "a", resources=["d0"])
+    src = assigned_source(a, "d0", source, output)
+    assert _run_all(spark, src) == ["written"]
+    assert sorted(r["id"] for r in spark.table(name).collect()) == sorted(ids)
+    txn = json.dumps(_history(tmp_path / "catalog")[-1])
+    assert app_id(members["group"], "d0") not in txn  # the txn is an action, not commitInfo
+    assert output.committer.mark("d0") == Mark(src.epoch, 1)
