@@ -39,11 +39,13 @@ class SparkJobs:
     script: Path
     args: Sequence[str] = ()
     session_timeout: float = 4.0
+    backend: str = ""
+    """The group's store (default: an SQLite file in ``workdir``)."""
     jobs: dict[str, Job] = field(default_factory=dict)
     started: int = 0
 
     def __post_init__(self) -> None:
-        self.backend = f"sqlite://{self.workdir.resolve()}/groups.db"
+        self.backend = self.backend or f"sqlite://{self.workdir.resolve()}/groups.db"
         self.store: Backend = open_backend(self.backend)
         self.landing_url = (self.workdir / "landing").resolve().as_uri() + "/"
         self.source = FileShareSource(self.landing_url)
@@ -98,6 +100,13 @@ class SparkJobs:
         job.proc.wait(60)
         del self.jobs[job.name]
 
+    def pause(self, job: Job) -> None:
+        """SIGSTOP the whole application: its JVM, its Python driver and Spark's workers."""
+        os.killpg(job.proc.pid, signal.SIGSTOP)
+
+    def resume(self, job: Job) -> None:
+        os.killpg(job.proc.pid, signal.SIGCONT)
+
     def stop(self, job: Job, timeout: float = 120) -> int:
         """SIGTERM to the Python driver: it drains its resources and leaves; its exit code."""
         pid = self.driver_pid(job)
@@ -124,6 +133,7 @@ class SparkJobs:
     def cleanup(self) -> None:
         for job in self.jobs.values():
             with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.proc.pid, signal.SIGCONT)
                 os.killpg(job.proc.pid, signal.SIGKILL)
             job.proc.wait(60)
         self.jobs.clear()

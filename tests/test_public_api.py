@@ -30,7 +30,22 @@ PUBLIC = [
     "SourceError",
     "assigned_sources",
     "join",
-    "read_all",
+]
+SPARK_PUBLIC = [
+    "AssignedSource",
+    "Batch",
+    "DeltaOutput",
+    "JobConfig",
+    "JobContext",
+    "Output",
+    "ParquetOutput",
+    "RebalancerNode",
+    "assigned_sources",
+    "batches",
+    "current_node",
+    "job_main",
+    "open_output",
+    "start",
 ]
 HEAVY = ["deltalake", "kazoo", "pandas", "pyarrow", "pyspark", "redis"]
 
@@ -38,6 +53,25 @@ HEAVY = ["deltalake", "kazoo", "pandas", "pyarrow", "pyspark", "redis"]
 def test_all_is_pinned_and_sorted() -> None:
     assert rebalancer_spark.__all__ == PUBLIC
     assert sorted(rebalancer_spark.__all__) == rebalancer_spark.__all__
+
+
+def test_the_spark_facade_is_pinned_lazy_and_complete() -> None:
+    import rebalancer_spark.spark as spark_glue
+
+    assert spark_glue.__all__ == SPARK_PUBLIC == sorted(SPARK_PUBLIC)
+    for name in SPARK_PUBLIC:
+        assert getattr(spark_glue, name).__name__ == name
+    script = (
+        "import json, sys\n"
+        "import rebalancer_spark.spark\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('pyspark', 'deltalake'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [], "the façade imports its names lazily"
 
 
 def test_every_public_name_is_importable() -> None:

@@ -174,7 +174,7 @@ def test_other_formats_through_the_arrow_path(
     s3_bucket.put("landing/hd/c.csv", "id,value\nh3,3\n")
     source = _source(s3_bucket)
     a = _member(members, "a", ["pq", "js", "tx", "hd"])
-    hd = assigned_source(a, "hd", source, read_options={"header": "true"}, max_files_per_batch=3)
+    hd = assigned_source(a, "hd", source, options={"header": "true"}, max_files_per_batch=3)
     hd_df = _read(spark, hd)
     assert hd_df is not None
     assert sorted((r["id"], r["value"]) for r in hd_df.collect()) == [

@@ -83,6 +83,7 @@ class RebalancerNode:
         self._stopped = False
         self._driver_thread: threading.Thread | None = None
         self._output: Output | None = None
+        self._output_lock = threading.Lock()
 
     def listen(
         self,
@@ -145,7 +146,7 @@ class RebalancerNode:
     def output(self) -> Output | None:
         """The job's output (``--output`` in ``--output-format``), opened on first use."""
         if self._output is None and self.job.output is not None:
-            with self._lock:
+            with self._output_lock:
                 if self._output is None:
                     self._output = open_output(
                         self.spark, self.job.output, self.member.group, self.job.output_format

@@ -197,8 +197,7 @@ class StreamManager:
         owned = {o.resource: o for o in member.assigned()}
         with self._lock:
             for key, query in list(self._queries.items()):
-                now = owned.get(key[0])
-                if now is None or now.epoch != key[1]:
+                if not self.node.owns(*key):
                     # Not released through on_revoked (that stops the query first): the lease
                     # lapsed or the claim was dropped; stop now rather than wait for on_lost.
                     self._stop(key, "no longer owned", lost=True)
@@ -222,8 +221,7 @@ class StreamManager:
                 continue
             self.node.flush_audit()  # the acquisition is audited before the first read
             with self._lock:
-                now = member.owns(o.resource)
-                if key in self._queries or key in self._ended or now is None or now != o:
+                if key in self._queries or key in self._ended or not self.node.owns(*key):
                     continue
                 self._begin(o)
 
