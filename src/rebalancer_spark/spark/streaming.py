@@ -22,8 +22,12 @@ now, and none for any other:
 
 The default query reads new files of the resource (``job.format``, ``job.schema``,
 ``job.read_options``, at most ``job.max_files_per_batch`` per micro-batch, sub-directories
-included, names starting with ``.`` or ``_`` ignored) with a ``_file`` column, and writes them
-with Spark's Parquet file sink to ``<output>/resource=<id>/``; read that back with
+included, names starting with ``.`` or ``_`` ignored) with a ``_file`` column and writes each
+micro-batch into the job's output: by default the group's Delta table, through the same fenced
+commit as the batch loop (:func:`fenced_delta_sink`: micro-batch *n* of the query is batch
+*n + 1* of the resource, committed with the resource's epoch, so Delta refuses a stale owner's
+micro-batch and never lands one twice); with ``--output-format parquet``, Spark's Parquet file
+sink in ``<output>/resource=<id>/`` (:func:`parquet_file_sink`). Read either back with
 :func:`read_stream_output`. Give ``start_query`` to run any other query per resource.
 
 Exactly once: Spark's file source and sink with a checkpoint are exactly-once per query: the
@@ -33,8 +37,10 @@ files of batch *n* once and only once; readers that go through that log (Spark's
 sink directory, :func:`read_stream_output`) never see the files of an interrupted attempt. The
 hand-over keeps that property because two queries never run on one checkpoint at once: the
 cooperative protocol grants the resource only once the old owner released it (its query
-stopped) or its lease expired (it self-fenced ``safety_margin`` before that). See the Streaming
-section of docs/spark.md for the window that remains.
+stopped) or its lease expired (it self-fenced ``safety_margin`` before that). With the Delta
+output, the window of an owner paused past its lease in the middle of a micro-batch is closed
+too: the new owner fences the table before its query starts, so the paused owner's late commit
+is refused. See the Streaming section of docs/spark.md.
 """
 
 from __future__ import annotations
@@ -47,16 +53,24 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.core.errors import FencedError, RebalancerError
 from rebalancer_spark.member import OwnedResource
 from rebalancer_spark.sources.base import FileSource
+from rebalancer_spark.spark.outputs import DeltaOutput
 from rebalancer_spark.spark.session import RebalancerNode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["ResourceStream", "StreamManager", "StreamStats", "read_stream_output"]
+__all__ = [
+    "ResourceStream",
+    "StreamManager",
+    "StreamStats",
+    "fenced_delta_sink",
+    "parquet_file_sink",
+    "read_stream_output",
+]
 
 log = logging.getLogger("rebalancer_spark.streaming")
 
@@ -118,6 +132,51 @@ def parquet_file_sink(spark: SparkSession, stream: ResourceStream) -> StreamingQ
     )
 
 
+def fenced_delta_sink(node: RebalancerNode) -> StartQuery:
+    """The default query with a Delta output: each micro-batch of the resource's new files is
+    committed into ``node.output`` by :class:`~.outputs.DeltaOutput` (micro-batch *n* as batch
+    *n + 1*, fenced by the resource epoch). The table is fenced at the new epoch before the
+    query starts, so a previous owner paused in the middle of a micro-batch cannot commit it
+    afterwards; a micro-batch that landed already (the previous owner's, before the fence) is
+    skipped when the checkpoint makes this query run it again."""
+    output = node.output
+    if not isinstance(output, DeltaOutput):
+        raise RebalancerError(
+            f"the fenced Delta sink needs a Delta output, got {output!r}: give the job --output "
+            "PATH (with --output-format delta, the default)"
+        )
+    session = node.member.session
+    who = {
+        "member_id": node.member.member_id,
+        "session_id": "" if session is None else session.session_id,
+    }
+
+    def start(spark: SparkSession, stream: ResourceStream) -> StreamingQuery:
+        def check() -> None:
+            if not node.owns(stream.resource, stream.epoch):
+                raise FencedError(
+                    f"resource {stream.resource!r} is no longer owned at epoch {stream.epoch}: "
+                    "its micro-batch is not committed"
+                )
+
+        def write(df: DataFrame, batch_id: int) -> None:
+            output.write(df, resource=stream.resource, epoch=stream.epoch, batch=batch_id + 1,
+                         who=who, check=check)  # fmt: skip
+
+        check()
+        output.fence(stream.resource, stream.epoch, who)
+        return (
+            stream.read_stream(spark)
+            .writeStream.foreachBatch(write)
+            .queryName(stream.query_name)
+            .option("checkpointLocation", stream.checkpoint)
+            .trigger(processingTime=f"{stream.trigger_seconds} seconds")
+            .start()
+        )
+
+    return start
+
+
 @dataclass(slots=True)
 class StreamStats:
     """What one manager did."""
@@ -147,7 +206,7 @@ class StreamManager:
         *,
         checkpoint_root: str,
         output: str | None = None,
-        start_query: StartQuery = parquet_file_sink,
+        start_query: StartQuery | None = None,
         trigger_seconds: float | None = None,
     ) -> None:
         if not isinstance(node.source, FileSource):
@@ -167,6 +226,9 @@ class StreamManager:
         self.checkpoint_root = checkpoint_root
         self.output = output
         self.stats = StreamStats()
+        if start_query is None:
+            delta = node.job.output_format == "delta" and node.job.output is not None
+            start_query = fenced_delta_sink(node) if delta else parquet_file_sink
         self._start_query = start_query
         self._trigger = node.job.poll_interval if trigger_seconds is None else trigger_seconds
         self._lock = threading.Lock()  # held while a query starts or stops
@@ -322,7 +384,8 @@ def read_stream_output(spark: SparkSession, output: str) -> DataFrame | None:
     """Every row the default queries committed under ``output``, each once, with a
     ``resource`` column; None if nothing was committed yet.
 
-    Each ``resource=<id>/`` directory is read through its sink log (``_spark_metadata``), so
+    A Delta output is read with Spark's Delta reader. For a Parquet output, each
+    ``resource=<id>/`` directory is read through its sink log (``_spark_metadata``), so
     files left by an interrupted attempt of a micro-batch are not read. (Reading ``output``
     as one partitioned table would list those files too.) ``output`` is a local or mounted
     path (or a ``file:`` URL): the ``resource=`` directories are listed with ``os``."""
@@ -332,6 +395,9 @@ def read_stream_output(spark: SparkSession, output: str) -> DataFrame | None:
     from pyspark.sql import functions as sf
 
     root = unquote(urlsplit(output).path) if output.startswith("file:") else output
+    if os.path.isdir(os.path.join(root, "_delta_log")):
+        table = spark.read.format("delta").load(output)
+        return table.withColumn("resource", sf.col("_resource")) if table.take(1) else None
     frames: list[DataFrame] = []
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         path = os.path.join(root, name)
