@@ -3,7 +3,7 @@
     rebalancer-spark status      --group G [--backend URL] [--json]
     rebalancer-spark members     --group G [--backend URL] [--json]
     rebalancer-spark assignments --group G [--backend URL] [--json]
-    rebalancer-spark audit verify  PATH [--group G] [--tolerance S] [--json]
+    rebalancer-spark audit verify  PATH [--output TABLE] [--group G] [--tolerance S] [--json]
     rebalancer-spark audit history PATH [--group G] [--resource R] [--since T] [--json]
     rebalancer-spark history --audit PATH [--group G] [--resource R] [--since T] [--json]
     rebalancer-spark audit timeline PATH --out FILE.png [--group G] [--since T] [--json]
@@ -21,7 +21,8 @@ group, not created. The control commands change the group's control record (see
 
 * 0: done (``status`` is informative and never fails a check; a control change that is
   already in effect is done too);
-* 1: a check failed: ``audit verify`` found a resource owned by two members at once;
+* 1: a check failed: ``audit verify`` found a resource owned by two members at once, or (with
+  ``--output``) an output commit that broke a rule of the output check;
 * 2: bad input (usage, URL, group, member or resource name, audit path, nothing to draw) or a
   store that cannot be reached;
 * 3: refused by the group's state (``rebalance`` or ``drain`` while paused);
@@ -71,7 +72,8 @@ __all__ = ["main"]
 PROG = "rebalancer-spark"
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 _EPILOG = (
-    "exit status: 0 ok; 1 a check failed (audit verify found two owners at once; status "
+    "exit status: 0 ok; 1 a check failed (audit verify found two owners at once or, with "
+    "--output, an output commit breaking a rule; status "
     "never fails); 2 bad input or unreachable store; 3 refused by the group's state "
     "(rebalance or drain while paused); 4 timed out (drain still owning after --timeout). "
     "--backend defaults to groups.db in $REBALANCER_HOME (default "
@@ -385,9 +387,43 @@ def _audit() -> Any:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     group = validate_group(args.group) if args.group is not None else None
-    verdict = _audit().verify_table(args.path, group=group, tolerance=args.tolerance)
-    _emit(args.json, asdict(verdict), lambda: print(verdict.report()))
-    return EXIT_OK if verdict.ok else EXIT_CHECK_FAILED
+    options = _storage_options(args.storage_option)
+    verdict = _audit().verify_table(
+        args.path, group=group, tolerance=args.tolerance, storage_options=options or None
+    )
+    data: dict[str, Any] = asdict(verdict)
+    reports = [verdict.report()]
+    ok = verdict.ok
+    if args.output is not None:
+        from rebalancer_spark.audit.output_check import verify_output
+
+        checked = verify_output(
+            args.path,
+            args.output,
+            group=group,
+            tolerance=args.tolerance,
+            storage_options=options or None,
+        )
+        data["output"] = checked.as_dict()
+        reports.append(checked.report())
+        ok = ok and checked.ok
+    _emit(args.json, data, lambda: print("\n".join(reports)))
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
+
+
+def _storage_options(pairs: Sequence[str] | None) -> dict[str, str]:
+    """``KEY=VALUE`` pairs as deltalake storage options (values never shown)."""
+    options: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            _fail(
+                f"--storage-option {key.strip() or '(empty)'!r} is not KEY=VALUE; give e.g. "
+                "--storage-option AWS_ENDPOINT_URL=http://host:9000 (or set the AWS_* "
+                "environment variables)"
+            )
+        options[key.strip()] = value
+    return options
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
@@ -788,7 +824,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     audits = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     verify = audits.add_parser(
-        "verify", help="prove no resource had two owners at once", epilog=_EPILOG
+        "verify",
+        help="prove no resource had two owners at once (with --output: and that every output "
+        "commit was made by its owner)",
+        epilog=_EPILOG,
     )
     verify.add_argument(
         "--tolerance",
@@ -796,6 +835,20 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="SECONDS",
         help="overlap allowed for clock skew between hosts (default 0)",
+    )
+    verify.add_argument(
+        "--output",
+        metavar="TABLE",
+        help="also check this output Delta table's commits against the audit table "
+        "(see docs/audit.md): each data commit by its owner, inside its ownership, "
+        "epochs never going down, no batch twice",
+    )
+    verify.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a deltalake storage option for s3:// tables (repeatable; e.g. "
+        "AWS_ENDPOINT_URL=..., AWS_REGION=...); the AWS_* environment variables work too",
     )
     history = audits.add_parser("history", help="one line per ownership event", epilog=_EPILOG)
     history.add_argument("--resource", help="show this resource only")
