@@ -178,3 +178,16 @@ def write_log_commits(path: Path, commits: Sequence[Mapping[str, str]]) -> None:
         tmp = log / f".{uuid.uuid4().hex}.tmp"
         tmp.write_text(body)
         os.replace(tmp, name)
+
+
+def as_events(rows: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    """``rows`` as the loaders return them: times in float epoch seconds, every chain column."""
+    out = []
+    for r in rows:
+        e = {name: r.get(name) for name in chain_schema().names}
+        for name in ("at", "observed_at", "freed_at"):
+            value = e[name]
+            if isinstance(value, int):
+                e[name] = value / 1e6
+        out.append(e)
+    return out

@@ -267,9 +267,15 @@ def _print_status(status: Mapping[str, Any]) -> None:
     print(f"imbalance: {status['imbalance']}, stable: {_cell(status['stable'])}")
     last = status.get("last_rebalance")
     if last:
+        if last["by_generation"]:
+            what = f"generation {last['generation']} ({last['reason'] or last['trigger']})"
+            basis = ""
+        else:
+            what = f"#{last['number']}"
+            basis = " (guessed by clustering: the audit table has no rebalance rows)"
         print(
-            f"last rebalance: #{last['number']} at {last['start']} UTC, took "
-            f"{last['duration']:.3f} s, {last['moved']} moved, {last['assigned']} assigned"
+            f"last rebalance: {what} at {last['start']} UTC, took "
+            f"{last['duration']:.3f} s, {last['moved']} moved, {last['assigned']} assigned{basis}"
         )
     elif status.get("audit_given"):
         print("last rebalance: none in the audit table")
@@ -341,18 +347,23 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _last_rebalance(path: str, group: str) -> dict[str, Any] | None:
     """The group's last rebalance as the audit table at ``path`` tells it (see
     ``audit rebalances`` for the definition), or None if the table has none."""
-    audit = _audit()
-    found = audit.rebalances(audit.load_events(path, group=group))
+    from rebalancer_spark.audit.rows import load_rows
+
+    found = _audit().rebalances(load_rows(path, group=group).rows)
     if not found:
         return None
     last = found[-1]
     return {
         "number": last.number,
+        "generation": last.generation,
+        "trigger": last.trigger,
+        "reason": last.reason,
         "start": _utc(last.start),
         "duration": round(last.duration, 3),
         "moved": last.moved,
         "assigned": last.assigned,
         "members": list(last.members),
+        "by_generation": last.by_generation,
     }
 
 
@@ -646,7 +657,10 @@ def _since(text: str) -> float:
 def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The events of the audit table at ``args.path``, filtered by the options given."""
     group = validate_group(args.group) if args.group is not None else None
-    events: list[dict[str, Any]] = _audit().load_events(args.path, group=group)
+    _audit()
+    from rebalancer_spark.audit.rows import load_rows
+
+    events: list[dict[str, Any]] = load_rows(args.path, group=group).rows
     resource = getattr(args, "resource", None)
     if resource is not None:
         events = [e for e in events if e["resource"] == resource]
@@ -699,23 +713,29 @@ def _cmd_rebalances(args: argparse.Namespace) -> int:
         "moved": sum(r.moved for r in found),
     }
 
+    notes = _audit().basis_notes(found, args.window)
+    summary["notes"] = notes
+
     def human() -> None:
         if not found:
             print("no rebalances")
             return
-        heads = ("#", "GROUP", "START (UTC)", "DURATION S", "MOVED", "ASSIGNED", "RETURNED")
+        heads = ("#", "GROUP", "GEN", "TRIGGER", "START (UTC)", "DURATION S", "MOVED")
         table = [
-            [r.number, r.group, _utc(r.start), f"{r.duration:.3f}", r.moved, r.assigned]
+            [r.number, r.group, r.generation, r.trigger, _utc(r.start), f"{r.duration:.3f}"]
             for r in found
         ]
         for row, r in zip(table, found, strict=True):
-            row += [r.returned, r.released, r.lost, ",".join(r.members)]
-        print(_table((*heads, "RELEASED", "LOST", "MEMBERS"), table))
+            row += [r.moved, r.assigned, r.returned, r.released, r.lost, ",".join(r.members)]
+        tail = ("ASSIGNED", "RETURNED", "RELEASED", "LOST", "MEMBERS")
+        print(_table((*heads, *tail), table))
+        basis = "by generation" if not notes else "by generation where recorded"
         print(
-            f"{len(found)} rebalances (changes more than {args.window:g} s apart start a new "
-            f"one), median {summary['median_duration']:.3f} s, longest "
-            f"{summary['max_duration']:.3f} s, {summary['moved']} resources moved"
+            f"{len(found)} rebalances ({basis}), median {summary['median_duration']:.3f} s, "
+            f"longest {summary['max_duration']:.3f} s, {summary['moved']} resources moved"
         )
+        for note in notes:
+            print(f"note: {note}")
 
     _emit(args.json, {**summary, "items": rows}, human)
     return EXIT_OK
@@ -765,7 +785,9 @@ def _add_audit_commands(commands: Any, audits: Any) -> None:
     stats = audits.add_parser(
         "rebalances",
         help="rebalance durations and moves from the audit table",
-        description="ownership changes closer than --window seconds form one rebalance",
+        description="one rebalance per target generation (start: its publication, end: the "
+        "last acquisition under it); tables without rebalance rows: ownership changes closer "
+        "than --window seconds form one rebalance",
         epilog=_AUDIT_EPILOG,
     )
     stats.add_argument(
@@ -773,7 +795,7 @@ def _add_audit_commands(commands: Any, audits: Any) -> None:
         type=float,
         default=2.0,
         metavar="SECONDS",
-        help="quiet time that ends a rebalance (default 2)",
+        help="for tables without rebalance rows: quiet time that ends a rebalance (default 2)",
     )
     stats.set_defaults(func=_cmd_rebalances)
     owners = audits.add_parser(
@@ -815,7 +837,8 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--audit",
                 metavar="PATH",
-                help="the group's Delta audit table: adds the last rebalance and its duration",
+                help="the group's Delta audit table: adds the last rebalance (generation, "
+                "trigger, duration, moves)",
             )
         sub.set_defaults(func=func)
     _add_control_commands(commands)
