@@ -671,25 +671,32 @@ def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
-    # Control rows (pins, drains, pauses) are no ownership: neither lanes nor events here.
-    events = [e for e in _audit_events(args) if e["kind"] != "control"]
+    # Control and rebalance rows are marks above the lanes, not ownerships.
+    everything = _audit_events(args)
+    events = [e for e in everything if e["kind"] in ("acquired", "released", "lost", "fenced")]
     try:
         from rebalancer_spark.audit.timeline import save_timeline
     except ImportError as exc:
         _fail(f"audit timeline needs matplotlib ({exc})")
-    width, height = save_timeline(events, args.out, title=args.title)
+    image = save_timeline(
+        everything, args.out, title=args.title, lanes=args.lanes, max_lanes=args.max_lanes
+    )
     owners = {str(e["member_id"]) for e in events if e["kind"] == "acquired"}
     data = {
         "out": args.out,
-        "width": width,
-        "height": height,
+        "width": image.width,
+        "height": image.height,
         "events": len(events),
         "resources": len({e["resource"] for e in events}),
         "members": len(owners),
+        "lanes": image.lanes,
+        "lane_count": image.lane_count,
+        "marks": image.marks,
     }
     text = (
-        f"wrote {args.out} ({width}x{height} px): {data['resources']} resources, "
-        f"{data['members']} members, {len(events)} events"
+        f"wrote {args.out} ({image.width}x{image.height} px): {data['resources']} resources, "
+        f"{data['members']} members, {len(events)} events; {image.lane_count} lanes by "
+        f"{image.lanes}, {image.marks} rebalance and control marks"
     )
     _emit(args.json, data, lambda: print(text))
     return EXIT_OK
@@ -775,12 +782,27 @@ def _add_audit_commands(commands: Any, audits: Any) -> None:
     timeline = audits.add_parser(
         "timeline",
         help="draw ownership over time into a PNG",
-        description="one lane per resource, a colour per member, epochs and gaps marked",
+        description="one lane per resource (aggregated by prefix or member when there are "
+        "many), a colour per member, epochs and gaps, rebalances and control events marked",
         epilog=_AUDIT_EPILOG,
     )
     timeline.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write")
     timeline.add_argument("--resource", help="draw this resource only")
     timeline.add_argument("--title", help="the plot's title")
+    timeline.add_argument(
+        "--lanes",
+        choices=("auto", "resource", "prefix", "member"),
+        default="auto",
+        help="one lane per resource, or aggregated by resource prefix (or ranges of ids) or "
+        "by member; auto: per resource up to --max-lanes resources, then aggregated",
+    )
+    timeline.add_argument(
+        "--max-lanes",
+        type=int,
+        default=60,
+        metavar="N",
+        help="most lanes drawn before aggregating (default 60)",
+    )
     timeline.set_defaults(func=_cmd_timeline)
     stats = audits.add_parser(
         "rebalances",
