@@ -6,7 +6,7 @@
     rebalancer-spark audit verify  PATH [--output TABLE] [--group G] [--tolerance S] [--json]
     rebalancer-spark audit history PATH [--group G] [--resource R] [--since T] [--json]
     rebalancer-spark history --audit PATH [--group G] [--resource R] [--since T] [--json]
-    rebalancer-spark audit timeline PATH --out FILE.png [--group G] [--since T] [--json]
+    rebalancer-spark audit timeline PATH --out FILE.png [--lanes L] [--group G] [--since T] [--json]
     rebalancer-spark audit rebalances PATH [--group G] [--window S] [--since T] [--json]
     rebalancer-spark audit owners PATH [--group G] [--json]
     rebalancer-spark pause|resume|rebalance|reset --group G [--backend URL] [--json]

@@ -37,6 +37,7 @@ _PREFIX = "rebalancer."
 _KINDS = frozenset({"data", "fence"})
 _SHOWN_VIOLATIONS = 20
 _SHOWN_FOREIGN = 10
+_OUTPUT_COLUMNS = ("_resource", "_batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,14 @@ def read_output_log(path: str, storage_options: Mapping[str, str] | None = None)
             f"({type(exc).__name__}: {_first_line(exc, options)}); check the path and the "
             "storage options (credentials, endpoint)"
         ) from exc
+    columns = {field.name for field in table.schema().fields}
+    missing = [name for name in _OUTPUT_COLUMNS if name not in columns]
+    if missing:
+        raise ConfigurationError(
+            f"the Delta table at {redact_url(path)} has no {' or '.join(missing)} column: it "
+            "is not an output table of the fenced writer (is it the audit table?); pass the "
+            "jobs' --output table"
+        )
     return parse_history(entries)
 
 
