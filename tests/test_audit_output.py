@@ -16,7 +16,15 @@ import pytest
 from rebalancer_spark.audit.output_check import parse_history, verify_output
 from rebalancer_spark.cli import main
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
-from tests.audit_tables import GROUP, OutputTable, row, write_audit, write_log_commits
+from rebalancer_spark.core.output_rules import OutputCommit, check_commits, grants
+from tests.audit_tables import (
+    GROUP,
+    OutputTable,
+    as_events,
+    row,
+    write_audit,
+    write_log_commits,
+)
 from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
 
 
@@ -290,3 +298,56 @@ def test_tables_on_s3_are_read_with_storage_options(s3_bucket: S3Bucket) -> None
     assert [(v.rule, v.commit.version) for v in verdict.violations] == [("batch-once", twice)]
     assert took < 10.0, f"reading 42 commits from S3 took {took:.2f} s"
     assert SECRET_KEY not in verdict.report()
+
+
+# -- the rules alone (no tables) ------------------------------------------------------------
+
+
+def commit(version: int, at: float, member: str, epoch: int, batch: int) -> OutputCommit:
+    return OutputCommit(version, at, "data", GROUP, "r0", member, f"{member}-s", epoch, batch)
+
+
+def test_a_killed_owner_of_an_old_table_ends_at_the_next_grant() -> None:
+    """No lost row, no chain columns: epoch 1 ended when epoch 2 was granted at 10 s."""
+    granted = grants(
+        as_events([row("acquired", 0, "r0", "a", 1), row("acquired", 10, "r0", "b", 2)])
+    )
+    assert granted[(GROUP, "r0", 1)][0].ended_by == "superseded"
+    assert check_commits([commit(1, 9.0, "a", 1, 1)], granted) == []
+    late = check_commits([commit(1, 12.0, "a", 1, 1)], granted)
+    assert [(v.rule, v.commit.version) for v in late] == [("inside", 1)]
+    assert "2.000 s after it ended (superseded)" in late[0].detail
+
+
+def test_the_tolerance_covers_clock_skew_and_nothing_more() -> None:
+    granted = grants(
+        as_events([row("acquired", 0, "r0", "a", 1), row("released", 5, "r0", "a", 1)])
+    )
+    assert check_commits([commit(1, 5.5, "a", 1, 1)], granted, tolerance=1.0) == []
+    assert check_commits([commit(1, -0.5, "a", 1, 1)], granted, tolerance=1.0) == []
+    early = check_commits([commit(1, -0.5, "a", 1, 1)], granted)
+    assert "0.500 s before it began" in early[0].detail
+    assert check_commits([commit(1, 5.0005, "a", 1, 1)], granted) == []  # Delta's 1 ms
+    assert [v.rule for v in check_commits([commit(1, 5.01, "a", 1, 1)], granted)] == ["inside"]
+
+
+def test_a_fence_raises_the_epoch_and_a_later_data_commit_below_it_is_stale() -> None:
+    granted = grants(
+        as_events([row("acquired", 0, "r0", "a", 1), row("acquired", 10, "r0", "b", 2)])
+    )
+    fence = OutputCommit(1, 10.1, "fence", GROUP, "r0", "b", "b-s", 2, 3)
+    ok = [fence, commit(2, 10.2, "b", 2, 4)]
+    assert check_commits(ok, granted) == []
+    stale = check_commits([fence, commit(2, 9.0, "a", 1, 4)], granted)
+    assert [(v.rule, v.commit.version) for v in stale] == [("epoch-order", 2)]
+
+
+def test_a_storage_option_without_a_value_is_refused(
+    tables: tuple[str, OutputTable], capsys: pytest.CaptureFixture[str]
+) -> None:
+    audit, out = tables
+    handover(audit, time.time(), chain=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "verify", audit, "--output", out.path, "--storage-option", "AWS_REGION"])
+    assert exited.value.code == 2
+    assert "--storage-option 'AWS_REGION' is not KEY=VALUE" in capsys.readouterr().err
