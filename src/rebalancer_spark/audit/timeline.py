@@ -56,6 +56,8 @@ _STRIP_INCHES = 0.9
 _MAX_LABELLED_EPOCHS = 400
 _MAX_LABELLED_MARKS = 40
 _MARK_CHARS = 28
+_SIDE_LEGEND = 20
+_LEGEND_ROW_INCHES = 0.2
 _OWNERSHIP = frozenset({"acquired", "released", "lost"})
 
 
@@ -153,12 +155,17 @@ def _draw(
     marks = _marks(events, t0, end)
     strip = _STRIP_INCHES if marks else 0.0
     height = 1.6 + strip + _LANE_INCHES * len(chosen)
+    # Up to 20 members: a legend beside the lanes; more: in rows of 10 below them.
+    legend_rows = 0 if len(colours) <= _SIDE_LEGEND else math.ceil(len(colours) / 10)
+    height += legend_rows * _LEGEND_ROW_INCHES
+    constrained = bool(marks) or legend_rows > 0
     figure = Figure(
-        figsize=(_WIDTH_INCHES, height), dpi=dpi, layout="constrained" if marks else None
+        figsize=(_WIDTH_INCHES, height), dpi=dpi, layout="constrained" if constrained else None
     )
     FigureCanvasAgg(figure)
     if marks:
-        grid = figure.add_gridspec(2, 1, height_ratios=[strip, height - strip - 1.2])
+        lanes_inches = height - strip - 1.2 - legend_rows * _LEGEND_ROW_INCHES
+        grid = figure.add_gridspec(2, 1, height_ratios=[strip, lanes_inches])
         axes = figure.add_subplot(grid[1])
         _draw_marks(figure.add_subplot(grid[0], sharex=axes), axes, marks, t0)
     else:
@@ -186,8 +193,13 @@ def _draw(
     axes.grid(axis="x", alpha=0.3)
     axes.set_title(title or _title(mode, len(by_resource), len(colours), len(chosen)))
     handles = [Patch(facecolor=colour, label=member) for member, colour in colours.items()]
-    axes.legend(handles=handles, title="member", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    if not marks:
+    if legend_rows:
+        figure.legend(
+            handles=handles, title="member", loc="outside lower center", ncols=10, fontsize=7
+        )
+    else:
+        axes.legend(handles=handles, title="member", loc="upper left", bbox_to_anchor=(1.01, 1))
+    if not constrained:
         figure.tight_layout()
     return figure, mode, len(chosen), len(marks)
 
