@@ -234,7 +234,7 @@ def test_the_job_script_checks_the_output(tables: tuple[str, OutputTable]) -> No
         check=False,
     )
     assert done.returncode == 1, done.stderr
-    assert "output FAILED: 1 violation(s)" in done.stdout
+    assert "output FAILED: 1 violation (" in done.stdout
     assert "was granted to job-a (session job-a-s), not to job-b" in done.stdout
 
 

@@ -90,9 +90,10 @@ class OutputVerdict:
         """The verdict in one line, the first offending commit in full, the other violations
         (up to 20), the foreign commits and the notes."""
         counts = (
-            f"{self.data_commits} data commits and {self.fence_commits} fences of "
-            f"{self.resources} resources, versions {self.first_version}-{self.last_version} of "
-            f"{self.output}, tolerance {self.tolerance:g} s"
+            f"{_count(self.data_commits, 'data commit')} and "
+            f"{_count(self.fence_commits, 'fence')} of {_count(self.resources, 'resource')}, "
+            f"versions {self.first_version}-{self.last_version} of {self.output}, "
+            f"tolerance {self.tolerance:g} s"
         )
         first = self.first_violation
         if first is None:
@@ -102,7 +103,7 @@ class OutputVerdict:
             ]
         else:
             lines = [
-                f"output FAILED: {len(self.violations)} violation(s) ({counts})",
+                f"output FAILED: {_count(len(self.violations), 'violation')} ({counts})",
                 f"first offending commit: {_describe(first)}",
                 f"  broke rule {RULES[first.rule]}: {first.detail}",
             ]
@@ -280,6 +281,10 @@ def _commit(version: int, at: float, entry: Mapping[str, object]) -> OutputCommi
 
 
 _REQUIRED = ("group", "resource", "member_id", "session_id", "epoch", "batch")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _describe(v: OutputViolation) -> str:
