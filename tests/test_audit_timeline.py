@@ -257,9 +257,10 @@ def here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 def test_rebalances_and_owners_commands(table: str, capsys: pytest.CaptureFixture[str]) -> None:
     lines = here(capsys, "audit", "rebalances", table).splitlines()
-    assert lines[0].split()[:4] == ["#", "GROUP", "START", "(UTC)"]
-    assert lines[2].split()[3:6] == ["0.200", "2", "0"]  # rebalance 2: 0.2 s, 2 moved
-    assert lines[-1].startswith("3 rebalances")
+    assert lines[0].split()[:6] == ["#", "GROUP", "GEN", "TRIGGER", "START", "(UTC)"]
+    assert lines[2].split()[5:8] == ["0.200", "2", "0"]  # rebalance 2: 0.2 s, 2 moved
+    assert lines[4].startswith("3 rebalances (by generation where recorded)")
+    assert lines[5].startswith("note: group orders: all its rebalances guessed by clustering")
     data = json.loads(here(capsys, "audit", "rebalances", table, "--json"))
     assert data["rebalances"] == 3 and data["moved"] == 4
     assert [i["moved"] for i in data["items"]] == [0, 2, 2]

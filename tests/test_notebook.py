@@ -121,6 +121,10 @@ def execute(
     code = [c for c in notebook.cells if c.cell_type == "code"]
     outputs = [o for c in code for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    stray = [
+        text_of(c) for c in code if "Series([]" in text_of(c) or "Empty DataFrame" in text_of(c)
+    ]
+    assert not stray, f"an empty pandas object printed: {stray}"
     return code
 
 
@@ -211,3 +215,34 @@ def test_the_notebook_charts_the_rebalances_of_several_groups(
     for group, colour in member_colours(["clicks", "orders"]).items():
         near = np.all(np.abs(duration - np.array(to_rgb(colour))) < 0.01, axis=2)
         assert int(near.sum()) > 200, group
+
+
+@pytest.mark.slow
+def test_the_notebook_shows_rebalances_by_generation_and_a_group_owning_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table with the chain columns and the coordinator's rebalance rows: rebalances listed
+    by generation with their trigger, no clustering note; every resource released at the end,
+    so nobody owns anything now (said in words, no empty pandas object printed)."""
+    from tests.audit_tables import row as chain_row
+    from tests.audit_tables import write_audit
+    from tests.test_audit_rebalances import T0, pin_then_drain
+
+    audit = str(tmp_path / "audit")
+    ends = [
+        chain_row("released", T0 + 30, r, m, e, coordinator_epoch=1)  # a leave: no target
+        for r, m, e in (("r0", "job-a", 1), ("r1", "job-a", 2), ("r2", "job-a", 2))
+    ]
+    write_audit(audit, [*pin_then_drain(), *ends])
+
+    code = execute(tmp_path, monkeypatch, audit)
+
+    shown = "".join(text_of(c) for c in code)
+    assert "nobody owns anything now: all 3 resources were released or lost" in shown
+    stats = text_of(next(c for c in code if "rebalances(" in c.source))
+    assert "4 rebalances, 2 resources moved" in stats, stats
+    assert "operator: drain job-b" in stats and "discovery" in stats, stats
+    assert "note:" not in stats and "predates" not in shown
+    assert images(code) == 2
+    notebook = NOTEBOOK.read_text()
+    assert "## Lag over time" in notebook and "does not hold progress rows yet" in notebook

@@ -3,10 +3,10 @@
     rebalancer-spark status      --group G [--backend URL] [--json]
     rebalancer-spark members     --group G [--backend URL] [--json]
     rebalancer-spark assignments --group G [--backend URL] [--json]
-    rebalancer-spark audit verify  PATH [--group G] [--tolerance S] [--json]
+    rebalancer-spark audit verify  PATH [--output TABLE] [--group G] [--tolerance S] [--json]
     rebalancer-spark audit history PATH [--group G] [--resource R] [--since T] [--json]
     rebalancer-spark history --audit PATH [--group G] [--resource R] [--since T] [--json]
-    rebalancer-spark audit timeline PATH --out FILE.png [--group G] [--since T] [--json]
+    rebalancer-spark audit timeline PATH --out FILE.png [--lanes L] [--group G] [--since T] [--json]
     rebalancer-spark audit rebalances PATH [--group G] [--window S] [--since T] [--json]
     rebalancer-spark audit owners PATH [--group G] [--json]
     rebalancer-spark pause|resume|rebalance|reset --group G [--backend URL] [--json]
@@ -21,7 +21,8 @@ group, not created. The control commands change the group's control record (see
 
 * 0: done (``status`` is informative and never fails a check; a control change that is
   already in effect is done too);
-* 1: a check failed: ``audit verify`` found a resource owned by two members at once;
+* 1: a check failed: ``audit verify`` found a resource owned by two members at once, or (with
+  ``--output``) an output commit that broke a rule of the output check;
 * 2: bad input (usage, URL, group, member or resource name, audit path, nothing to draw) or a
   store that cannot be reached;
 * 3: refused by the group's state (``rebalance`` or ``drain`` while paused);
@@ -71,7 +72,8 @@ __all__ = ["main"]
 PROG = "rebalancer-spark"
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 _EPILOG = (
-    "exit status: 0 ok; 1 a check failed (audit verify found two owners at once; status "
+    "exit status: 0 ok; 1 a check failed (audit verify found two owners at once or, with "
+    "--output, an output commit breaking a rule; status "
     "never fails); 2 bad input or unreachable store; 3 refused by the group's state "
     "(rebalance or drain while paused); 4 timed out (drain still owning after --timeout). "
     "--backend defaults to groups.db in $REBALANCER_HOME (default "
@@ -265,9 +267,15 @@ def _print_status(status: Mapping[str, Any]) -> None:
     print(f"imbalance: {status['imbalance']}, stable: {_cell(status['stable'])}")
     last = status.get("last_rebalance")
     if last:
+        if last["by_generation"]:
+            what = f"generation {last['generation']} ({last['reason'] or last['trigger']})"
+            basis = ""
+        else:
+            what = f"#{last['number']}"
+            basis = " (guessed by clustering: the audit table has no rebalance rows)"
         print(
-            f"last rebalance: #{last['number']} at {last['start']} UTC, took "
-            f"{last['duration']:.3f} s, {last['moved']} moved, {last['assigned']} assigned"
+            f"last rebalance: {what} at {last['start']} UTC, took "
+            f"{last['duration']:.3f} s, {last['moved']} moved, {last['assigned']} assigned{basis}"
         )
     elif status.get("audit_given"):
         print("last rebalance: none in the audit table")
@@ -339,18 +347,23 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _last_rebalance(path: str, group: str) -> dict[str, Any] | None:
     """The group's last rebalance as the audit table at ``path`` tells it (see
     ``audit rebalances`` for the definition), or None if the table has none."""
-    audit = _audit()
-    found = audit.rebalances(audit.load_events(path, group=group))
+    from rebalancer_spark.audit.rows import load_rows
+
+    found = _audit().rebalances(load_rows(path, group=group).rows)
     if not found:
         return None
     last = found[-1]
     return {
         "number": last.number,
+        "generation": last.generation,
+        "trigger": last.trigger,
+        "reason": last.reason,
         "start": _utc(last.start),
         "duration": round(last.duration, 3),
         "moved": last.moved,
         "assigned": last.assigned,
         "members": list(last.members),
+        "by_generation": last.by_generation,
     }
 
 
@@ -385,9 +398,43 @@ def _audit() -> Any:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     group = validate_group(args.group) if args.group is not None else None
-    verdict = _audit().verify_table(args.path, group=group, tolerance=args.tolerance)
-    _emit(args.json, asdict(verdict), lambda: print(verdict.report()))
-    return EXIT_OK if verdict.ok else EXIT_CHECK_FAILED
+    options = _storage_options(args.storage_option)
+    verdict = _audit().verify_table(
+        args.path, group=group, tolerance=args.tolerance, storage_options=options or None
+    )
+    data: dict[str, Any] = asdict(verdict)
+    reports = [verdict.report()]
+    ok = verdict.ok
+    if args.output is not None:
+        from rebalancer_spark.audit.output_check import verify_output
+
+        checked = verify_output(
+            args.path,
+            args.output,
+            group=group,
+            tolerance=args.tolerance,
+            storage_options=options or None,
+        )
+        data["output"] = checked.as_dict()
+        reports.append(checked.report())
+        ok = ok and checked.ok
+    _emit(args.json, data, lambda: print("\n".join(reports)))
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
+
+
+def _storage_options(pairs: Sequence[str] | None) -> dict[str, str]:
+    """``KEY=VALUE`` pairs as deltalake storage options (values never shown)."""
+    options: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            _fail(
+                f"--storage-option {key.strip() or '(empty)'!r} is not KEY=VALUE; give e.g. "
+                "--storage-option AWS_ENDPOINT_URL=http://host:9000 (or set the AWS_* "
+                "environment variables)"
+            )
+        options[key.strip()] = value
+    return options
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
@@ -610,7 +657,10 @@ def _since(text: str) -> float:
 def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The events of the audit table at ``args.path``, filtered by the options given."""
     group = validate_group(args.group) if args.group is not None else None
-    events: list[dict[str, Any]] = _audit().load_events(args.path, group=group)
+    _audit()
+    from rebalancer_spark.audit.rows import load_rows
+
+    events: list[dict[str, Any]] = load_rows(args.path, group=group).rows
     resource = getattr(args, "resource", None)
     if resource is not None:
         events = [e for e in events if e["resource"] == resource]
@@ -621,25 +671,32 @@ def _audit_events(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
-    # Control rows (pins, drains, pauses) are no ownership: neither lanes nor events here.
-    events = [e for e in _audit_events(args) if e["kind"] != "control"]
+    # Control and rebalance rows are marks above the lanes, not ownerships.
+    everything = _audit_events(args)
+    events = [e for e in everything if e["kind"] in ("acquired", "released", "lost", "fenced")]
     try:
         from rebalancer_spark.audit.timeline import save_timeline
     except ImportError as exc:
         _fail(f"audit timeline needs matplotlib ({exc})")
-    width, height = save_timeline(events, args.out, title=args.title)
+    image = save_timeline(
+        everything, args.out, title=args.title, lanes=args.lanes, max_lanes=args.max_lanes
+    )
     owners = {str(e["member_id"]) for e in events if e["kind"] == "acquired"}
     data = {
         "out": args.out,
-        "width": width,
-        "height": height,
+        "width": image.width,
+        "height": image.height,
         "events": len(events),
         "resources": len({e["resource"] for e in events}),
         "members": len(owners),
+        "lanes": image.lanes,
+        "lane_count": image.lane_count,
+        "marks": image.marks,
     }
     text = (
-        f"wrote {args.out} ({width}x{height} px): {data['resources']} resources, "
-        f"{data['members']} members, {len(events)} events"
+        f"wrote {args.out} ({image.width}x{image.height} px): {data['resources']} resources, "
+        f"{data['members']} members, {len(events)} events; {image.lane_count} lanes by "
+        f"{image.lanes}, {image.marks} rebalance and control marks"
     )
     _emit(args.json, data, lambda: print(text))
     return EXIT_OK
@@ -663,23 +720,29 @@ def _cmd_rebalances(args: argparse.Namespace) -> int:
         "moved": sum(r.moved for r in found),
     }
 
+    notes = _audit().basis_notes(found, args.window)
+    summary["notes"] = notes
+
     def human() -> None:
         if not found:
             print("no rebalances")
             return
-        heads = ("#", "GROUP", "START (UTC)", "DURATION S", "MOVED", "ASSIGNED", "RETURNED")
+        heads = ("#", "GROUP", "GEN", "TRIGGER", "START (UTC)", "DURATION S", "MOVED")
         table = [
-            [r.number, r.group, _utc(r.start), f"{r.duration:.3f}", r.moved, r.assigned]
+            [r.number, r.group, r.generation, r.trigger, _utc(r.start), f"{r.duration:.3f}"]
             for r in found
         ]
         for row, r in zip(table, found, strict=True):
-            row += [r.returned, r.released, r.lost, ",".join(r.members)]
-        print(_table((*heads, "RELEASED", "LOST", "MEMBERS"), table))
+            row += [r.moved, r.assigned, r.returned, r.released, r.lost, ",".join(r.members)]
+        tail = ("ASSIGNED", "RETURNED", "RELEASED", "LOST", "MEMBERS")
+        print(_table((*heads, *tail), table))
+        basis = "by generation" if not notes else "by generation where recorded"
         print(
-            f"{len(found)} rebalances (changes more than {args.window:g} s apart start a new "
-            f"one), median {summary['median_duration']:.3f} s, longest "
-            f"{summary['max_duration']:.3f} s, {summary['moved']} resources moved"
+            f"{len(found)} rebalances ({basis}), median {summary['median_duration']:.3f} s, "
+            f"longest {summary['max_duration']:.3f} s, {summary['moved']} resources moved"
         )
+        for note in notes:
+            print(f"note: {note}")
 
     _emit(args.json, {**summary, "items": rows}, human)
     return EXIT_OK
@@ -719,17 +782,34 @@ def _add_audit_commands(commands: Any, audits: Any) -> None:
     timeline = audits.add_parser(
         "timeline",
         help="draw ownership over time into a PNG",
-        description="one lane per resource, a colour per member, epochs and gaps marked",
+        description="one lane per resource (aggregated by prefix or member when there are "
+        "many), a colour per member, epochs and gaps, rebalances and control events marked",
         epilog=_AUDIT_EPILOG,
     )
     timeline.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write")
     timeline.add_argument("--resource", help="draw this resource only")
     timeline.add_argument("--title", help="the plot's title")
+    timeline.add_argument(
+        "--lanes",
+        choices=("auto", "resource", "prefix", "member"),
+        default="auto",
+        help="one lane per resource, or aggregated by resource prefix (or ranges of ids) or "
+        "by member; auto: per resource up to --max-lanes resources, then aggregated",
+    )
+    timeline.add_argument(
+        "--max-lanes",
+        type=int,
+        default=60,
+        metavar="N",
+        help="most lanes drawn before aggregating (default 60)",
+    )
     timeline.set_defaults(func=_cmd_timeline)
     stats = audits.add_parser(
         "rebalances",
         help="rebalance durations and moves from the audit table",
-        description="ownership changes closer than --window seconds form one rebalance",
+        description="one rebalance per target generation (start: its publication, end: the "
+        "last acquisition under it); tables without rebalance rows: ownership changes closer "
+        "than --window seconds form one rebalance",
         epilog=_AUDIT_EPILOG,
     )
     stats.add_argument(
@@ -737,7 +817,7 @@ def _add_audit_commands(commands: Any, audits: Any) -> None:
         type=float,
         default=2.0,
         metavar="SECONDS",
-        help="quiet time that ends a rebalance (default 2)",
+        help="for tables without rebalance rows: quiet time that ends a rebalance (default 2)",
     )
     stats.set_defaults(func=_cmd_rebalances)
     owners = audits.add_parser(
@@ -779,7 +859,8 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--audit",
                 metavar="PATH",
-                help="the group's Delta audit table: adds the last rebalance and its duration",
+                help="the group's Delta audit table: adds the last rebalance (generation, "
+                "trigger, duration, moves)",
             )
         sub.set_defaults(func=func)
     _add_control_commands(commands)
@@ -788,7 +869,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     audits = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     verify = audits.add_parser(
-        "verify", help="prove no resource had two owners at once", epilog=_EPILOG
+        "verify",
+        help="prove no resource had two owners at once (with --output: and that every output "
+        "commit was made by its owner)",
+        epilog=_EPILOG,
     )
     verify.add_argument(
         "--tolerance",
@@ -796,6 +880,20 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="SECONDS",
         help="overlap allowed for clock skew between hosts (default 0)",
+    )
+    verify.add_argument(
+        "--output",
+        metavar="TABLE",
+        help="also check this output Delta table's commits against the audit table "
+        "(see docs/audit.md): each data commit by its owner, inside its ownership, "
+        "epochs never going down, no batch twice",
+    )
+    verify.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a deltalake storage option for s3:// tables (repeatable; e.g. "
+        "AWS_ENDPOINT_URL=..., AWS_REGION=...); the AWS_* environment variables work too",
     )
     history = audits.add_parser("history", help="one line per ownership event", epilog=_EPILOG)
     history.add_argument("--resource", help="show this resource only")

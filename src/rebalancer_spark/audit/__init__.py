@@ -7,7 +7,7 @@ only when :mod:`.timeline` is imported.
 
 from rebalancer_spark.audit.delta import AUDIT_COLUMNS, DeltaAuditLog, audit_schema
 from rebalancer_spark.audit.reader import load_events, read_audit
-from rebalancer_spark.audit.stats import Rebalance, current_owners, rebalances
+from rebalancer_spark.audit.stats import Rebalance, basis_notes, current_owners, rebalances
 from rebalancer_spark.audit.verify import AuditVerdict, history, verify_events, verify_table
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "DeltaAuditLog",
     "Rebalance",
     "audit_schema",
+    "basis_notes",
     "current_owners",
     "history",
     "load_events",
