@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from rebalancer_spark.audit import verify_table
+from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.testing.spark_demo import SCHEMA, generate_landing
 from tests.helpers import wait_for
 from tests.spark_jobs import REPO, SparkJobs
@@ -113,3 +114,5 @@ def test_jobs_killed_at_random_lose_nothing_and_duplicate_nothing(tmp_path: Path
     assert all(len(b) == 1 for b in batches_of.values()), f"seed {seed}: a file in two batches"
     assert set(got) == ids
     assert verdict.ok, verdict.report()
+    checked = verify_output(str(tmp_path / "audit"), str(tmp_path / "output"), group=GROUP)
+    assert checked.ok, checked.report()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rebalancer_spark.audit import verify_table
+from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.testing.spark_demo import SCHEMA, generate_landing
 from tests.helpers import wait_for
 from tests.spark_jobs import REPO, SparkJobs
@@ -76,6 +77,8 @@ def test_a_user_pipeline_survives_joins_leaves_and_kills_with_exactly_once_outpu
     assert all(v * 2 == d for v, d in zip(values, doubled, strict=True))
     verdict = verify_table(str(tmp_path / "audit"), group="pipeline")
     assert verdict.ok, verdict.report()
+    checked = verify_output(str(tmp_path / "audit"), str(tmp_path / "output"), group="pipeline")
+    assert checked.ok, checked.report()
     assert any('"group": "pipeline"' in path.read_text() for path in logs.values()), (
         "--log-format json works in a user pipeline"
     )

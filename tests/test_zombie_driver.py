@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rebalancer_spark.audit import verify_table
+from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.testing.spark_demo import SCHEMA, generate_landing
 from tests.helpers import wait_for
 from tests.spark_jobs import REPO, SparkJobs
@@ -113,3 +114,5 @@ def test_a_driver_paused_mid_batch_past_its_lease_duplicates_and_loses_nothing(
     )
     verdict = verify_table(str(tmp_path / "audit"), group=GROUP)
     assert verdict.ok, verdict.report()
+    checked = verify_output(str(tmp_path / "audit"), str(tmp_path / "output"), group=GROUP)
+    assert checked.ok, checked.report()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.core.model import GroupState
 from rebalancer_spark.sources.files import FileShareSource
@@ -219,7 +220,9 @@ def run_demo(
     events = load_events(str(audit), group=group)
     report.history = history(events)
     verdict = verify_events(events)
-    report.audit_ok, report.audit_report = verdict.ok, verdict.report()
+    checked = verify_output(str(audit), str(output), group=group)
+    report.audit_ok = verdict.ok and checked.ok
+    report.audit_report = f"{verdict.report()}\n{checked.report()}"
     _check_output(report, output, ids, landing)
     say("\nownership history (Delta audit table):")
     for line in report.history:
