@@ -15,8 +15,11 @@ two drivers in the same set-up: docs/spark.md.)
 from __future__ import annotations
 
 import argparse
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -33,12 +36,24 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100)
     args = parser.parse_args()
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    # moto in a process of its own: delta-rs holds the GIL while it reads a table's history,
+    # which would starve a server thread in this process.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)  # noqa: S310 - loopback
+            break
+        except OSError:
+            time.sleep(0.1)
     options = {"AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": REGION,
                "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}  # fmt: skip
     s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
@@ -60,7 +75,8 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        server.stop()
+        server.terminate()
+        server.wait(30)
 
 
 if __name__ == "__main__":
