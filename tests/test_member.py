@@ -26,7 +26,7 @@ from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.backends.base import Session, Watch
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
-from rebalancer_spark.core.model import GroupState, Resource
+from rebalancer_spark.core.model import Grant, GroupState, Resource
 from rebalancer_spark.core.protocols import MemberView
 from tests.helpers import FlakyStore, wait_for
 
@@ -475,7 +475,7 @@ class LateClaims(FlakyStore):
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, int]:
+    ) -> dict[str, Grant]:
         granted = self._reach().claim(session, resources, generation)
         if granted and self.late_session is None and self.member is not None:
             self.late_session = session
