@@ -18,6 +18,7 @@ resource spent without an owner between two owners.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -74,6 +75,8 @@ def intervals(events: Iterable[Mapping[str, object]]) -> dict[str, list[Interval
     opened: dict[tuple[str, str, int], tuple[str, float]] = {}
     closed: dict[tuple[str, str, int], tuple[float, str]] = {}
     named: dict[tuple[str, str, int], tuple[float, str]] = {}
+    ended: dict[str, dict[int, float]] = defaultdict(dict)
+    """Per resource: epoch -> when it ended, as a chained successor names it."""
     resets: dict[str, list[tuple[int, float]]] = defaultdict(list)
     chained: dict[tuple[str, int], bool] = {}
     for e in events:
@@ -91,8 +94,14 @@ def intervals(events: Iterable[Mapping[str, object]]) -> dict[str, list[Interval
                 elif prev_session and prev_epoch is not None and freed_at is not None:
                     how = "expired" if freed == "expired" else "released-in-store"
                     named.setdefault((key[0], prev_session, prev_epoch), (freed_at, how))
+                    ended[key[0]].setdefault(prev_epoch, freed_at)
         elif kind in _CLOSING:
             closed.setdefault(key, (at, kind))
+    epochs_of: dict[str, list[int]] = defaultdict(list)
+    for resource, _, epoch in opened:
+        epochs_of[resource].append(epoch)
+    for found in epochs_of.values():
+        found.sort()
     by_resource: dict[str, list[Interval]] = defaultdict(list)
     for (resource, session, epoch), (member, start) in opened.items():
         end, how = closed.get((resource, session, epoch)) or named.get(
@@ -100,8 +109,15 @@ def intervals(events: Iterable[Mapping[str, object]]) -> dict[str, list[Interval
         )
         if how == "open":
             later = [t for e, t in resets.get(resource, []) if e > epoch]
-            if later:
-                end, how = min(later), "expired"
+            # Every epoch the store granted after this one, up to one whose end a successor
+            # names, left no row (lost with a killed process): the store granted the first
+            # of them only once this one had ended, so it ended by then too.
+            known = epochs_of[resource]
+            after = bisect.bisect_right(known, epoch)
+            upto = known[after] if after < len(known) else math.inf
+            unrecorded = [t for p, t in ended.get(resource, {}).items() if epoch < p < upto]
+            if later or unrecorded:
+                end, how = min([*later, *unrecorded]), "expired"
         by_resource[resource].append(Interval(resource, member, session, epoch, start, end, how))
     out: dict[str, list[Interval]] = {}
     for resource, items in by_resource.items():

@@ -564,6 +564,10 @@ class CoordinatorLoop:
             record.resources,
             record.moved,
         )
+        before = {r: m for m, rs in previous.items() for r in rs}
+        changes = sum(
+            1 for m, rs in assignment.items() for r in rs if r in before and before[r] != m
+        )
         self._emit(
             session,
             epoch,
@@ -572,7 +576,7 @@ class CoordinatorLoop:
             kind=EventKind.REBALANCE,
             generation=record.generation,
             trigger=trigger,
-            moves=record.moved,
+            moves=changes,
         )
         if self._on_rebalance is not None:
             self._on_rebalance(record)
@@ -591,14 +595,21 @@ class CoordinatorLoop:
             return Trigger.START, f"start: {len(present)} members"
         before = set(target.assignment)
         joined, gone = sorted(present - before), sorted(before - present)
-        if joined:
-            return Trigger.JOIN, f"join: {', '.join(joined)}"
         left = [m for m in gone if m in state.members or m in self._seen_leaving]
         crashed = [m for m in gone if m not in left]
-        if crashed:
-            return Trigger.CRASH, f"crash: {', '.join(crashed)}"
-        if left:
-            return Trigger.LEAVE, f"leave: {', '.join(left)}"
+        # Several causes at once: the trigger is the first of crash, leave, join; the reason
+        # names them all.
+        causes = [
+            (trigger, f"{trigger.value}: {', '.join(who)}")
+            for trigger, who in (
+                (Trigger.CRASH, crashed),
+                (Trigger.LEAVE, left),
+                (Trigger.JOIN, joined),
+            )
+            if who
+        ]
+        if causes:
+            return causes[0][0], "; ".join(why for _, why in causes)
         had = {r for rs in target.assignment.values() for r in rs}
         added, removed = len(set(state.resources) - had), len(had - set(state.resources))
         if operator is None and (added or removed):
