@@ -41,20 +41,18 @@ def ev(
     return row
 
 
-def grant(at: float, member: str, epoch: int, prev: str | None, how: str, freed_at: float | None,
-          **extra: object) -> Event:  # fmt: skip
-    return ev(
-        "acquired",
-        at,
-        member,
-        epoch,
+def grant(
+    at: float, member: str, epoch: int, prev: str | None, how: str, freed_at: float | None
+) -> Event:
+    row = ev("acquired", at, member, epoch)
+    row.update(
         prev_member_id=prev,
         prev_session_id=None if prev is None else f"s-{prev}",
         prev_epoch=epoch - 1,
         freed=how,
         freed_at=freed_at,
-        **extra,
     )
+    return row
 
 
 def clean_chain() -> list[Event]:
@@ -180,7 +178,7 @@ def test_a_store_that_lost_its_records_starts_the_chain_again() -> None:
             prev_epoch=None,
             freed="expired",
             freed_at=19.0,
-        ),  # fmt: skip
+        ),
     ]
     verdict = verify_events(trail)
     assert verdict.ok, verdict.report()

@@ -4,7 +4,6 @@ before the chain columns gains them on the next append and keeps every row."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +18,7 @@ from tests.helpers import wait_for
 
 
 @pytest.fixture
-def chain_table(tmp_path: Path) -> Iterator[Path]:
+def chain_table(tmp_path: Path) -> Path:
     """Resource r handed a -> b -> c by drains, the rebalances and ownership rows in a Delta
     table written by the members themselves (SQLite backend)."""
     path = tmp_path / "audit"
@@ -43,7 +42,7 @@ def chain_table(tmp_path: Path) -> Iterator[Path]:
         wait_for(lambda: [o.epoch for o in c.assigned()] == [3], timeout=15, what="c owns r")
         c.stop(drain=False)
         assert log.flush(), log.last_error
-    yield path
+    return path
 
 
 def _rows(path: Path, kind: str) -> list[dict[str, object]]:

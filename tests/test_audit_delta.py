@@ -4,7 +4,6 @@ judged by the verifier and by the verify_audit job."""
 from __future__ import annotations
 
 import dataclasses
-
 import multiprocessing
 import os
 import subprocess
