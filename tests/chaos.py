@@ -21,7 +21,9 @@ with every resource owned and committed to by its owner. Then it checks the inva
 the independent witnesses:
 
 * double ownerships: overlapping ownership intervals in the member trails (``audit.overlaps``)
-  and in the Delta audit table (``verify_table``), both must be 0;
+  and in the Delta audit table (``verify_table``), both must be 0; the table's verdict uses the
+  epoch chain (a killed member's ownership ends at the lease expiry its successor's grant
+  names, never bridged to the successor's start) and its broken links must be 0 too;
 * lost commits: an acknowledged commit (``ok``) whose value a later owner was not handed, or
   that the store no longer holds at the end. A loss is *documented* (not counted as lost) only
   when the store lost its data (a Redis restart) between the commit and the evidence;
@@ -212,6 +214,13 @@ class ChaosReport:
     double_ownerships_trail: int = 0
     double_ownerships_audit: int = 0
     audit_events: int = 0
+    chain_checked: int = 0
+    """Grants whose link of the epoch chain the audit's verifier checked (no bridging)."""
+    chain_faults: int = 0
+    chain_examples: list[str] = field(default_factory=list)
+    chain_unrecorded: int = 0
+    """Links whose rows a killed process never wrote (nothing later of its session either):
+    listed by the verifier, not faults."""
     lost_commits: int = 0
     lost_examples: list[str] = field(default_factory=list)
     lost_with_store_data: int = 0
@@ -246,6 +255,9 @@ class ChaosReport:
             f"  double ownerships    {self.double_ownerships_trail} in the member trails, "
             f"{self.double_ownerships_audit} in the Delta audit table "
             f"({self.audit_events} events)",
+            f"  epoch chain          {self.chain_checked} grants checked, "
+            f"{self.chain_faults} broken links, {self.chain_unrecorded} unrecorded (rows of "
+            "killed processes)",
             f"  lost commits         {self.lost_commits}"
             + (
                 f" (+ {self.lost_with_store_data} gone with the store's data: documented)"
