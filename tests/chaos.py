@@ -236,8 +236,9 @@ class ChaosReport:
     """Resources acquired (member trails) after the schedule started: hand-overs and
     re-acquisitions after a member lost its claims."""
     """The longest time a resource went without an owner in the trails, where a paused or
-    killed member's ownership counts until it reports it lost or its successor starts (so a
-    kill's gap shows in ``settled_after``, not here)."""
+    killed member's ownership counts until it reports it lost or until its lease expired in
+    the store, as its successor's grant names it (a kill's gap here is the time from that
+    expiry to the successor's grant; the time to notice the kill shows in ``settled_after``)."""
     settled_after: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     """Fault kind -> seconds from each injection to the next settled state that no longer
     counts on the victim (or follows the heal)."""
@@ -267,7 +268,7 @@ class ChaosReport:
             f"  recovery             {self.recovery_s:.2f} s to a stable group owning every "
             f"resource, {self.working_again_s:.2f} s until each had a new commit",
             f"  longest trail gap    {self.longest_gap_s:.2f} s (a killed member owns until "
-            "its successor starts)",
+            "its lease expired in the store, as its successor's grant says)",
         ] + [
             f"  settled after {kind:<28} median {_median(times):.2f} s, max {max(times):.2f} s"
             f" (n={len(times)})"
