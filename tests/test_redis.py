@@ -203,6 +203,7 @@ def test_resource_ids_stay_inside_the_group_key_space(
         assert {k[len(head) :] for k in keys} <= {
             *["meta", "members", "sessions", "info", "acked", "leaving", "static", "ttl"],
             *["resources", "tmembers", "owner", "epochs", "progress", "t:m:1@x"],
+            *["chain", "deadline"],
             f"lease:{sid}",
             f"held:{sid}",
         }, "a resource id became part of a key name"
