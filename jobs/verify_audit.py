@@ -1,11 +1,12 @@
-"""Prove from the Delta audit table that no resource ever had two owners at once.
+"""Prove from the Delta audit table that no resource ever had two owners at once and that every
+resource's epoch chain is unbroken.
 
     spark-submit jobs/verify_audit.py --audit PATH [--group G] [--tolerance 0.0] [--history]
     python jobs/verify_audit.py --audit PATH [--group G] [--tolerance 0.0] [--history] [--spark]
 
 Prints the ownership history (with ``--history``: a Spark ``show()`` under spark-submit or with
 ``--spark``, plain lines otherwise), then the verdict. Exit status: 0 when no resource had two
-owners at once, 1 when one did, 2 on bad input.
+owners at once and no link of an epoch chain is broken, 1 otherwise, 2 on bad input.
 """
 
 from __future__ import annotations
