@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Mapping
 
 from rebalancer_spark.backends.base import Session
-from rebalancer_spark.backends.sqlite.chain import end_sessions
+from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
 from rebalancer_spark.backends.sqlite.groups import bump, ensure_group
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import MemberIdInUse, SessionExpired
@@ -105,9 +105,18 @@ def set_leaving(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
 
 
 def leave(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
-    """:meth:`Backend.leave`: drop the session, its claims (released now) and its
-    coordinator role."""
-    end_sessions(db, session.group, [(session.session_id, clock.wall())], Freed.RELEASED)
+    """:meth:`Backend.leave`: drop the session, its claims (released now, or expired at its
+    deadline if its lease had already run out) and its coordinator role."""
+    row = db.execute(
+        "SELECT expires FROM members WHERE grp=? AND session_id=?",
+        (session.group, session.session_id),
+    ).fetchone()
+    now = clock.monotonic()
+    if row is not None and row[0] <= now:
+        ended = [(session.session_id, wall_time(clock, row[0]))]
+        end_sessions(db, session.group, ended, Freed.EXPIRED)
+    else:
+        end_sessions(db, session.group, [(session.session_id, clock.wall())], Freed.RELEASED)
     db.execute(
         "UPDATE groups SET coord_member=NULL, coord_session=NULL WHERE name=? AND coord_session=?",
         (session.group, session.session_id),
