@@ -509,7 +509,7 @@ def test_claims_answered_after_the_lease_lapsed_are_never_held(grp: Group) -> No
     assert first is not None, "the late claim never happened: the test saw nothing"
     # ...but nothing granted to the lapsed session was ever held or announced; the grants
     # are recorded (the audit's epoch chain names every epoch the store handed out) as held
-    # for no time at all: acquired and lost at the lease's end.
+    # for no time at all: acquired and lost at once.
     with rec.lock:
         late_grants = [
             e

@@ -290,8 +290,8 @@ class Reconciler:
             # member never held them; the store frees the claims with the session, and the
             # next step fences and rejoins. Holding them now would start work after the time
             # anyone else may own them. The grants are recorded all the same, as held for no
-            # time at all (acquired and lost at the lapse), so that the audit's epoch chain
-            # names every epoch the store handed out.
+            # time at all (acquired and lost at once), so that the audit's epoch chain names
+            # every epoch the store handed out.
             log.info(
                 "member %s: %d resources granted after its lease lapsed; not taking them",
                 session.member_id,
@@ -299,8 +299,12 @@ class Reconciler:
             )
             why = "granted after the lease lapsed; not taken"
             for o in owned:
-                self._ownership.emit_acquired(session, o, why, at=ended)
-                self._ownership.emit(EventKind.LOST, session, o.resource, o.epoch, why, at=ended)
+                # Dated when the store freed the resource for this grant (after the previous
+                # owner's rows, before the next owner's), else at the lapse.
+                g = o.grant
+                at = g.freed_at if g is not None and g.freed_at is not None else ended
+                self._ownership.emit_acquired(session, o, why, at=at)
+                self._ownership.emit(EventKind.LOST, session, o.resource, o.epoch, why, at=at)
             return
         self._ownership.add(session, owned)
 
