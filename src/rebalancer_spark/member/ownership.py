@@ -186,6 +186,8 @@ class Ownership:
                     o.epoch,
                     "lease lapsed while on_revoked ran",
                     at=ended,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
                 )
         with self._changed:
             for o in owned:
@@ -210,12 +212,24 @@ class Ownership:
         kind: EventKind,
         *,
         at: float | None = None,
+        target: tuple[int, int] | None = None,
     ) -> None:
         """Report forgotten resources: emit ``kind`` for each (if there was a session, at
-        ``at`` or now) and call ``on_lost``."""
+        ``at`` or now) and call ``on_lost``. ``target``: the (generation, coordinator epoch)
+        of the latest target the member saw."""
+        generation, coordinator_epoch = target if target is not None else (None, None)
         if session is not None:
             for o in owned:
-                self.emit(kind, session, o.resource, o.epoch, why, at=at)
+                self.emit(
+                    kind,
+                    session,
+                    o.resource,
+                    o.epoch,
+                    why,
+                    at=at,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
+                )
         self._call(self._on_lost, owned, "on_lost")
 
     # -- callbacks and events ------------------------------------------------------------------

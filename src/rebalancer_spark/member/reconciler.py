@@ -72,6 +72,8 @@ class Reconciler:
         self._ownership = ownership
         self._lifecycle = lifecycle
         self._handled_generation = 0
+        self._target: tuple[int, int] | None = None
+        """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._backend: Backend | None = None
         self._coordinator: CoordinatorLoop | None = None
         self._stop = threading.Event()
@@ -208,7 +210,11 @@ class Reconciler:
             self.error = exc
             session = self._lease.snapshot().session
             self._ownership.lost(
-                session, self._ownership.forget(), "member thread failed", EventKind.LOST
+                session,
+                self._ownership.forget(),
+                "member thread failed",
+                EventKind.LOST,
+                target=self._target,
             )
             # Nobody reconciles for this member any more: stop renewing and end the session,
             # so that its resources go to the others instead of staying claimed for ever.
@@ -238,6 +244,7 @@ class Reconciler:
         session = snap.session
         assert session is not None
         view = backend.member_view(session)
+        self._target = (view.generation, view.coordinator_epoch)
         epochs = self._ownership.epochs()
         step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
@@ -246,6 +253,7 @@ class Reconciler:
                 self._ownership.forget(step.lost),
                 "the store no longer holds this member's claim",
                 EventKind.LOST,
+                target=self._target,
             )
         if step.revoke:
             self.revoke(
@@ -383,7 +391,9 @@ class Reconciler:
                 self._group,
                 len(owned),
             )
-        self._ownership.lost(session, owned, "lease lapsed", EventKind.LOST, at=ended_at)
+        self._ownership.lost(
+            session, owned, "lease lapsed", EventKind.LOST, at=ended_at, target=self._target
+        )
         if session is not None:
             try:
                 backend.leave(session)
