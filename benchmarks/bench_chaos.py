@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  wall time            {time.monotonic() - started:.1f} s\n")
         if report.double_ownerships_trail or report.double_ownerships_audit:
             failed = True
+        if report.chain_faults or not report.chain_checked:
+            failed = True
+            print(f"  CHAIN: {report.chain_examples or 'no grant carried the chain'}")
         if report.lost_commits:
             failed = True
             print(f"  LOST: {report.lost_examples}")

@@ -1,4 +1,5 @@
-"""Prove from the Delta audit table that no resource ever had two owners at once.
+"""Prove from the Delta audit table that no resource ever had two owners at once and that every
+resource's epoch chain is unbroken.
 
     spark-submit jobs/verify_audit.py --audit PATH [--output TABLE] [--group G] [--tolerance 0.0]
         [--history]
@@ -7,8 +8,8 @@
 
 Prints the ownership history (with ``--history``: a Spark ``show()`` under spark-submit or with
 ``--spark``, plain lines otherwise), then the verdict, then (with ``--output``) the output
-check's verdict (docs/audit.md). Exit status: 0 when no resource had two owners at once and
-the output passed, 1 when a check failed, 2 on bad input.
+check's verdict (docs/audit.md). Exit status: 0 when no resource had two owners at once, no
+link of an epoch chain is broken and the output passed, 1 when a check failed, 2 on bad input.
 """
 
 from __future__ import annotations

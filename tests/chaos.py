@@ -21,7 +21,9 @@ with every resource owned and committed to by its owner. Then it checks the inva
 the independent witnesses:
 
 * double ownerships: overlapping ownership intervals in the member trails (``audit.overlaps``)
-  and in the Delta audit table (``verify_table``), both must be 0;
+  and in the Delta audit table (``verify_table``), both must be 0; the table's verdict uses the
+  epoch chain (a killed member's ownership ends at the lease expiry its successor's grant
+  names, never bridged to the successor's start) and its broken links must be 0 too;
 * lost commits: an acknowledged commit (``ok``) whose value a later owner was not handed, or
   that the store no longer holds at the end. A loss is *documented* (not counted as lost) only
   when the store lost its data (a Redis restart) between the commit and the evidence;
@@ -212,6 +214,13 @@ class ChaosReport:
     double_ownerships_trail: int = 0
     double_ownerships_audit: int = 0
     audit_events: int = 0
+    chain_checked: int = 0
+    """Grants whose link of the epoch chain the audit's verifier checked (no bridging)."""
+    chain_faults: int = 0
+    chain_examples: list[str] = field(default_factory=list)
+    chain_unrecorded: int = 0
+    """Links whose rows a killed process never wrote (nothing later of its session either):
+    listed by the verifier, not faults."""
     lost_commits: int = 0
     lost_examples: list[str] = field(default_factory=list)
     lost_with_store_data: int = 0
@@ -227,8 +236,9 @@ class ChaosReport:
     """Resources acquired (member trails) after the schedule started: hand-overs and
     re-acquisitions after a member lost its claims."""
     """The longest time a resource went without an owner in the trails, where a paused or
-    killed member's ownership counts until it reports it lost or its successor starts (so a
-    kill's gap shows in ``settled_after``, not here)."""
+    killed member's ownership counts until it reports it lost or until its lease expired in
+    the store, as its successor's grant names it (a kill's gap here is the time from that
+    expiry to the successor's grant; the time to notice the kill shows in ``settled_after``)."""
     settled_after: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     """Fault kind -> seconds from each injection to the next settled state that no longer
     counts on the victim (or follows the heal)."""
@@ -246,6 +256,9 @@ class ChaosReport:
             f"  double ownerships    {self.double_ownerships_trail} in the member trails, "
             f"{self.double_ownerships_audit} in the Delta audit table "
             f"({self.audit_events} events)",
+            f"  epoch chain          {self.chain_checked} grants checked, "
+            f"{self.chain_faults} broken links, {self.chain_unrecorded} unrecorded (rows of "
+            "killed processes)",
             f"  lost commits         {self.lost_commits}"
             + (
                 f" (+ {self.lost_with_store_data} gone with the store's data: documented)"
@@ -255,7 +268,7 @@ class ChaosReport:
             f"  recovery             {self.recovery_s:.2f} s to a stable group owning every "
             f"resource, {self.working_again_s:.2f} s until each had a new commit",
             f"  longest trail gap    {self.longest_gap_s:.2f} s (a killed member owns until "
-            "its successor starts)",
+            "its lease expired in the store, as its successor's grant says)",
         ] + [
             f"  settled after {kind:<28} median {_median(times):.2f} s, max {max(times):.2f} s"
             f" (n={len(times)})"

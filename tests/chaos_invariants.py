@@ -103,6 +103,11 @@ def check(
     verdict = verify_table(str(procs.audit_path), group=procs.group)
     report.double_ownerships_audit = len(verdict.overlaps)
     report.audit_events = verdict.events
+    if verdict.chain is not None:
+        report.chain_checked = verdict.chain.checked
+        report.chain_unrecorded = len(verdict.chain.unrecorded)
+    report.chain_faults = len(verdict.chain_faults)
+    report.chain_examples = [f.message for f in verdict.chain_faults[:3]]
     report.commits_acknowledged = sum(1 for r in records if r["kind"] == "commit" and r["ok"])
     final = read_final_progress(procs, resources)
     later = procs.records()  # commits acknowledged before the read above are all in here

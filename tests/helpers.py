@@ -13,6 +13,7 @@ from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
+    Grant,
     GroupState,
     JsonValue,
     Phase,
@@ -118,7 +119,7 @@ class FlakyStore(Backend):
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, int]:
+    ) -> dict[str, Grant]:
         return self._reach().claim(session, resources, generation)
 
     def release(self, session: Session, claims: Mapping[str, int]) -> None:

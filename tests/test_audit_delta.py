@@ -3,6 +3,7 @@ judged by the verifier and by the verify_audit job."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import subprocess
@@ -77,6 +78,15 @@ def as_row(e: OwnershipEvent) -> dict[str, object]:
         "host": e.info.get("host"),
         "pid": int(pid) if pid is not None else None,
         "spark_app_id": e.info.get("spark_app_id"),
+        "generation": e.generation,
+        "coordinator_epoch": e.coordinator_epoch,
+        "prev_member_id": e.prev_member_id,
+        "prev_session_id": e.prev_session_id,
+        "prev_epoch": e.prev_epoch,
+        "freed": e.freed,
+        "freed_at": None if e.freed_at is None else round(e.freed_at * 1_000_000) / 1_000_000,
+        "trigger": e.trigger,
+        "moves": e.moves,
     }
 
 
@@ -87,7 +97,16 @@ def clean_trail(group: str = "g") -> list[OwnershipEvent]:
         event("acquired", T0 + 0.1, resource="r1", member_id="m2", group=group, info={}),
         event("acquired", T0 + 0.2, resource="r2", member_id="m3", group=group),
         event("released", T0 + 1.0, resource="r0", member_id="m1", group=group),
-        event("acquired", T0 + 1.25, resource="r0", member_id="m2", epoch=2, group=group),
+        dataclasses.replace(
+            event("acquired", T0 + 1.25, resource="r0", member_id="m2", epoch=2, group=group),
+            generation=3,
+            coordinator_epoch=1,
+            prev_member_id="m1",
+            prev_session_id="m1-s",
+            prev_epoch=1,
+            freed="released",
+            freed_at=T0 + 1.000123,
+        ),
         event("lost", T0 + 2.123456, resource="r2", member_id="m3", group=group),
         event("fenced", T0 + 2.5, resource="r2", member_id="m3", group=group),
     ]
@@ -153,14 +172,17 @@ def test_events_come_back_from_read_audit(spark: Any, table: Path) -> None:
     schema = (
         "`group` string, resource string, member_id string, session_id string, kind string, "
         "epoch bigint, at timestamp, observed_at timestamp, reason string, host string, "
-        "pid bigint, spark_app_id string"
+        "pid bigint, spark_app_id string, generation bigint, coordinator_epoch bigint, "
+        "prev_member_id string, prev_session_id string, prev_epoch bigint, freed string, "
+        "freed_at timestamp, trigger string, moves bigint"
     )
 
     def expected_frame(group: str | None) -> Any:
         rows = [as_row(e) for e in events if group is None or e.group == group]
         for row in rows:
-            for name in ("at", "observed_at"):
-                row[name] = datetime.fromtimestamp(float(str(row[name])), UTC)
+            for name in ("at", "observed_at", "freed_at"):
+                if row[name] is not None:
+                    row[name] = datetime.fromtimestamp(float(str(row[name])), UTC)
         return spark.createDataFrame([tuple(r[c] for c in AUDIT_COLUMNS) for r in rows], schema)
 
     # No Delta jars on these machines: this exercises the deltalake -> Arrow path.

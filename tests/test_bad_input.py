@@ -221,7 +221,7 @@ def _populated(store: Backend, group: str, resources: list[str]) -> tuple[Sessio
     granted = store.claim(session, resources, target.generation)
     assert set(granted) == set(resources)
     for r in resources:
-        store.commit(session, r, granted[r], {"at": r})
+        store.commit(session, r, granted[r].epoch, {"at": r})
     return session, target.generation
 
 

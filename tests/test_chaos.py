@@ -70,6 +70,9 @@ def _assert_invariants(procs: MemberProcesses, report: ChaosReport, *, data_loss
     assert report.double_ownerships_trail == 0, why
     assert report.audit_events > 0, f"the audit table recorded nothing to verify; {why}"
     assert report.double_ownerships_audit == 0, why
+    # The chain check is on: every grant's link verified, none bridged.
+    assert report.chain_checked > 0, f"no grant carried the epoch chain; {why}"
+    assert report.chain_faults == 0, f"{report.chain_examples}; {why}"
     assert report.lost_commits == 0, f"{report.lost_examples}; {why}"
     if not data_loss:
         assert report.lost_with_store_data == 0, why

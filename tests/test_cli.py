@@ -14,7 +14,7 @@ import pytest
 
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core.events import EventKind, OwnershipEvent
-from rebalancer_spark.core.model import Phase, Resource
+from rebalancer_spark.core.model import Phase, Resource, grant_epochs
 
 GROUP = "orders"
 T0 = 1_790_000_000.0
@@ -61,8 +61,8 @@ def home(tmp_path: Path) -> Path:
             resources_version=version,
         )
         granted = store.claim(m1, ["a", "b"], target.generation)
-        assert store.claim(m2, ["c"], target.generation) == {"c": 1}
-        store.commit(m1, "a", granted["a"], {"offset": 42})
+        assert grant_epochs(store.claim(m2, ["c"], target.generation)) == {"c": 1}
+        store.commit(m1, "a", granted["a"].epoch, {"offset": 42})
     return tmp_path
 
 

@@ -26,7 +26,7 @@ from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.backends.base import Session, Watch
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
-from rebalancer_spark.core.model import GroupState, Resource
+from rebalancer_spark.core.model import Grant, GroupState, Resource
 from rebalancer_spark.core.protocols import MemberView
 from tests.helpers import FlakyStore, wait_for
 
@@ -475,7 +475,7 @@ class LateClaims(FlakyStore):
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, int]:
+    ) -> dict[str, Grant]:
         granted = self._reach().claim(session, resources, generation)
         if granted and self.late_session is None and self.member is not None:
             self.late_session = session
@@ -507,10 +507,22 @@ def test_claims_answered_after_the_lease_lapsed_are_never_held(grp: Group) -> No
     wait_for(lambda: len(a.assigned()) == 4, timeout=30, what="a to own everything again")
     first = late.late_session
     assert first is not None, "the late claim never happened: the test saw nothing"
-    # ...but nothing granted to the lapsed session was ever held, announced or recorded.
+    # ...but nothing granted to the lapsed session was ever held or announced; the grants
+    # are recorded (the audit's epoch chain names every epoch the store handed out) as held
+    # for no time at all: acquired and lost at once.
     with rec.lock:
-        stale = [e for e in rec.events if e.session_id == first.session_id]
-        assert stale == [], stale
+        late_grants = [
+            e
+            for e in rec.events
+            if e.session_id == first.session_id and e.reason.startswith("granted after")
+        ]
+        assert late_grants, "the late grants were not recorded"
+        by_epoch: dict[tuple[str, int], list[OwnershipEvent]] = {}
+        for e in late_grants:
+            by_epoch.setdefault((e.resource, e.epoch), []).append(e)
+        for pair in by_epoch.values():
+            assert sorted(e.kind for e in pair) == [EventKind.ACQUIRED, EventKind.LOST], pair
+            assert len({e.at for e in pair}) == 1, pair  # no time held
         assert sorted(rec.assigned) == sorted(RESOURCES[:4]), rec.assigned
     a.stop()
     late.close()

@@ -35,7 +35,13 @@ from rebalancer_spark.core.errors import (
     MemberIdInUse,
     SessionExpired,
 )
-from rebalancer_spark.core.model import MAX_RESOURCE_ID_BYTES, GroupState, Phase, Resource
+from rebalancer_spark.core.model import (
+    MAX_RESOURCE_ID_BYTES,
+    GroupState,
+    Phase,
+    Resource,
+    grant_epochs,
+)
 from tests.helpers import wait_for
 from tests.procs import MemberProcesses
 from tests.servers.redis import AclServer, RedisServer, TlsServer
@@ -69,7 +75,7 @@ def _cycle(store: Backend, group: str) -> None:
             session, epoch, {"m1": ["a"]}, phase=Phase.RUNNING, resources_version=1
         ).generation
         assert watch.wait(5), "the watch missed the publication"
-        assert store.claim(session, ["a"], gen) == {"a": 1}
+        assert grant_epochs(store.claim(session, ["a"], gen)) == {"a": 1}
         store.commit(session, "a", 1, {"offset": 7})
         assert store.progress(group, ["a"])["a"].value == {"offset": 7}
     finally:
@@ -180,7 +186,7 @@ def test_resource_ids_stay_inside_the_group_key_space(
         gen = store.publish(
             session, epoch, {"m:1@x": ids}, phase=Phase.RUNNING, resources_version=1
         ).generation
-        assert store.claim(session, ids, gen) == dict.fromkeys(ids, 1)
+        assert grant_epochs(store.claim(session, ids, gen)) == dict.fromkeys(ids, 1)
         for i in ids:
             store.commit(session, i, 1, {"id": i})
         state = store.state(group)
@@ -197,6 +203,7 @@ def test_resource_ids_stay_inside_the_group_key_space(
         assert {k[len(head) :] for k in keys} <= {
             *["meta", "members", "sessions", "info", "acked", "leaving", "static", "ttl"],
             *["resources", "tmembers", "owner", "epochs", "progress", "t:m:1@x"],
+            *["chain", "deadline"],
             f"lease:{sid}",
             f"held:{sid}",
         }, "a resource id became part of a key name"
@@ -362,7 +369,7 @@ def test_epochs_keep_growing_and_stale_commits_stay_refused_after_data_loss(
             m1, old_coordinator, {"m1": ["r", "s"], "m2": []}, phase=Phase.RUNNING,
             resources_version=1,
         ).generation  # fmt: skip
-        old = a.claim(m1, ["r", "s"], gen)
+        old = grant_epochs(a.claim(m1, ["r", "s"], gen))
         a.commit(m1, "r", old["r"], "before")
         assert b.state(group).claims["r"].member_id == "m1"
 
@@ -387,7 +394,7 @@ def test_epochs_keep_growing_and_stale_commits_stay_refused_after_data_loss(
 
         def claim() -> dict[str, int]:
             b.renew(new_m2)
-            return b.claim(new_m2, ["r", "s"], target.generation)
+            return grant_epochs(b.claim(new_m2, ["r", "s"], target.generation))
 
         granted = wait_for(claim, timeout=5, what="the end of the quarantine")
         assert time.monotonic() - started <= ttl + 0.5
@@ -436,13 +443,13 @@ def test_a_restart_from_an_older_snapshot_hands_out_no_number_twice(
         gen1 = a.publish(
             m1, epoch, {"m1": ["r"], "m2": []}, phase=Phase.RUNNING, resources_version=1
         ).generation
-        first = a.claim(m1, ["r"], gen1)
+        first = grant_epochs(a.claim(m1, ["r"], gen1))
         a.client.save()  # the snapshot, as a `save` rule would write it
         a.release(m1, first)
         gen2 = a.publish(
             m1, epoch, {"m1": [], "m2": ["r"]}, phase=Phase.RUNNING, resources_version=1
         ).generation
-        second = b.claim(m2, ["r"], gen2)
+        second = grant_epochs(b.claim(m2, ["r"], gen2))
         assert second["r"] > first["r"]
         b.commit(m2, "r", second["r"], "after the snapshot")
 
@@ -466,7 +473,7 @@ def test_a_restart_from_an_older_snapshot_hands_out_no_number_twice(
 
         def claim() -> dict[str, int]:
             b.renew(new_m2)
-            return b.claim(new_m2, ["r"], target.generation)
+            return grant_epochs(b.claim(new_m2, ["r"], target.generation))
 
         granted = wait_for(claim, timeout=ttl + 5, what="the end of the quarantine")
         assert granted["r"] > second["r"], "a resource epoch was handed out twice"

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from rebalancer_spark.backends.base import Session
 from rebalancer_spark.backends.sqlite import SqliteBackend
 from rebalancer_spark.core.clock import ManualClock
+from rebalancer_spark.core.model import Freed, Grant, Phase
 from rebalancer_spark.core.urls import parse_backend_url
 
 
@@ -82,3 +84,50 @@ def test_opening_and_reading_need_no_write_lock(sqlite_path: Path) -> None:
         paused.execute("ROLLBACK")
         paused.close()
         store.close()
+
+
+def _lead_and_give(store: SqliteBackend, session: Session, owner: str) -> int:
+    record = store.elect(session)
+    assert record is not None
+    members = {owner: ["a"]} | ({} if owner == session.member_id else {session.member_id: []})
+    return store.publish(
+        session, record.epoch, members, phase=Phase.RUNNING, resources_version=0
+    ).generation
+
+
+def test_an_expired_holder_is_named_with_its_lease_deadline_in_wall_time(
+    sqlite_path: Path,
+) -> None:
+    clock = ManualClock(start=1000.0, wall_start=1_700_000_000.0)
+    store, other = _pair(sqlite_path, clock)
+    dies = store.join("g", "dies", info={}, ttl=2.0, static=False)  # deadline 1002.0
+    lives = other.join("g", "lives", info={}, ttl=600.0, static=False)
+    store.claim(dies, ["a"], _lead_and_give(other, lives, "dies"))
+    gen = _lead_and_give(other, lives, "lives")
+    clock.advance(5.0)
+    grant = other.claim(lives, ["a"], gen)["a"]
+    assert grant == Grant(2, Freed.EXPIRED, "dies", dies.session_id, 1, 1_700_000_002.0)
+    store.close()
+    other.close()
+
+
+def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -> None:
+    import sqlite3
+
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    session = store.join("g", "m", info={}, ttl=600.0, static=False)
+    store.claim(session, ["a"], _lead_and_give(store, session, "m"))
+    store.close()
+    conn = sqlite3.connect(sqlite_path)  # make it a file as version 1 wrote it
+    for column in ("prev_member", "prev_session", "freed", "freed_at"):
+        conn.execute(f"ALTER TABLE ownership DROP COLUMN {column}")
+    conn.execute("UPDATE rebalancer_meta SET value='1' WHERE key='schema'")
+    conn.commit()
+    conn.close()
+    reopened, _ = _pair(sqlite_path, clock)
+    assert reopened.state("g").claims["a"].epoch == 1  # kept
+    held = reopened.claim(session, ["a"], reopened.state("g").target.generation)  # type: ignore[union-attr]
+    assert held["a"] == Grant(1, None, None, None, 0, None)  # its link predates the chain
+    reopened.release(session, {"a": 1})
+    reopened.close()

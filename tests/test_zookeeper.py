@@ -37,7 +37,13 @@ from rebalancer_spark.core.errors import (
     FencedError,
     SessionExpired,
 )
-from rebalancer_spark.core.model import GroupState, Phase, Resource, validate_resource_id
+from rebalancer_spark.core.model import (
+    GroupState,
+    Phase,
+    Resource,
+    grant_epochs,
+    validate_resource_id,
+)
 from rebalancer_spark.core.urls import parse_backend_url
 from tests.helpers import wait_for
 from tests.procs import MemberProcesses
@@ -112,7 +118,7 @@ def test_a_session_expired_by_zookeeper_is_over_for_good(
 ) -> None:
     with open_backend(zookeeper_backend_url) as store:
         session, _, generation = _lead_and_publish(store, group, {"m1": ["a"]})
-        assert store.claim(session, ["a"], generation) == {"a": 1}
+        assert grant_epochs(store.claim(session, ["a"], generation)) == {"a": 1}
         hosted = _zk(store)._sessions.get(session.session_id)
         assert hosted is not None
         # kazoo's own way to expire a session: a second client resumes it, then closes it.
@@ -205,21 +211,25 @@ def test_progress_read_right_behind_a_claim_is_never_stale(
     with open_backend(zookeeper_backend_url) as a, open_backend(zookeeper_backend_url) as b:
         s1, epoch, generation = _lead_and_publish(a, group, {"m1": ["r"], "m2": []})
         s2 = b.join(group, "m2", info={}, ttl=10, static=False)
-        assert a.claim(s1, ["r"], generation) == {"r": 1}  # progress read behind it: none
+        assert grant_epochs(a.claim(s1, ["r"], generation)) == {
+            "r": 1
+        }  # progress read behind it: none
         a.commit(s1, "r", 1, 5)
         assert a.progress(group, ["r"])["r"].value == 5  # the commit outdated that read
         a.release(s1, {"r": 1})
-        assert a.claim(s1, ["r"], generation) == {"r": 2}  # read behind it: 5
+        assert grant_epochs(a.claim(s1, ["r"], generation)) == {"r": 2}  # read behind it: 5
         a.release(s1, {"r": 2})
-        assert b.claim(s2, ["r"], target(a, s1, epoch, "m2")) == {"r": 3}
+        assert grant_epochs(b.claim(s2, ["r"], target(a, s1, epoch, "m2"))) == {"r": 3}
         b.commit(s2, "r", 3, 6)
         assert a.progress(group, ["r"])["r"].value == 6  # released: a's read no longer counts
         b.release(s2, {"r": 3})
-        assert a.claim(s1, ["r"], target(a, s1, epoch, "m1")) == {"r": 4}  # read behind: 6
+        assert grant_epochs(a.claim(s1, ["r"], target(a, s1, epoch, "m1"))) == {
+            "r": 4
+        }  # read behind: 6
         a.leave(s1)
         record = b.elect(s2)
         assert record is not None and record.session_id == s2.session_id
-        assert b.claim(s2, ["r"], target(b, s2, record.epoch, "m2")) == {"r": 5}
+        assert grant_epochs(b.claim(s2, ["r"], target(b, s2, record.epoch, "m2"))) == {"r": 5}
         b.commit(s2, "r", 5, 7)
         assert a.progress(group, ["r"])["r"].value == 7  # a's session ended: nor does this
 
@@ -231,7 +241,7 @@ def test_servers_without_multiread_are_read_one_znode_at_a_time(
     monkeypatch.setattr(KazooClient, "_rebalancer_spark_no_multiread", True, raising=False)
     with open_backend(zookeeper_backend_url) as store:
         session, _, generation = _lead_and_publish(store, group, {"m1": ["a", "b"]})
-        assert store.claim(session, ["a", "b"], generation) == {"a": 1, "b": 1}
+        assert grant_epochs(store.claim(session, ["a", "b"], generation)) == {"a": 1, "b": 1}
         store.commit(session, "a", 1, {"n": 1})
         state = store.state(group)
         assert set(state.claims) == {"a", "b"} and set(state.resources) == {"a", "b"}
@@ -280,7 +290,7 @@ def test_resource_ids_that_look_like_paths_stay_inside_the_group(
     before = set(raw.get_children("/"))
     with open_backend(zookeeper_backend_url) as store:
         session, _, generation = _lead_and_publish(store, group, {"m1": ids})
-        assert store.claim(session, ids, generation) == dict.fromkeys(ids, 1)
+        assert grant_epochs(store.claim(session, ids, generation)) == dict.fromkeys(ids, 1)
         for i in ids:
             store.commit(session, i, 1, {"id": i})
         assert {r: p.value for r, p in store.progress(group, ids).items()} == {
@@ -625,7 +635,7 @@ def test_a_members_view_syncs_its_sessions_connection_ahead_of_its_reads(
     # be read after a sync of the session's connection, sent ahead of the reads.
     with open_backend(zookeeper_backend_url) as store:
         session, _, generation = _lead_and_publish(store, group, {"m1": ["a", "b"]})
-        assert store.claim(session, ["a"], generation) == {"a": 1}
+        assert grant_epochs(store.claim(session, ["a"], generation)) == {"a": 1}
         hosted = _zk(store)._sessions.get(session.session_id)
         assert hosted is not None
         client = hosted.client

@@ -14,7 +14,7 @@ import pytest
 
 from rebalancer_spark.backends import Backend, Session
 from rebalancer_spark.core.errors import FencedError, MemberIdInUse, SessionExpired
-from rebalancer_spark.core.model import Phase, Resource
+from rebalancer_spark.core.model import Phase, Resource, grant_epochs
 from tests.helpers import wait_for
 
 TTL = 30.0
@@ -205,8 +205,8 @@ def test_resource_ids_with_slashes_and_unicode_round_trip(store: Backend, group:
 def test_claims_follow_the_target_and_grant_increasing_epochs(store: Backend, group: str) -> None:
     sessions, _, gen = _setup(store, group, ["m1", "m2"], ["a", "b", "c", "d"])
     granted = store.claim(sessions["m1"], ["a", "b", "c"], gen)
-    assert granted == {"a": 1, "c": 1}  # b is m2's
-    assert store.claim(sessions["m1"], ["a"], gen) == {"a": 1}  # idempotent
+    assert grant_epochs(granted) == {"a": 1, "c": 1}  # b is m2's
+    assert grant_epochs(store.claim(sessions["m1"], ["a"], gen)) == {"a": 1}  # idempotent
     state = store.state(group)
     assert {r: c.member_id for r, c in state.claims.items()} == {"a": "m1", "c": "m1"}
     view = store.member_view(sessions["m1"])
@@ -217,7 +217,7 @@ def test_a_claim_held_by_a_live_session_is_not_granted_until_released(
     store: Backend, group: str
 ) -> None:
     sessions, epoch, gen = _setup(store, group, ["m1", "m2"], ["a", "b"])
-    assert store.claim(sessions["m1"], ["a"], gen) == {"a": 1}
+    assert grant_epochs(store.claim(sessions["m1"], ["a"], gen)) == {"a": 1}
     moved = store.publish(
         sessions["m1"],
         epoch,
@@ -225,11 +225,11 @@ def test_a_claim_held_by_a_live_session_is_not_granted_until_released(
         phase=Phase.RUNNING,
         resources_version=0,
     ).generation
-    assert store.claim(sessions["m2"], ["a", "b"], moved) == {"b": 1}
+    assert grant_epochs(store.claim(sessions["m2"], ["a", "b"], moved)) == {"b": 1}
     store.release(sessions["m1"], {"a": 7})  # wrong epoch: ignored
-    assert store.claim(sessions["m2"], ["a"], moved) == {}
+    assert grant_epochs(store.claim(sessions["m2"], ["a"], moved)) == {}
     store.release(sessions["m1"], {"a": 1})
-    assert store.claim(sessions["m2"], ["a"], moved) == {"a": 2}
+    assert grant_epochs(store.claim(sessions["m2"], ["a"], moved)) == {"a": 2}
 
 
 def test_a_claim_of_an_expired_session_is_granted_again(store: Backend, group: str) -> None:
@@ -239,29 +239,29 @@ def test_a_claim_of_an_expired_session_is_granted_again(store: Backend, group: s
     g = store.publish(
         s2, e, {"m1": ["a"], "m2": []}, phase=Phase.RUNNING, resources_version=0
     ).generation
-    assert store.claim(s1, ["a"], g) == {"a": 1}
+    assert grant_epochs(store.claim(s1, ["a"], g)) == {"a": 1}
     g2 = store.publish(s2, e, {"m2": ["a"]}, phase=Phase.RUNNING, resources_version=0).generation
-    assert store.claim(s2, ["a"], g2) == {}
+    assert grant_epochs(store.claim(s2, ["a"], g2)) == {}
     wait_for(lambda: store.claim(s2, ["a"], g2), timeout=5, what="claim after holder expiry")
     assert store.state(group).claims["a"].epoch == 2
 
 
 def test_claims_need_the_current_generation_and_a_running_phase(store: Backend, group: str) -> None:
     sessions, epoch, gen = _setup(store, group, ["m1"], ["a"])
-    assert store.claim(sessions["m1"], ["a"], gen - 1) == {}
+    assert grant_epochs(store.claim(sessions["m1"], ["a"], gen - 1)) == {}
     stopping = store.publish(
         sessions["m1"], epoch, {"m1": ["a"]}, phase=Phase.STOPPING, resources_version=0
     ).generation
-    assert store.claim(sessions["m1"], ["a"], stopping) == {}
+    assert grant_epochs(store.claim(sessions["m1"], ["a"], stopping)) == {}
     running = store.publish(
         sessions["m1"], epoch, {"m1": ["a"]}, phase=Phase.RUNNING, resources_version=0
     ).generation
-    assert store.claim(sessions["m1"], ["a"], running) == {"a": 1}
+    assert grant_epochs(store.claim(sessions["m1"], ["a"], running)) == {"a": 1}
 
 
 def test_leave_releases_claims(store: Backend, group: str) -> None:
     sessions, _, gen = _setup(store, group, ["m1"], ["a", "b"])
-    assert store.claim(sessions["m1"], ["a", "b"], gen) == {"a": 1, "b": 1}
+    assert grant_epochs(store.claim(sessions["m1"], ["a", "b"], gen)) == {"a": 1, "b": 1}
     store.leave(sessions["m1"])
     assert store.state(group).claims == {}
 
@@ -281,7 +281,7 @@ def test_commit_is_accepted_from_the_owner_and_handed_to_the_next(
     store: Backend, group: str
 ) -> None:
     sessions, _, gen = _setup(store, group, ["m1", "m2"], ["a"])
-    assert store.claim(sessions["m1"], ["a"], gen) == {"a": 1}
+    assert grant_epochs(store.claim(sessions["m1"], ["a"], gen)) == {"a": 1}
     store.commit(sessions["m1"], "a", 1, {"files": ["f1", "f2"]})
     progress = store.progress(group, ["a", "missing"])
     assert set(progress) == {"a"}
@@ -299,7 +299,7 @@ def test_a_stale_owner_cannot_commit(store: Backend, group: str) -> None:
     g2 = store.publish(
         sessions["m1"], epoch, {"m2": ["a"], "m1": []}, phase=Phase.RUNNING, resources_version=0
     ).generation
-    assert store.claim(sessions["m2"], ["a"], g2) == {"a": 2}
+    assert grant_epochs(store.claim(sessions["m2"], ["a"], g2)) == {"a": 2}
     with pytest.raises(FencedError, match="'m2' at epoch 2"):
         store.commit(sessions["m1"], "a", 1, 3)
     with pytest.raises(FencedError):

@@ -13,6 +13,10 @@ Each batch is committed with an application transaction ``(writer id, batch numb
 commit's outcome is unknown (the store timed out after the commit landed), the retry first asks
 the table whether that batch is already in, so a retry never writes a row twice.
 
+The epoch-chain columns (``generation`` … ``moves``, see :data:`CHAIN_COLUMNS`) came later: a
+table written before them is still an audit table; the first append adds them to its schema
+(delta-rs' schema merge, one commit that keeps every row; old rows read them as null).
+
 The table is created when the log is opened, by one commit without retries: when several
 processes open the same new path at once, the losers see the winner's table, check its schema
 and use it (delta-rs would otherwise retry a losing create as a second ``CREATE TABLE`` commit
@@ -47,7 +51,14 @@ from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 from rebalancer_spark.core.events import OwnershipEvent
 from rebalancer_spark.core.urls import redact_url
 
-__all__ = ["AUDIT_COLUMNS", "DeltaAuditLog", "audit_schema", "open_audit_table"]
+__all__ = [
+    "AUDIT_COLUMNS",
+    "CHAIN_COLUMNS",
+    "DeltaAuditLog",
+    "audit_schema",
+    "missing_chain_columns",
+    "open_audit_table",
+]
 
 log = logging.getLogger("rebalancer_spark.audit")
 
@@ -66,9 +77,21 @@ _COLUMNS = (
     ("host", pa.string(), True),
     ("pid", pa.int64(), True),
     ("spark_app_id", pa.string(), True),
+    # The epoch chain (docs/spark.md, "The audit table"): added to older tables on append.
+    ("generation", pa.int64(), True),
+    ("coordinator_epoch", pa.int64(), True),
+    ("prev_member_id", pa.string(), True),
+    ("prev_session_id", pa.string(), True),
+    ("prev_epoch", pa.int64(), True),
+    ("freed", pa.string(), True),
+    ("freed_at", _UTC_MICROS, True),
+    ("trigger", pa.string(), True),
+    ("moves", pa.int64(), True),
 )
 AUDIT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in _COLUMNS)
 """The audit table's columns, in order: one row per :class:`OwnershipEvent`."""
+CHAIN_COLUMNS: tuple[str, ...] = AUDIT_COLUMNS[12:]
+"""The columns a table written before the epoch chain lacks (all nullable)."""
 
 _MAX_BATCH = 10_000
 _FIRST_BACKOFF = 0.1
@@ -76,7 +99,7 @@ _MAX_BACKOFF = 5.0
 _JOIN_TIMEOUT = 5.0
 _REASON_CHARS = 600
 
-_Row = tuple[str, str, str, str, str, int, int, int, str, str | None, int | None, str | None]
+_Row = tuple[object, ...]
 
 
 def audit_schema() -> pa.Schema:
@@ -84,8 +107,15 @@ def audit_schema() -> pa.Schema:
     return pa.schema([pa.field(name, kind, nullable=ok) for name, kind, ok in _COLUMNS])
 
 
+def missing_chain_columns(table: DeltaTable) -> list[str]:
+    """The :data:`CHAIN_COLUMNS` the table's schema lacks (a table written before them)."""
+    names = {field.name for field in table.schema().fields}
+    return [name for name in CHAIN_COLUMNS if name not in names]
+
+
 def open_audit_table(path: str, storage_options: Mapping[str, str] | None = None) -> DeltaTable:
-    """The existing audit table at ``path``, its schema checked.
+    """The existing audit table at ``path``, its schema checked (a table without the epoch
+    chain's columns passes: see :func:`missing_chain_columns`).
 
     Raises :class:`ConfigurationError` when there is no Delta table there (or it cannot be
     read) and :class:`CorruptStateError` when the table there is not an audit table."""
@@ -130,7 +160,8 @@ class DeltaAuditLog:
         self._path = path
         self._options = dict(storage_options or {})
         self._interval = flush_interval
-        _create_or_check(path, self._options)
+        self._evolve = _create_or_check(path, self._options)
+        """The table lacks the chain columns: the next append merges them into its schema."""
         self._writer_id = f"rebalancer-spark-audit-{uuid.uuid4().hex}"
         self._cond = threading.Condition()
         self._pending: deque[tuple[float, _Row]] = deque()
@@ -291,11 +322,13 @@ class DeltaAuditLog:
             self._path,
             data,
             mode="append",
+            schema_mode="merge" if self._evolve else None,
             storage_options=self._options or None,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id=self._writer_id, version=number)]
             ),
         )
+        self._evolve = False
 
     def _committed(self, number: int) -> bool:
         table = DeltaTable(self._path, storage_options=self._options or None)
@@ -303,10 +336,10 @@ class DeltaAuditLog:
         return done is not None and done >= number
 
 
-def _create_or_check(path: str, options: dict[str, str]) -> None:
+def _create_or_check(path: str, options: dict[str, str]) -> bool:
+    """Create the table, or check the one there; True if it lacks the chain columns."""
     try:
-        open_audit_table(path, options)
-        return
+        return bool(missing_chain_columns(open_audit_table(path, options)))
     except ConfigurationError as exc:
         if not isinstance(exc.__cause__, TableNotFoundError):
             raise
@@ -330,7 +363,7 @@ def _create_or_check(path: str, options: dict[str, str]) -> None:
             ) from exc
         log.debug("lost the race to create %s: %s", _shown(path), _reason(exc, options))
     try:
-        open_audit_table(path, options)
+        return bool(missing_chain_columns(open_audit_table(path, options)))
     except ConfigurationError as exc:
         raise ConfigurationError(
             f"cannot create the Delta audit table at {_shown(path)}: the table is still "
@@ -352,7 +385,7 @@ def _check_schema(path: str, table: DeltaTable) -> None:
     expected = {field.name: field for field in Schema.from_arrow(audit_schema()).fields}
     found = {field.name: field for field in table.schema().fields}
     problems = []
-    missing = [name for name in expected if name not in found]
+    missing = [name for name in expected if name not in found and name not in CHAIN_COLUMNS]
     if missing:
         problems.append(f"missing columns {', '.join(missing)}")
     unexpected = [name for name in found if name not in expected]
@@ -389,6 +422,15 @@ def _row(event: OwnershipEvent) -> _Row:
         info.get("host"),
         _pid(info.get("pid")),
         info.get("spark_app_id"),
+        event.generation,
+        event.coordinator_epoch,
+        event.prev_member_id,
+        event.prev_session_id,
+        event.prev_epoch,
+        event.freed,
+        None if event.freed_at is None else _micros(event.freed_at, "freed_at"),
+        event.trigger,
+        event.moves,
     )
 
 

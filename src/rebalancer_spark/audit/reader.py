@@ -13,14 +13,19 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rebalancer_spark.audit.delta import AUDIT_COLUMNS, open_audit_table
+from rebalancer_spark.audit.delta import (
+    AUDIT_COLUMNS,
+    audit_schema,
+    missing_chain_columns,
+    open_audit_table,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["delta_reader_available", "load_events", "read_audit"]
 
-_TIME_COLUMNS = ("at", "observed_at")
+_TIME_COLUMNS = ("at", "observed_at", "freed_at")
 _DELTA_SOURCE_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
 
 
@@ -32,7 +37,8 @@ def load_events(
     and ``observed_at`` as float epoch seconds, sorted by (``at``, ``resource``).
 
     Raises :class:`ConfigurationError` when there is no table at ``path`` and
-    :class:`CorruptStateError` when the table there is not an audit table."""
+    :class:`CorruptStateError` when the table there is not an audit table. A table written
+    before the epoch chain's columns reads them as None."""
     table = _arrow_table(path, group, storage_options)
     for name in _TIME_COLUMNS:
         seconds = pc.divide(table.column(name).cast(pa.int64()).cast(pa.float64()), 1e6)
@@ -53,7 +59,8 @@ def read_audit(spark: SparkSession, path: str, *, group: str | None = None) -> D
     and the same rows and columns either way.
     """
     if delta_reader_available(spark):
-        frame = spark.read.format("delta").load(path).select(*AUDIT_COLUMNS)
+        frame = spark.read.format("delta").load(path)
+        frame = frame.select(*[c for c in AUDIT_COLUMNS if c in frame.columns])
         return frame if group is None else frame.where(frame["group"] == group)
     return spark.createDataFrame(_arrow_table(path, group, None))
 
@@ -78,4 +85,11 @@ def _arrow_table(
 ) -> pa.Table:
     table = open_audit_table(path, storage_options)
     filters = [("group", "=", group)] if group is not None else None
-    return table.to_pyarrow_table(columns=list(AUDIT_COLUMNS), filters=filters)
+    missing = missing_chain_columns(table)
+    present = [c for c in AUDIT_COLUMNS if c not in missing]
+    arrow = table.to_pyarrow_table(columns=present, filters=filters)
+    schema = audit_schema()
+    for name in missing:  # a table written before the chain: its columns read as nulls
+        kind = schema.field(name).type
+        arrow = arrow.append_column(pa.field(name, kind), pa.nulls(arrow.num_rows, kind))
+    return arrow

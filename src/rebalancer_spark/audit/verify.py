@@ -2,8 +2,12 @@
 
 Use case: after a chaos test or an incident, ``verify_table(path).report()`` says whether the
 product's first promise held, shows every overlap in full (who, which epoch, from when to
-when) and sums up the time resources spent without an owner. The proof itself is
-:mod:`rebalancer_spark.core.audit`; this module reads the table and words the result.
+when), every broken link of a resource's epoch chain with the rows around it, and sums up the
+time resources spent without an owner. The proof itself is :mod:`rebalancer_spark.core.audit`
+(intervals, overlaps) and :mod:`rebalancer_spark.core.chain` (the epoch chain); this module
+reads the table and words the result. A table written before the chain columns is judged on
+overlaps alone (a crashed owner's interval then ends at its successor's start), and the verdict
+says that the chain check was skipped.
 """
 
 from __future__ import annotations
@@ -16,17 +20,20 @@ from datetime import UTC, datetime
 
 from rebalancer_spark.audit.reader import load_events
 from rebalancer_spark.core.audit import Gap, Interval, Overlap, gaps, intervals, overlaps
+from rebalancer_spark.core.chain import ChainCheck, ChainFault, check_chain
 from rebalancer_spark.core.errors import ConfigurationError
 
 __all__ = ["AuditVerdict", "history", "verify_events", "verify_table"]
 
 _TOP_RESOURCES = 5
+_NOT_OWNERSHIP = frozenset({"control", "rebalance"})
+_SHOWN_ROWS = 6
 
 
 @dataclass(frozen=True)
 class AuditVerdict:
     """What an audit trail proves. ``ok`` means no two ownerships of one resource shared
-    more than ``tolerance`` seconds."""
+    more than ``tolerance`` seconds and every resource's epoch chain is unbroken."""
 
     ok: bool
     events: int
@@ -37,9 +44,31 @@ class AuditVerdict:
     overlaps: tuple[Overlap, ...]
     gaps: tuple[Gap, ...]
     tolerance: float = 0.0
+    chain: ChainCheck | None = None
+    """The epoch chain check; None when it was skipped (no row carries the chain)."""
+
+    @property
+    def chain_faults(self) -> tuple[ChainFault, ...]:
+        return () if self.chain is None else self.chain.faults
+
+    def chain_summary(self) -> str:
+        """One line on the chain check: what was checked, or why it was skipped."""
+        c = self.chain
+        if c is None:
+            return (
+                "chain check skipped: the table predates the chain columns (a crashed "
+                "owner's ownership is taken to end at its successor's start)"
+            )
+        line = f"chain: {c.checked} grants checked, {_count(len(c.faults), 'broken link')}"
+        if c.unrecorded:
+            line += f", {len(c.unrecorded)} unrecorded (listed below)"
+        if c.unchained:
+            line += f", {c.unchained} grants without the chain columns (their links not checked)"
+        return line
 
     def report(self) -> str:
-        """The verdict in one line, then every overlap in full, then a summary of the gaps."""
+        """The verdict in one line, then every overlap and broken link in full, then a
+        summary of the gaps."""
         counts = (
             f"{self.events} events, {self.resources} resources, {self.members} members, "
             f"{self.intervals} ownerships ({self.open_intervals} still open), "
@@ -48,20 +77,33 @@ class AuditVerdict:
         if self.ok:
             lines = [f"audit OK: no resource ever had two owners at once ({counts})"]
         else:
-            lines = [
-                f"audit FAILED: {_count(len(self.overlaps), 'overlap')}: resources owned by two "
-                f"members at once ({counts})",
-                "overlaps:",
-            ]
-            for overlap in self.overlaps:
-                span = (
-                    f"for {overlap.seconds:.3f} s"
-                    if math.isfinite(overlap.seconds)
-                    else "with no end recorded (both still open)"
+            problems = []
+            if self.overlaps:
+                problems.append(
+                    f"{_count(len(self.overlaps), 'overlap')}: resources owned by two members "
+                    "at once"
                 )
-                lines.append(f"  {overlap.resource}: two owners {span}")
-                lines.append(f"    {_ownership(overlap.first)}")
-                lines.append(f"    {_ownership(overlap.second)}")
+            if self.chain_faults:
+                problems.append(f"{_count(len(self.chain_faults), 'broken link')} of the chain")
+            lines = [f"audit FAILED: {'; '.join(problems)} ({counts})"]
+        lines.append(self.chain_summary())
+        for fault in self.chain_faults:
+            lines.extend(_fault_lines(fault))
+        if self.chain is not None and self.chain.unrecorded:
+            lines.append("unrecorded links (not faults):")
+            for fault in self.chain.unrecorded[:_TOP_RESOURCES]:
+                lines.append(f"  {fault.message}")
+        if self.overlaps:
+            lines.append("overlaps:")
+        for overlap in self.overlaps:
+            span = (
+                f"for {overlap.seconds:.3f} s"
+                if math.isfinite(overlap.seconds)
+                else "with no end recorded (both still open)"
+            )
+            lines.append(f"  {overlap.resource}: two owners {span}")
+            lines.append(f"    {_ownership(overlap.first)}")
+            lines.append(f"    {_ownership(overlap.second)}")
         lines.extend(_gap_summary(self.gaps))
         return "\n".join(lines)
 
@@ -69,20 +111,24 @@ class AuditVerdict:
 def verify_events(
     events: Iterable[Mapping[str, object]], *, tolerance: float = 0.0
 ) -> AuditVerdict:
-    """Judge a trail of events (dicts with kind, resource, member_id, session_id, epoch, at);
-    ``control`` events are left out (they are not about ownership)."""
+    """Judge a trail of events (dicts with kind, resource, member_id, session_id, epoch, at,
+    and the chain columns where the table has them); ``control`` and ``rebalance`` events are
+    left out (they are not about ownership)."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ConfigurationError(
             f"tolerance {tolerance!r} is not a number of seconds >= 0; use 0, or the clock "
             "skew between the members' hosts"
         )
     # Control rows (an operator's pause, drain, pin...) are not ownership: not judged here.
-    trail = [e for e in events if str(e["kind"]) != "control"]
+    trail = [e for e in events if str(e["kind"]) not in _NOT_OWNERSHIP]
     by_resource = intervals(trail)
     found = overlaps(by_resource, tolerance=tolerance)
     every = [item for items in by_resource.values() for item in items]
+    chain = check_chain(trail, tolerance=tolerance)
+    # No grant carrying the chain: a table written before it.
+    chain_result = None if chain.checked == 0 and not chain.faults else chain
     return AuditVerdict(
-        ok=not found,
+        ok=not found and not chain.faults,
         events=len(trail),
         resources=len({str(e["resource"]) for e in trail}),
         members=len({str(e["member_id"]) for e in trail}),
@@ -91,6 +137,7 @@ def verify_events(
         overlaps=tuple(found),
         gaps=tuple(gaps(by_resource)),
         tolerance=tolerance,
+        chain=chain_result,
     )
 
 
@@ -139,6 +186,27 @@ def _gap_summary(found: tuple[Gap, ...]) -> list[str]:
         f"longest {max(spans):.3f} s"
         for resource, spans in shown
     )
+    return lines
+
+
+def _fault_lines(fault: ChainFault) -> list[str]:
+    lines = [f"  [{fault.kind}] {fault.message}", "    rows around it:"]
+    for row in sorted(fault.rows, key=lambda r: _seconds(r["at"]))[:_SHOWN_ROWS]:
+        link = ""
+        if row.get("freed") not in (None, ""):
+            link = (
+                f" prev={row.get('prev_member_id')}/{row.get('prev_epoch')} "
+                f"freed={row.get('freed')}"
+                + (
+                    f" at {_utc(_seconds(row['freed_at']))}"
+                    if row.get("freed_at") is not None
+                    else ""
+                )
+            )
+        lines.append(
+            f"      {_utc(_seconds(row['at']))} {row['kind']} member={row['member_id']} "
+            f"session={row['session_id']} epoch={row['epoch']}{link}"
+        )
     return lines
 
 

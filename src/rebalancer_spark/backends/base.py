@@ -9,7 +9,10 @@ that depends on ownership or leadership is checked atomically by the store:
   session is the coordinator's and alive;
 * :meth:`Backend.claim` only for resources the current target (at ``generation``) gives the
   caller, that are free (released, never claimed, or held by an expired session); a grant
-  raises the resource epoch by one;
+  raises the resource epoch by one and, in the same atomic step, tells the claimant what it
+  superseded (a :class:`~rebalancer_spark.core.model.Grant`: the previous owner, its epoch,
+  and whether and when it released or its lease expired), so the store keeps, per resource,
+  the last holder and how and when its ownership ended;
 * :meth:`Backend.commit` only while the caller's session is alive and holds the resource at
   exactly ``epoch``;
 * :meth:`Backend.update_control` only while the group's control record is still at the
@@ -35,6 +38,7 @@ from typing import ClassVar, Self
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
+    Grant,
     GroupState,
     JsonValue,
     Phase,
@@ -197,9 +201,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def claim(
         self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, int]:
-        """Claim what is free among ``resources``; return the granted ones with their new
-        epochs. A resource already held by this session is returned with its current epoch."""
+    ) -> dict[str, Grant]:
+        """Claim what is free among ``resources``; return the granted ones, each with its new
+        epoch and what it superseded (:class:`Grant`), read and written in the same atomic
+        step as the grant. A resource already held by this session is returned with the grant
+        that gave it (same epoch, same predecessor). The cost stays constant per call: the
+        chain rides on the reads and writes a claim makes anyway."""
 
     @abc.abstractmethod
     def release(self, session: Session, claims: Mapping[str, int]) -> None:

@@ -3,9 +3,13 @@
 An *interval* is one ownership of one resource by one member session at one epoch: it opens
 with an ``acquired`` event and closes with the ``released`` or ``lost`` event of the same
 session and epoch (``at``, not ``observed_at``: a paused member's ownership ended when its
-lease did). An interval whose end was never recorded (a process killed with -9) ends when the
-next owner's begins *if* the store granted the resource again, which the next epoch proves;
-otherwise it stays open.
+lease did). An interval whose end was never recorded (a process killed with -9) ends where the
+store says it did: the next grant names it as its predecessor with ``freed_at`` (its lease's
+expiry in the store), or a grant after the store lost its records names the time by which every
+older lease had run out. Nothing is bridged for a grant that carries the chain but names
+someone else (the chain check of :mod:`rebalancer_spark.core.chain` reports that): the
+interval stays open. Only grants without the chain columns (a table written before them) end
+an unclosed interval at their own start ("superseded"), as the trail cannot say more.
 
 :func:`overlaps` reports every pair of intervals of the same resource that intersect by more
 than ``tolerance`` seconds (clock skew between hosts); :func:`gaps` reports the time each
@@ -14,10 +18,12 @@ resource spent without an owner between two owners.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 __all__ = ["Gap", "Interval", "Overlap", "gaps", "intervals", "overlaps"]
 
@@ -35,9 +41,12 @@ class Interval:
     epoch: int
     start: float
     end: float
-    """``math.inf`` while open; for a crashed owner, the next owner's start."""
+    """``math.inf`` while open; for a crashed owner, its lease's end as the store told its
+    successor (``freed_at``)."""
     closed_by: str
-    """``released``, ``lost``, ``superseded`` (crash, inferred from the next epoch) or ``open``."""
+    """``released``, ``lost``, ``expired`` (the store's lease expiry, named by the successor),
+    ``released-in-store`` (the successor names a release whose row is missing), ``superseded``
+    (a successor without chain columns: inferred from the next epoch) or ``open``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,21 +70,54 @@ class Gap:
 
 
 def intervals(events: Iterable[Mapping[str, object]]) -> dict[str, list[Interval]]:
-    """Group events (as dicts with kind, resource, member_id, session_id, epoch, at) into
-    intervals per resource, sorted by epoch then start."""
+    """Group events (as dicts with kind, resource, member_id, session_id, epoch, at, and the
+    chain columns where present) into intervals per resource, sorted by epoch then start."""
     opened: dict[tuple[str, str, int], tuple[str, float]] = {}
     closed: dict[tuple[str, str, int], tuple[float, str]] = {}
+    named: dict[tuple[str, str, int], tuple[float, str]] = {}
+    ended: dict[str, dict[int, float]] = defaultdict(dict)
+    """Per resource: epoch -> when it ended, as a chained successor names it."""
+    resets: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    chained: dict[tuple[str, int], bool] = {}
     for e in events:
         kind = str(e["kind"])
         key = (str(e["resource"]), str(e["session_id"]), _int(e["epoch"]))
         at = _float(e["at"])
         if kind == _OPENING:
             opened.setdefault(key, (str(e["member_id"]), at))
+            link = _link(e)
+            chained[(key[0], key[2])] = chained.get((key[0], key[2]), False) or link is not None
+            if link is not None:
+                prev_session, prev_epoch, freed, freed_at = link
+                if prev_epoch is None and freed_at is not None:
+                    resets[key[0]].append((key[2], freed_at))
+                elif prev_session and prev_epoch is not None and freed_at is not None:
+                    how = "expired" if freed == "expired" else "released-in-store"
+                    named.setdefault((key[0], prev_session, prev_epoch), (freed_at, how))
+                    ended[key[0]].setdefault(prev_epoch, freed_at)
         elif kind in _CLOSING:
             closed.setdefault(key, (at, kind))
+    epochs_of: dict[str, list[int]] = defaultdict(list)
+    for resource, _, epoch in opened:
+        epochs_of[resource].append(epoch)
+    for found in epochs_of.values():
+        found.sort()
     by_resource: dict[str, list[Interval]] = defaultdict(list)
     for (resource, session, epoch), (member, start) in opened.items():
-        end, how = closed.get((resource, session, epoch), (math.inf, "open"))
+        end, how = closed.get((resource, session, epoch)) or named.get(
+            (resource, session, epoch), (math.inf, "open")
+        )
+        if how == "open":
+            later = [t for e, t in resets.get(resource, []) if e > epoch]
+            # Every epoch the store granted after this one, up to one whose end a successor
+            # names, left no row (lost with a killed process): the store granted the first
+            # of them only once this one had ended, so it ended by then too.
+            known = epochs_of[resource]
+            after = bisect.bisect_right(known, epoch)
+            upto = known[after] if after < len(known) else math.inf
+            unrecorded = [t for p, t in ended.get(resource, {}).items() if epoch < p < upto]
+            if later or unrecorded:
+                end, how = min([*later, *unrecorded]), "expired"
         by_resource[resource].append(Interval(resource, member, session, epoch, start, end, how))
     out: dict[str, list[Interval]] = {}
     for resource, items in by_resource.items():
@@ -83,21 +125,42 @@ def intervals(events: Iterable[Mapping[str, object]]) -> dict[str, list[Interval
         fixed: list[Interval] = []
         for i, original in enumerate(items):
             item = original
-            later = items[i + 1] if i + 1 < len(items) else None
-            if item.closed_by == "open" and later is not None and later.epoch > item.epoch:
-                # The store granted a higher epoch, so this session's claim had ended by then.
+            later_item = items[i + 1] if i + 1 < len(items) else None
+            if (
+                item.closed_by == "open"
+                and later_item is not None
+                and later_item.epoch > item.epoch
+                and not chained.get((resource, later_item.epoch), False)
+            ):
+                # A grant without the chain: the store granted a higher epoch, so this
+                # session's claim had ended by then (all a table without the chain can say).
                 item = Interval(
                     item.resource,
                     item.member_id,
                     item.session_id,
                     item.epoch,
                     item.start,
-                    later.start,
+                    later_item.start,
                     "superseded",
                 )
             fixed.append(item)
         out[resource] = fixed
     return out
+
+
+def _link(e: Mapping[str, object]) -> tuple[str, int | None, str, float | None] | None:
+    """An acquired event's link of the chain: (prev session, prev epoch, freed, freed_at)."""
+    freed = e.get("freed")
+    if freed in (None, ""):
+        return None
+    prev_epoch = e.get("prev_epoch")
+    freed_at = e.get("freed_at")
+    return (
+        str(e.get("prev_session_id") or ""),
+        None if prev_epoch is None else _int(prev_epoch),
+        str(freed),
+        None if freed_at is None else _float(freed_at),
+    )
 
 
 def overlaps(by_resource: Mapping[str, list[Interval]], *, tolerance: float = 0.0) -> list[Overlap]:
@@ -140,6 +203,8 @@ def _int(value: object) -> int:
 
 
 def _float(value: object) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
     if isinstance(value, bool) or not isinstance(value, int | str | float):
         raise ValueError(f"time {value!r} is not a number")
     return float(value)

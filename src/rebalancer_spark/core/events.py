@@ -10,7 +10,16 @@ ran out, not the moment the member noticed; ``observed_at`` is when the member n
 change of the group's control record (pause, resume, rebalance request, drain, pin, imbalance
 threshold; see :mod:`rebalancer_spark.core.control`), with its own member id, session and
 coordinator epoch, the resource concerned (a pin) or ``""`` (the group), and the transition
-in ``reason``. The audit's overlap proof ignores them.
+in ``reason``. The audit's overlap proof ignores them. ``rebalance`` events are not changes of
+ownership either: the coordinator emits one when it publishes a new target, with the new
+``generation``, its ``coordinator_epoch``, what caused it (``trigger``) and how many resources
+change owner (``moves``); ``reason`` carries the details ("join: job-d").
+
+The epoch chain rides on ownership events: ``generation`` and ``coordinator_epoch`` name the
+target under which the change happened, and an ``acquired`` event carries the store's
+:class:`~rebalancer_spark.core.model.Grant`: the owner it superseded (``prev_member_id``,
+``prev_session_id``, ``prev_epoch``) and why and when the resource was free (``freed``,
+``freed_at``, wall-clock seconds). The audit proves an unbroken chain of epochs from them.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["EventKind", "EventSink", "OwnershipEvent"]
+__all__ = ["EventKind", "EventSink", "OwnershipEvent", "Trigger"]
 
 
 class EventKind(StrEnum):
@@ -31,6 +40,19 @@ class EventKind(StrEnum):
     FENCED = "fenced"
     CONTROL = "control"
     """Not about ownership: the coordinator applied an operator's control change."""
+    REBALANCE = "rebalance"
+    """Not about ownership: the coordinator published a new target."""
+
+
+class Trigger(StrEnum):
+    """What caused a rebalance (the ``trigger`` of a ``rebalance`` event)."""
+
+    START = "start"
+    JOIN = "join"
+    LEAVE = "leave"
+    CRASH = "crash"
+    DISCOVERY = "discovery"
+    OPERATOR = "operator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +69,15 @@ class OwnershipEvent:
     observed_at: float
     reason: str
     info: Mapping[str, str] = field(default_factory=dict)
+    generation: int | None = None
+    coordinator_epoch: int | None = None
+    prev_member_id: str | None = None
+    prev_session_id: str | None = None
+    prev_epoch: int | None = None
+    freed: str | None = None
+    freed_at: float | None = None
+    trigger: str | None = None
+    moves: int | None = None
 
 
 EventSink = Callable[[OwnershipEvent], None]

@@ -32,6 +32,8 @@ __all__ = [
     "MAX_RESOURCE_ID_BYTES",
     "Claim",
     "CoordinatorRecord",
+    "Freed",
+    "Grant",
     "GroupState",
     "JsonValue",
     "MemberRecord",
@@ -41,6 +43,7 @@ __all__ = [
     "Target",
     "decode_progress",
     "encode_progress",
+    "grant_epochs",
     "validate_group",
     "validate_member_id",
     "validate_resource_id",
@@ -199,6 +202,47 @@ class Claim:
     member_id: str
     session_id: str
     epoch: int
+
+
+class Freed(StrEnum):
+    """Why a resource was free when the store granted it."""
+
+    NEW = "new"
+    """Never owned before (as far as the store knows: its first grant)."""
+    RELEASED = "released"
+    """The previous owner released it (or left the group, giving up its claims)."""
+    EXPIRED = "expired"
+    """The previous owner's session or lease expired in the store (a crash, a pause past the
+    lease, a lost connection; or the store lost its records, then ``prev_epoch`` is None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A claim granted by the store, and what it superseded: the link of the resource's epoch
+    chain that the audit table records with every ``acquired`` row.
+
+    ``prev_*`` name the owner at ``prev_epoch`` (None for a first grant). ``freed_at`` is
+    when that owner stopped owning, as the store knows it, in wall-clock seconds: the release
+    time, or the moment the store's lease of its session ran out (ZooKeeper, which keeps no
+    such time, gives the store time of this grant: an upper bound). ``prev_epoch`` is
+    ``epoch - 1``, 0 for a first grant, and None only when the store lost its records (a Redis
+    restarted without its data): then ``freed`` is ``expired`` and ``freed_at`` the time by
+    which every lease of the lost records had run out.
+    """
+
+    epoch: int
+    freed: Freed | None = Freed.NEW
+    """None only for a resource whose store record predates the chain (written by an older
+    version of this library): the predecessor is then unknown."""
+    prev_member_id: str | None = None
+    prev_session_id: str | None = None
+    prev_epoch: int | None = 0
+    freed_at: float | None = None
+
+
+def grant_epochs(grants: Mapping[str, Grant]) -> dict[str, int]:
+    """Each granted resource's epoch: ``claim``'s answer without the chain."""
+    return {r: g.epoch for r, g in grants.items()}
 
 
 @dataclass(frozen=True, slots=True)

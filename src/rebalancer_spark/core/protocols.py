@@ -40,6 +40,8 @@ class MemberView:
     target: frozenset[str]
     owned: Mapping[str, int]
     """Resource id → epoch of every claim the store holds for this member's session."""
+    coordinator_epoch: int = 0
+    """The coordinator epoch the target at ``generation`` was published under (0: none)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,7 @@ from rebalancer_spark.core.errors import (
     FencedError,
     RebalancerError,
 )
-from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
+from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent, Trigger
 from rebalancer_spark.core.model import GroupState, Phase, Resource, Target
 
 __all__ = ["CoordinatorLoop", "RebalanceRecord"]
@@ -132,6 +132,10 @@ class CoordinatorLoop:
         """The control record this coordinator last applied (None: not yet, or new role)."""
         self._forced = False
         self._drain_done: set[str] = set()
+        self._operator_cause: str | None = None
+        """Why the next target is published, when an operator's control change caused it."""
+        self._seen_leaving: set[str] = set()
+        """Members seen draining: their departure from the target is a leave, not a crash."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -334,6 +338,9 @@ class CoordinatorLoop:
             now_due = applied is not None or unchanged
             if present and now_due and (forced or desired != current):
                 self._forced = forced
+                self._operator_cause = f"control v{control.version}" + (
+                    ": rebalance requested" if forced else ""
+                )
                 self._rebalance_now(session, epoch, state, present, target, now)
                 self._adopt(session, epoch, control)
                 return 0.0
@@ -452,10 +459,21 @@ class CoordinatorLoop:
         )
         return True
 
-    def _emit(self, session: Session, epoch: int, resource: str, reason: str) -> None:
+    def _emit(
+        self,
+        session: Session,
+        epoch: int,
+        resource: str,
+        reason: str,
+        *,
+        kind: EventKind = EventKind.CONTROL,
+        generation: int | None = None,
+        trigger: Trigger | None = None,
+        moves: int | None = None,
+    ) -> None:
         now = self._clock.wall()
         event = OwnershipEvent(
-            kind=EventKind.CONTROL,
+            kind=kind,
             group=session.group,
             resource=resource,
             member_id=session.member_id,
@@ -465,6 +483,10 @@ class CoordinatorLoop:
             observed_at=now,
             reason=reason,
             info=self._info,
+            generation=generation,
+            coordinator_epoch=epoch,
+            trigger=None if trigger is None else trigger.value,
+            moves=moves,
         )
         for sink in self._sinks:
             try:
@@ -523,6 +545,7 @@ class CoordinatorLoop:
         )
         started = self._first_change if self._pending is not None else now
         self._pending = None
+        trigger, why = self._cause(state, present, target)
         record = RebalanceRecord(
             generation=published.generation,
             epoch=epoch,
@@ -541,5 +564,54 @@ class CoordinatorLoop:
             record.resources,
             record.moved,
         )
+        before = {r: m for m, rs in previous.items() for r in rs}
+        changes = sum(
+            1 for m, rs in assignment.items() for r in rs if r in before and before[r] != m
+        )
+        self._emit(
+            session,
+            epoch,
+            "",
+            why,
+            kind=EventKind.REBALANCE,
+            generation=record.generation,
+            trigger=trigger,
+            moves=changes,
+        )
         if self._on_rebalance is not None:
             self._on_rebalance(record)
+
+    def _cause(
+        self, state: GroupState, present: set[str], target: Target | None
+    ) -> tuple[Trigger, str]:
+        """What caused the target about to be published, and the details for ``reason``:
+        the first target; members that joined, left (drained) or vanished (crashed: their
+        session ended without draining); a changed resource set; an operator's command."""
+        operator, self._operator_cause = self._operator_cause, None
+        self._seen_leaving = (self._seen_leaving & set(state.members)) | {
+            m for m, rec in state.members.items() if rec.leaving
+        }
+        if target is None:
+            return Trigger.START, f"start: {len(present)} members"
+        before = set(target.assignment)
+        joined, gone = sorted(present - before), sorted(before - present)
+        left = [m for m in gone if m in state.members or m in self._seen_leaving]
+        crashed = [m for m in gone if m not in left]
+        # Several causes at once: the trigger is the first of crash, leave, join; the reason
+        # names them all.
+        causes = [
+            (trigger, f"{trigger.value}: {', '.join(who)}")
+            for trigger, who in (
+                (Trigger.CRASH, crashed),
+                (Trigger.LEAVE, left),
+                (Trigger.JOIN, joined),
+            )
+            if who
+        ]
+        if causes:
+            return causes[0][0], "; ".join(why for _, why in causes)
+        had = {r for rs in target.assignment.values() for r in rs}
+        added, removed = len(set(state.resources) - had), len(had - set(state.resources))
+        if operator is None and (added or removed):
+            return Trigger.DISCOVERY, f"discovery: +{added} -{removed}"
+        return Trigger.OPERATOR, f"operator: {operator or 'control'}"

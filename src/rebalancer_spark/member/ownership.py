@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from rebalancer_spark.backends.base import Session
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
-from rebalancer_spark.core.model import JsonValue
+from rebalancer_spark.core.model import Grant, JsonValue
 
 __all__ = ["Callback", "OwnedResource", "Ownership"]
 
@@ -40,6 +40,12 @@ class OwnedResource:
     epoch: int
     progress: JsonValue
     acquired_at: float
+    grant: Grant | None = None
+    """What the store said the grant superseded (the audit's epoch chain)."""
+    generation: int | None = None
+    """The target generation that gave it."""
+    coordinator_epoch: int | None = None
+    """The coordinator epoch of that target."""
 
 
 Callback = Callable[[Sequence[OwnedResource]], None]
@@ -91,8 +97,8 @@ class Ownership:
         with self._changed:
             return {r: o.epoch for r, o in self._held.items()}
 
-    def not_held(self, granted: Mapping[str, int]) -> dict[str, int]:
-        """The entries of ``granted`` (resource to epoch) for resources not held yet."""
+    def not_held(self, granted: Mapping[str, Grant]) -> dict[str, Grant]:
+        """The entries of ``granted`` (resource to grant) for resources not held yet."""
         with self._changed:
             return {r: e for r, e in granted.items() if r not in self._held}
 
@@ -117,8 +123,25 @@ class Ownership:
                 self._held[o.resource] = o
             self._changed.notify_all()
         for o in owned:
-            self.emit(EventKind.ACQUIRED, session, o.resource, o.epoch, "granted by the target")
+            self.emit_acquired(session, o, "granted by the target")
         self._call(self._on_assigned, owned, "on_assigned")
+
+    def emit_acquired(
+        self, session: Session, o: OwnedResource, reason: str, *, at: float | None = None
+    ) -> None:
+        """The ``acquired`` event of ``o``, carrying its grant's link of the epoch chain."""
+        g = o.grant
+        self.emit(
+            EventKind.ACQUIRED,
+            session,
+            o.resource,
+            o.epoch,
+            reason,
+            at=at,
+            generation=o.generation,
+            coordinator_epoch=o.coordinator_epoch,
+            chain=g,
+        )
 
     def release(
         self,
@@ -127,21 +150,34 @@ class Ownership:
         why: str,
         *,
         lapsed_at: Callable[[], float | None],
+        target: tuple[int, int] | None = None,
     ) -> tuple[list[OwnedResource], bool]:
         """Call ``on_revoked`` for the held ones among ``resources``, emit, then stop holding
         them; return them, sorted, and whether the lease still held when the callback
         returned. ``lapsed_at()`` is None while the lease holds, else the wall time it ran
         out: a callback that outlived the lease ends in ``lost`` at that time, not in
         ``released`` afterwards (the store may have granted the resources meanwhile). Giving
-        the claims back to the store is the caller's part, and only if the lease held."""
+        the claims back to the store is the caller's part, and only if the lease held.
+        ``target`` is the (generation, coordinator epoch) of the target that moved them away,
+        None for a leave or drain without one."""
         with self._changed:
             owned = [self._held[r] for r in sorted(resources) if r in self._held]
         self._call(self._on_revoked, owned, "on_revoked")
         ended = lapsed_at()
         now = self._clock.wall()
+        generation, coordinator_epoch = target if target is not None else (None, None)
         for o in owned:
             if ended is None:
-                self.emit(EventKind.RELEASED, session, o.resource, o.epoch, why, at=now)
+                self.emit(
+                    EventKind.RELEASED,
+                    session,
+                    o.resource,
+                    o.epoch,
+                    why,
+                    at=now,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
+                )
             else:
                 self.emit(
                     EventKind.LOST,
@@ -150,6 +186,8 @@ class Ownership:
                     o.epoch,
                     "lease lapsed while on_revoked ran",
                     at=ended,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
                 )
         with self._changed:
             for o in owned:
@@ -174,12 +212,24 @@ class Ownership:
         kind: EventKind,
         *,
         at: float | None = None,
+        target: tuple[int, int] | None = None,
     ) -> None:
         """Report forgotten resources: emit ``kind`` for each (if there was a session, at
-        ``at`` or now) and call ``on_lost``."""
+        ``at`` or now) and call ``on_lost``. ``target``: the (generation, coordinator epoch)
+        of the latest target the member saw."""
+        generation, coordinator_epoch = target if target is not None else (None, None)
         if session is not None:
             for o in owned:
-                self.emit(kind, session, o.resource, o.epoch, why, at=at)
+                self.emit(
+                    kind,
+                    session,
+                    o.resource,
+                    o.epoch,
+                    why,
+                    at=at,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
+                )
         self._call(self._on_lost, owned, "on_lost")
 
     # -- callbacks and events ------------------------------------------------------------------
@@ -193,8 +243,12 @@ class Ownership:
         reason: str,
         *,
         at: float | None = None,
+        generation: int | None = None,
+        coordinator_epoch: int | None = None,
+        chain: Grant | None = None,
     ) -> None:
-        """Send one ownership event to every sink (``at``: when it happened, default now)."""
+        """Send one ownership event to every sink (``at``: when it happened, default now);
+        ``chain`` is the grant of an ``acquired`` event."""
         now = self._clock.wall()
         event = OwnershipEvent(
             kind=kind,
@@ -207,6 +261,13 @@ class Ownership:
             observed_at=now,
             reason=reason,
             info=self._info,
+            generation=generation,
+            coordinator_epoch=coordinator_epoch,
+            prev_member_id=None if chain is None else chain.prev_member_id,
+            prev_session_id=None if chain is None else chain.prev_session_id,
+            prev_epoch=None if chain is None else chain.prev_epoch,
+            freed=None if chain is None or chain.freed is None else chain.freed.value,
+            freed_at=None if chain is None else chain.freed_at,
         )
         for sink in self._sinks:
             try:

@@ -33,7 +33,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.events import EventKind
-from rebalancer_spark.core.protocols import plan
+from rebalancer_spark.core.protocols import MemberView, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.lease import Lease
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
@@ -72,6 +72,8 @@ class Reconciler:
         self._ownership = ownership
         self._lifecycle = lifecycle
         self._handled_generation = 0
+        self._target: tuple[int, int] | None = None
+        """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._backend: Backend | None = None
         self._coordinator: CoordinatorLoop | None = None
         self._stop = threading.Event()
@@ -208,7 +210,11 @@ class Reconciler:
             self.error = exc
             session = self._lease.snapshot().session
             self._ownership.lost(
-                session, self._ownership.forget(), "member thread failed", EventKind.LOST
+                session,
+                self._ownership.forget(),
+                "member thread failed",
+                EventKind.LOST,
+                target=self._target,
             )
             # Nobody reconciles for this member any more: stop renewing and end the session,
             # so that its resources go to the others instead of staying claimed for ever.
@@ -238,6 +244,7 @@ class Reconciler:
         session = snap.session
         assert session is not None
         view = backend.member_view(session)
+        self._target = (view.generation, view.coordinator_epoch)
         epochs = self._ownership.epochs()
         step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
@@ -246,58 +253,124 @@ class Reconciler:
                 self._ownership.forget(step.lost),
                 "the store no longer holds this member's claim",
                 EventKind.LOST,
+                target=self._target,
             )
         if step.revoke:
-            self.revoke(backend, session, set(step.revoke), "the target moved it away")
+            self.revoke(
+                backend,
+                session,
+                set(step.revoke),
+                "the target moved it away",
+                target=(view.generation, view.coordinator_epoch),
+            )
         if step.ack is not None:
             if self._config.protocol is ProtocolName.GLOBAL_BARRIER:
                 backend.acknowledge(session, step.ack)
             self._handled_generation = step.generation
         if step.claim and not self._draining.is_set():
-            self._acquire(backend, session, step.claim, view.generation)
+            self._acquire(backend, session, step.claim, view)
         return max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
 
     def _acquire(
-        self, backend: Backend, session: Session, wanted: Collection[str], generation: int
+        self, backend: Backend, session: Session, wanted: Collection[str], view: MemberView
     ) -> None:
-        granted = backend.claim(session, wanted, generation)
+        granted = backend.claim(session, wanted, view.generation)
         fresh = self._ownership.not_held(granted)
         if not fresh:
             return
         progress = backend.progress(self._group, list(fresh))
-        if self._lapsed_at(session) is not None:
+        now = self._clock.wall()
+        owned = [
+            OwnedResource(
+                r,
+                g.epoch,
+                progress[r].value if r in progress else None,
+                now,
+                grant=g,
+                generation=view.generation,
+                coordinator_epoch=view.coordinator_epoch,
+            )
+            for r, g in sorted(fresh.items())
+        ]
+        ended = self._lapsed_at(session)
+        if ended is not None:
             # The answers came back after the lease ran out (a slow store, a pause): this
             # member never held them; the store frees the claims with the session, and the
-            # next step fences and rejoins. Holding them now would start work, and record an
-            # acquisition, after the time anyone else may own them.
+            # next step fences and rejoins. Holding them now would start work after the time
+            # anyone else may own them. The grants are recorded all the same, as held for no
+            # time at all (acquired and lost at once), so that the audit's epoch chain names
+            # every epoch the store handed out.
             log.info(
                 "member %s: %d resources granted after its lease lapsed; not taking them",
                 session.member_id,
                 len(fresh),
             )
+            why = "granted after the lease lapsed; not taken"
+            for o in owned:
+                # Dated when the store freed the resource for this grant (after the previous
+                # owner's rows, before the next owner's), else at the lapse.
+                g = o.grant
+                at = g.freed_at if g is not None and g.freed_at is not None else ended
+                self._ownership.emit_acquired(session, o, why, at=at)
+                self._ownership.emit(EventKind.LOST, session, o.resource, o.epoch, why, at=at)
             return
-        now = self._clock.wall()
-        owned = [
-            OwnedResource(r, e, progress[r].value if r in progress else None, now)
-            for r, e in sorted(fresh.items())
-        ]
         self._ownership.add(session, owned)
 
-    def revoke(self, backend: Backend, session: Session, resources: set[str], why: str) -> None:
+    def revoke(
+        self,
+        backend: Backend,
+        session: Session,
+        resources: set[str],
+        why: str,
+        *,
+        target: tuple[int, int] | None = None,
+    ) -> None:
         """Stop holding ``resources`` (``on_revoked`` first) and release their claims, also
-        those the store holds for this member that it never knew of."""
+        those the store holds for this member that it never knew of (recorded as acquired
+        and released at once, so that the audit's epoch chain names them). ``target``: the
+        (generation, coordinator epoch) of the target that moved them away."""
         owned, lease_held = self._ownership.release(
-            session, resources, why, lapsed_at=lambda: self._lapsed_at(session)
+            session, resources, why, lapsed_at=lambda: self._lapsed_at(session), target=target
         )
         if not lease_held:
             return  # the next step fences and rejoins; the store frees the claims itself
         view_only = resources - {o.resource for o in owned}
         claims = {o.resource: o.epoch for o in owned}
         if view_only:
-            claims.update(
-                {r: e for r, e in backend.member_view(session).owned.items() if r in view_only}
-            )
+            unknown = {
+                r: e for r, e in backend.member_view(session).owned.items() if r in view_only
+            }
+            claims.update(unknown)
+            if unknown:
+                self._record_unknown(session, unknown, why, target)
         backend.release(session, claims)
+
+    def _record_unknown(
+        self,
+        session: Session,
+        unknown: Mapping[str, int],
+        why: str,
+        target: tuple[int, int] | None,
+    ) -> None:
+        """Claims whose answer never reached this member (a lost reply), about to be
+        released: recorded as acquired and released now (their grants' links unknown)."""
+        generation, coordinator_epoch = target if target is not None else (None, None)
+        now = self._clock.wall()
+        for r, epoch in sorted(unknown.items()):
+            o = OwnedResource(
+                r, epoch, None, now, generation=generation, coordinator_epoch=coordinator_epoch
+            )
+            self._ownership.emit_acquired(session, o, "held in the store unknown to this member")
+            self._ownership.emit(
+                EventKind.RELEASED,
+                session,
+                r,
+                epoch,
+                why,
+                at=now,
+                generation=generation,
+                coordinator_epoch=coordinator_epoch,
+            )
 
     def _lapsed_at(self, session: Session) -> float | None:
         """None while ``session``'s lease holds, else the wall time it ran out."""
@@ -318,7 +391,9 @@ class Reconciler:
                 self._group,
                 len(owned),
             )
-        self._ownership.lost(session, owned, "lease lapsed", EventKind.LOST, at=ended_at)
+        self._ownership.lost(
+            session, owned, "lease lapsed", EventKind.LOST, at=ended_at, target=self._target
+        )
         if session is not None:
             try:
                 backend.leave(session)

@@ -101,6 +101,14 @@ class Trail:
                 "at": event.at,
                 "observed_at": event.observed_at,
                 "reason": event.reason,
+                # The grant's link of the epoch chain: the trail's intervals end a killed
+                # owner's ownership where the store says, as the audit table's do.
+                "generation": event.generation,
+                "prev_member_id": event.prev_member_id,
+                "prev_session_id": event.prev_session_id,
+                "prev_epoch": event.prev_epoch,
+                "freed": event.freed,
+                "freed_at": event.freed_at,
             }
         )
 

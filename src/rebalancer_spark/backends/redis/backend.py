@@ -27,6 +27,8 @@ from rebalancer_spark.backends.base import Backend, Capability, Session
 from rebalancer_spark.backends.redis import messages
 from rebalancer_spark.backends.redis.connection import OPTIONS
 from rebalancer_spark.backends.redis.decode import (
+    CLAIM_ROW,
+    decode_grant,
     decode_member_view,
     decode_progress_record,
     decode_state,
@@ -45,6 +47,7 @@ from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import ConfigurationError, ControlConflict
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
+    Grant,
     GroupState,
     JsonValue,
     Phase,
@@ -308,22 +311,19 @@ class RedisBackend(Backend):
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, int]:
+    ) -> dict[str, Grant]:
         args = [self._sid(session), generation, *dict.fromkeys(_checked(resources))]
         try:
             flat = self._runner.run("CLAIM", session.group, args, "claiming")
         except Refusal:
             raise messages.expired(session, "claiming resources") from None
-        rows = [flat[i : i + 4] for i in range(0, len(flat) - 3, 4)]
+        rows = [flat[i : i + CLAIM_ROW] for i in range(0, len(flat) - CLAIM_ROW + 1, CLAIM_ROW)]
         # A resource epoch someone overwrote with garbage is corrupt data, never a ValueError
         # that would end the member thread.
-        granted = {
-            str(rid): number(session.group, f"epoch of {str(rid)!r}", epoch)
-            for rid, epoch, _, _ in rows
-        }
-        handed = {str(rid): str(record) for rid, _, kind, record in rows if kind == "new"}
+        granted = {str(row[0]): decode_grant(session.group, row) for row in rows}
+        handed = {str(rid): str(record) for rid, _, kind, record, *_ in rows if kind == "new"}
         self._handoff.granted(session.group, handed)
-        self._memory.see(session.group, granted.values())
+        self._memory.see(session.group, [g.epoch for g in granted.values()])
         return granted
 
     def release(self, session: Session, claims: Mapping[str, int]) -> None:

@@ -12,6 +12,8 @@ from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import (
     Claim,
     CoordinatorRecord,
+    Freed,
+    Grant,
     GroupState,
     MemberRecord,
     Progress,
@@ -22,8 +24,10 @@ from rebalancer_spark.core.model import (
 from rebalancer_spark.core.protocols import MemberView
 
 __all__ = [
+    "CLAIM_ROW",
     "DecodedState",
     "decode_control",
+    "decode_grant",
     "decode_member_view",
     "decode_progress_record",
     "decode_state",
@@ -47,6 +51,36 @@ def number(group: str, what: str, text: object) -> int:
             f"group {group!r} has {what} = {str(text)[:40]!r} in Redis, expected an integer: "
             "the key was not written by rebalancer-spark; inspect the rb:{GROUP}: keys"
         ) from None
+
+
+CLAIM_ROW = 9
+"""Values per resource in the CLAIM script's answer."""
+
+
+def decode_grant(group: str, row: list[object]) -> Grant:
+    """One resource of the CLAIM script's answer (see :mod:`.ownership`) as a :class:`Grant`;
+    Redis TIME in ms becomes wall-clock seconds."""
+    rid, epoch, _, _, member, session, prev_epoch, freed, freed_at = (str(v) for v in row)
+    what = f"epoch of {rid!r}"
+    try:
+        how = Freed(freed) if freed else None
+    except ValueError:
+        how = None
+    granted = number(group, what, epoch)
+    if prev_epoch:
+        before: int | None = number(group, f"previous {what}", prev_epoch)
+    else:  # lifted to the base after a loss (freed 'expired'), or a record without the chain
+        before = None if how is not None else granted - 1
+    return Grant(
+        epoch=granted,
+        freed=how,
+        prev_member_id=member or None,
+        prev_session_id=session or None,
+        prev_epoch=before,
+        freed_at=number(group, f"end of the previous owner of {rid!r}", freed_at) / 1000
+        if freed_at
+        else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +169,7 @@ def decode_control(group: str, flat: Sequence[Any]) -> Control:
 
 def decode_member_view(group: str, reply: Sequence[Any]) -> tuple[MemberView, str]:
     """The MEMBER_VIEW script's reply as a view, and the group's incarnation id."""
-    generation, phase_text, target, owned, incarnation = reply
+    generation, phase_text, target, owned, incarnation, *rest = reply
     flat = list(owned)
     view = MemberView(
         generation=number(group, "generation", generation),
@@ -145,6 +179,7 @@ def decode_member_view(group: str, reply: Sequence[Any]) -> tuple[MemberView, st
             str(flat[i]): number(group, f"epoch of {str(flat[i])[:60]!r}", flat[i + 1])
             for i in range(0, len(flat) - 1, 2)
         },
+        coordinator_epoch=number(group, "target epoch", rest[0]) if rest else 0,
     )
     return view, str(incarnation)
 

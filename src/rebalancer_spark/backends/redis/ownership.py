@@ -11,12 +11,17 @@ __all__ = ["ACKNOWLEDGE", "CLAIM", "COMMIT", "RELEASE"]
 
 # CLAIM -- grant what is free among the resources the current target gives the caller; a
 # grant raises the resource epoch to max(epoch, base) + 1. Nothing is granted while the
-# generation differs, the phase is not 'running', or the group is in quarantine.
+# generation differs, the phase is not 'running', or the group is in quarantine. Each grant
+# records its link of the epoch chain in P..'chain' (resource -> JSON {m, s, e: the holder,
+# its session and epoch; pm, ps, pe, pf, pfa: what the grant superseded; f, fa: how and when
+# the holding ended, set by RELEASE and drop_session}); pe is absent when the epoch was lifted
+# to the base (the store lost its records), pfa is in ms of Redis TIME.
 # KEYS[1] meta
 # ARGV    session id, generation, resource 1 .. resource n
-# Returns {resource, epoch, 'new'|'held', progress record ('' if none, or if held), ...}:
+# Returns {resource, epoch, 'new'|'held', progress record ('' if none, or if held),
+#          prev member, prev session, prev epoch, freed, freed at ms ('' where unknown), ...}:
 #         the granted ones, with the progress the new owner resumes from (saving it a round
-#         trip), and those this session already holds
+#         trip) and what the grant superseded, and those this session already holds
 # Errors  EXPIRED {} if the session is not alive
 CLAIM = (
     PRELUDE
@@ -31,24 +36,53 @@ if g ~= ARGV[2] or phase ~= 'running' or redis.call('EXISTS', P .. 'quarantine')
   return {}
 end
 local T = P .. 't:' .. (redis.call('HGET', P .. 'sessions', sid) or '')
-local O, E, b = P .. 'owner', P .. 'epochs', base()
+local O, E, C, b = P .. 'owner', P .. 'epochs', P .. 'chain', base()
+local me = redis.call('HGET', P .. 'sessions', sid) or ''
 local out, granted, top = {}, false, 0
+local function link_out(l)
+  out[#out + 1] = l.pm or ''; out[#out + 1] = l.ps or ''; out[#out + 1] = l.pe or ''
+  out[#out + 1] = l.pf or ''; out[#out + 1] = l.pfa or ''
+end
 for i = 3, #ARGV do
   local r = ARGV[i]
   if redis.call('SISMEMBER', T, r) == 1 then
     local holder = redis.call('HGET', O, r)
     if holder == sid then
+      local c = redis.call('HGET', C, r)
+      local l = c and cjson.decode(c) or {}
+      if l.s ~= sid then l = {} end
       out[#out + 1] = r; out[#out + 1] = redis.call('HGET', E, r)
       out[#out + 1] = 'held'; out[#out + 1] = ''
+      link_out(l)
     elseif not holder or not alive(holder) then
-      local e = int(math.max(num(redis.call('HGET', E, r)), b) + 1)
+      local stored = redis.call('HGET', E, r)
+      local last = math.max(num(stored), b)
+      local e = int(last + 1)
+      local c = redis.call('HGET', C, r)
+      local prev = c and cjson.decode(c) or {}
+      local l = {m = me, s = sid, e = e}
+      if b > num(stored) and b > 0 then
+        -- lifted to the base: the records it would supersede were lost with Redis' data
+        l.pf = 'expired'; l.pfa = redis.call('HGET', META, 'reset_at') or int(now_ms())
+      elseif not stored then
+        l.pe = '0'; l.pf = 'new'
+      elseif prev.e ~= stored then
+        l.pe = stored  -- a record written before the chain was kept: predecessor unknown
+      elseif holder then
+        l.pm = prev.m; l.ps = holder; l.pe = stored; l.pf = 'expired'
+        l.pfa = int(math.min(lease_end(holder), now_ms()))
+      else
+        l.pm = prev.m; l.ps = prev.s; l.pe = stored; l.pf = prev.f; l.pfa = prev.fa
+      end
       top = math.max(top, tonumber(e))
       redis.call('HSET', O, r, sid)
       redis.call('HSET', E, r, e)
+      redis.call('HSET', C, r, cjson.encode(l))
       redis.call('SADD', P .. 'held:' .. sid, r)
       if holder then redis.call('SREM', P .. 'held:' .. holder, r) end
       out[#out + 1] = r; out[#out + 1] = e
       out[#out + 1] = 'new'; out[#out + 1] = redis.call('HGET', P .. 'progress', r) or ''
+      link_out(l)
       granted = true
     end
   end
@@ -61,19 +95,21 @@ return out
 """
 )
 
-# RELEASE -- release claims this session holds at exactly the given epochs.
+# RELEASE -- release claims this session holds at exactly the given epochs; each keeps in
+# P..'chain' that it was released, and when (Redis TIME, ms).
 # KEYS[1] meta
 # ARGV    session id, resource 1, epoch 1, ..., resource n, epoch n
 # Returns 1
 RELEASE = (
     PRELUDE
     + """
-local sid, changed = ARGV[1], false
+local sid, changed, now = ARGV[1], false, now_ms()
 for i = 2, #ARGV, 2 do
   local r = ARGV[i]
   if redis.call('HGET', P .. 'owner', r) == sid
     and redis.call('HGET', P .. 'epochs', r) == ARGV[i + 1] then
     redis.call('HDEL', P .. 'owner', r)
+    end_claim(r, 'released', now)
     redis.call('SREM', P .. 'held:' .. sid, r)
     changed = true
   end

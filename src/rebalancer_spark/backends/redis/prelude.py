@@ -5,23 +5,25 @@ from __future__ import annotations
 __all__ = ["PRELUDE"]
 
 # Helpers shared by every script. drop_session(sid) releases the session's claims and
-# coordinatorship and removes its lease and member rows; purge() drops every member whose
-# lease key is gone; high() is meta's high-water mark: every number the group ever handed out
-# or stored (coordinator epoch, generation, resources version, resource epoch, acknowledged
-# generation, base) is at most it, and raise_high(v) keeps it so. ensure(floor, seen, ttl,
-# uptime) creates the group's meta hash when missing and, when the caller proves it saw an
-# earlier incarnation (floor > 0 or a different incarnation id while meta is missing; another
-# incarnation id than meta's; or a floor above the high-water mark: Redis went back to an
-# older snapshot, which also ends every session of the group and starts a new incarnation),
-# lifts the epoch base above max(Redis TIME in us, floor + 1) and calls quarantine(ttl, uptime,
-# went_back): no grants until ttl ms after the data was lost. The loss happened before now,
-# before the first time a script found the group's meta missing (note_if_lost() keeps that
-# time in P..'lost_since', moved into meta when the group is created again; not for a
-# snapshot restored, whose meta is older) and, if the server restarted after the caller's
-# last answer from the one before (uptime >= 0: INFO's uptime_in_seconds, a difference of
-# whole seconds; see ScriptRunner.server_uptime), before its start + 1 s: the earliest of these
-# bounds seen by any caller is kept in P..'quarantine' (hash anchor, ttl) which expires at
-# anchor + ttl (see docs/backends/redis.md, "Epochs that never go back").
+# coordinatorship and removes its lease and member rows; each claim it ends keeps in P..'chain' how
+# and when (end_claim: 'released' now while the lease lives, else 'expired' at the lease deadline
+# that JOIN and RENEW keep in P..'deadline', Redis TIME in ms); purge() drops every member whose
+# lease key is gone; high() is meta's high-water mark: every number the group ever handed out or
+# stored (coordinator epoch, generation, resources version, resource epoch, acknowledged
+# generation, base) is at most it, and raise_high(v) keeps it so. ensure(floor, seen, ttl, uptime)
+# creates the group's meta hash when missing and, when the caller proves it saw an earlier
+# incarnation (floor > 0 or a different incarnation id while meta is missing; another incarnation
+# id than meta's; or a floor above the high-water mark: Redis went back to an older snapshot, which
+# also ends every session of the group and starts a new incarnation), lifts the epoch base above
+# max(Redis TIME in us, floor + 1) and calls quarantine(ttl, uptime, went_back): no grants until
+# ttl ms after the data was lost. The loss happened before now, before the first time a script
+# found the group's meta missing (note_if_lost() keeps that time in P..'lost_since', moved into
+# meta when the group is created again; not for a snapshot restored, whose meta is older) and, if
+# the server restarted after the caller's last answer from the one before (uptime >= 0: INFO's
+# uptime_in_seconds, a difference of whole seconds; see ScriptRunner.server_uptime), before its
+# start + 1 s: the earliest of these bounds seen by any caller is kept in P..'quarantine' (hash
+# anchor, ttl) which expires at anchor + ttl (see docs/backends/redis.md, "Epochs that never go
+# back").
 PRELUDE = """
 local META = KEYS[1]
 local P = string.sub(META, 1, -5)
@@ -60,13 +62,34 @@ local function next_value(field)
   return v
 end
 local MEMBER_HASHES = {'members', 'info', 'acked', 'leaving', 'static', 'ttl'}
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function end_claim(r, how, at)
+  local c = redis.call('HGET', P .. 'chain', r)
+  if c then
+    local link = cjson.decode(c)
+    link.f = how; link.fa = int(at)
+    redis.call('HSET', P .. 'chain', r, cjson.encode(link))
+  end
+end
+local function lease_end(sid)
+  return tonumber(redis.call('HGET', P .. 'deadline', sid)) or now_ms()
+end
 local function drop_session(sid)
   local m = redis.call('HGET', P .. 'sessions', sid)
+  local how, at = 'released', now_ms()
+  if not alive(sid) then how, at = 'expired', math.min(lease_end(sid), at) end
   for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
-    if redis.call('HGET', P .. 'owner', r) == sid then redis.call('HDEL', P .. 'owner', r) end
+    if redis.call('HGET', P .. 'owner', r) == sid then
+      redis.call('HDEL', P .. 'owner', r)
+      end_claim(r, how, at)
+    end
   end
   local existed = redis.call('DEL', P .. 'held:' .. sid, P .. 'lease:' .. sid) > 0 or m
   redis.call('HDEL', P .. 'sessions', sid)
+  redis.call('HDEL', P .. 'deadline', sid)
   if m and redis.call('HGET', P .. 'members', m) == sid then
     for _, h in ipairs(MEMBER_HASHES) do redis.call('HDEL', P .. h, m) end
   end
@@ -82,10 +105,6 @@ local function purge()
     if not alive(ms[i]) then drop_session(ms[i]); n = n + 1 end
   end
   return n
-end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function note_if_lost()
   if redis.call('EXISTS', META) == 0 then
@@ -108,6 +127,8 @@ local function quarantine(ttl, uptime, went_back)
     ttl = math.max(ttl, tonumber(q[2]))
   end
   if anchor + ttl <= now then return end
+  -- every lease of the lost data ran out by anchor + ttl: the next grants supersede them then
+  redis.call('HSET', META, 'reset_at', int(anchor + ttl))
   redis.call('HSET', P .. 'quarantine', 'anchor', int(anchor), 'ttl', int(ttl))
   redis.call('PEXPIREAT', P .. 'quarantine', int(anchor + ttl))
   notify('quarantine')
@@ -149,6 +170,7 @@ local function ensure(floor, seen, ttl, uptime)
     end
   end
   if evidence then
+    redis.call('HSET', META, 'reset_at', int(now_ms()))
     local b = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), floor + 1)
     if b > base() then redis.call('HSET', META, 'base', int(b)) end
     raise_high(b)

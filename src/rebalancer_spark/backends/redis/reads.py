@@ -49,7 +49,8 @@ return {meta, members, redis.call('HGETALL', P .. 'resources'), target,
 # session and the whole group are gone, it notes when that was first seen (lost_since).
 # KEYS[1] meta
 # ARGV    session id
-# Returns {generation, phase, {target ids}, {resource, epoch, ...} held, incarnation}
+# Returns {generation, phase, {target ids}, {resource, epoch, ...} held, incarnation,
+#         coordinator epoch of the target}
 # Errors  EXPIRED {} if the session is not alive
 MEMBER_VIEW = (
     PRELUDE
@@ -60,7 +61,8 @@ if not alive(sid) then
   return refuse('EXPIRED', {})
 end
 local m = redis.call('HGET', P .. 'sessions', sid) or ''
-local g, phase, inc = unpack(redis.call('HMGET', META, 'generation', 'phase', 'inc'))
+local g, phase, inc, te = unpack(
+  redis.call('HMGET', META, 'generation', 'phase', 'inc', 'target_epoch'))
 local owned = {}
 for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
   if redis.call('HGET', P .. 'owner', r) == sid then
@@ -68,7 +70,8 @@ for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
     owned[#owned + 1] = redis.call('HGET', P .. 'epochs', r)
   end
 end
-return {g or '0', phase or 'running', redis.call('SMEMBERS', P .. 't:' .. m), owned, inc or ''}
+return {g or '0', phase or 'running', redis.call('SMEMBERS', P .. 't:' .. m), owned, inc or '',
+  te or '0'}
 """
 )
 

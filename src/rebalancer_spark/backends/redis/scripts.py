@@ -54,6 +54,7 @@ if holder and holder ~= sid then
   drop_session(holder)
 end
 redis.call('SET', P .. 'lease:' .. sid, m, 'PX', ttl)
+redis.call('HSET', P .. 'deadline', sid, int(now_ms() + tonumber(ttl)))
 redis.call('HSET', P .. 'members', m, sid)
 redis.call('HSET', P .. 'sessions', sid, m)
 redis.call('HSET', P .. 'info', m, ARGV[4])
@@ -65,7 +66,8 @@ return {inc, evidence and 1 or 0}
 """
 )
 
-# RENEW -- push the lease out to ttl from now (Redis' now: after the request left the member).
+# RENEW -- push the lease out to ttl from now (Redis' now: after the request left the member),
+# and keep that deadline (P..'deadline') for the grant that may follow its expiry to name.
 # When the lease is gone and so is the group, notes when that was first seen (lost_since).
 # A caller that saw a number above the group's high-water mark saw a later state than Redis
 # holds now (it restarted from an older snapshot): the lease is not renewed, so that the
@@ -81,7 +83,10 @@ local floor = tonumber(ARGV[3]) or 0
 if floor > 0 and redis.call('EXISTS', META) == 1 and floor > high() then
   return refuse('EXPIRED', {})
 end
-if redis.call('PEXPIRE', P .. 'lease:' .. ARGV[1], ARGV[2]) == 1 then return 1 end
+if redis.call('PEXPIRE', P .. 'lease:' .. ARGV[1], ARGV[2]) == 1 then
+  redis.call('HSET', P .. 'deadline', ARGV[1], int(now_ms() + tonumber(ARGV[2])))
+  return 1
+end
 note_if_lost()
 return refuse('EXPIRED', {})
 """

@@ -31,6 +31,7 @@ from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
+    Grant,
     GroupState,
     JsonValue,
     Phase,
@@ -133,7 +134,7 @@ class SqliteBackend(Backend):
 
     def leave(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
-            sessions.leave(db, session)
+            sessions.leave(db, self._clock, session)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -215,7 +216,7 @@ class SqliteBackend(Backend):
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, int]:
+    ) -> dict[str, Grant]:
         _check_ids(resources)
         with self._transaction(_WRITE) as db:
             return ownership.claim(db, self._clock, session, resources, generation)
@@ -225,7 +226,7 @@ class SqliteBackend(Backend):
             return
         _check_ids(claims)
         with self._transaction(_WRITE) as db:
-            ownership.release(db, session, claims)
+            ownership.release(db, self._clock, session, claims)
 
     def acknowledge(self, session: Session, generation: int) -> None:
         with self._transaction(_WRITE) as db:

@@ -11,11 +11,12 @@ import sqlite3
 from collections.abc import Collection, Mapping
 
 from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
 from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.sessions import alive
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import FencedError
-from rebalancer_spark.core.model import CoordinatorRecord, Phase, Target
+from rebalancer_spark.core.model import CoordinatorRecord, Freed, Phase, Target
 
 __all__ = ["elect", "publish", "require_coordinator", "resign"]
 
@@ -27,17 +28,12 @@ def elect(db: sqlite3.Connection, clock: Clock, session: Session) -> Coordinator
     now = clock.monotonic()
     if not alive(db, session, clock):
         return None
-    expired = [
-        sid
-        for (sid,) in db.execute(
-            "SELECT session_id FROM members WHERE grp=? AND expires <= ?", (group, now)
-        )
-    ]
-    for sid in expired:
-        db.execute(
-            "UPDATE ownership SET member_id=NULL, session_id=NULL WHERE grp=? AND session_id=?",
-            (group, sid),
-        )
+    expired = db.execute(
+        "SELECT session_id, expires FROM members WHERE grp=? AND expires <= ?", (group, now)
+    ).fetchall()
+    # Their claims end as expired at their lease deadlines, as wall-clock times.
+    end_sessions(db, group, [(sid, wall_time(clock, at)) for sid, at in expired], Freed.EXPIRED)
+    for sid, _ in expired:
         db.execute("DELETE FROM members WHERE grp=? AND session_id=?", (group, sid))
     if expired:
         bump(db, group)

@@ -3,6 +3,14 @@
 Every function runs inside a write transaction the caller opened, and re-reads in it what the
 write depends on: the target generation and phase for a claim, the claim's session and epoch
 for a release or a commit, and the member's lease.
+
+The epoch chain: an ``ownership`` row keeps, besides the holder and epoch, ``prev_member``,
+``prev_session``, ``freed`` and ``freed_at`` (wall-clock seconds). While the resource is held
+they describe the predecessor of the current grant (at ``epoch - 1``); once it is free they
+name the last holder (at ``epoch``) and how and when its ownership ended: ``released`` at the
+release (or leave) time, or ``expired`` at its lease deadline converted from
+``CLOCK_BOOTTIME`` to wall-clock time (:func:`.chain.end_sessions`). A claim reads them in the same
+transaction as the grant, so every grant says exactly what it superseded.
 """
 
 from __future__ import annotations
@@ -12,13 +20,21 @@ from collections.abc import Collection, Mapping
 
 from rebalancer_spark.backends.base import Session
 from rebalancer_spark.backends.records import parse_count
+from rebalancer_spark.backends.sqlite.chain import wall_time
 from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.sessions import alive, require_alive
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import FencedError
-from rebalancer_spark.core.model import Phase
+from rebalancer_spark.core.model import Freed, Grant, Phase
 
 __all__ = ["acknowledge", "claim", "commit", "release"]
+
+
+def _freed(value: object) -> Freed | None:
+    try:
+        return None if value is None else Freed(str(value))
+    except ValueError:
+        return None
 
 
 def claim(
@@ -27,52 +43,85 @@ def claim(
     session: Session,
     resources: Collection[str],
     generation: int,
-) -> dict[str, int]:
+) -> dict[str, Grant]:
     """:meth:`Backend.claim`: grant what the target at ``generation`` gives ``session`` and
-    nobody alive holds, each at the resource's next epoch."""
+    nobody alive holds, each at the resource's next epoch, with what it superseded."""
     group = session.group
     wanted = set(resources)
-    granted: dict[str, int] = {}
+    granted: dict[str, Grant] = {}
     require_alive(db, session, clock)
     current, phase = db.execute(
         "SELECT generation, phase FROM groups WHERE name=?", (group,)
     ).fetchone()
     if current != generation or phase != Phase.RUNNING.value:
         return granted
+    now = clock.monotonic()
     rows = db.execute(
-        "SELECT t.resource_id, o.session_id, o.epoch, m.session_id IS NOT NULL "
+        "SELECT t.resource_id, o.member_id, o.session_id, o.epoch, o.prev_member, "
+        "o.prev_session, o.freed, o.freed_at, m.expires "
         "FROM targets t "
         "LEFT JOIN ownership o ON o.grp=t.grp AND o.resource_id=t.resource_id "
         "LEFT JOIN members m ON m.grp=t.grp AND m.session_id=o.session_id "
-        "AND m.expires > ? WHERE t.grp=? AND t.member_id=?",
-        (clock.monotonic(), group, session.member_id),
+        "WHERE t.grp=? AND t.member_id=?",
+        (group, session.member_id),
     ).fetchall()
-    grants: list[tuple[str, str, str, str, int]] = []
-    for rid, holder, stored, holder_alive in rows:
+    grants: list[tuple[object, ...]] = []
+    for rid, member, holder, stored, p_member, p_session, freed, freed_at, expires in rows:
         if rid not in wanted:
             continue
         epoch = (
             0 if stored is None else parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")
         )
         if holder == session.session_id:
-            granted[rid] = epoch
-        elif holder is None or not holder_alive:
-            granted[rid] = epoch + 1
-            grants.append((group, rid, session.member_id, session.session_id, granted[rid]))
+            granted[rid] = Grant(epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at)
+            continue
+        if holder is not None and expires is not None and expires > now:
+            continue  # a live holder
+        if stored is None:
+            grant = Grant(1)
+        elif holder is not None:
+            # Its session expired; the row was not freed yet (nobody ended it): end it now.
+            at = wall_time(clock, expires) if expires is not None else clock.wall()
+            grant = Grant(epoch + 1, Freed.EXPIRED, member, holder, epoch, at)
+        else:
+            grant = Grant(epoch + 1, _freed(freed), p_member, p_session, epoch, freed_at)
+        granted[rid] = grant
+        grants.append(
+            (
+                group,
+                rid,
+                session.member_id,
+                session.session_id,
+                grant.epoch,
+                grant.prev_member_id,
+                grant.prev_session_id,
+                None if grant.freed is None else grant.freed.value,
+                grant.freed_at,
+            )
+        )
     if grants:
-        db.executemany("INSERT OR REPLACE INTO ownership VALUES (?, ?, ?, ?, ?)", grants)
+        db.executemany(
+            "INSERT OR REPLACE INTO ownership(grp, resource_id, member_id, session_id, epoch, "
+            "prev_member, prev_session, freed, freed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            grants,
+        )
         bump(db, group)
     return granted
 
 
-def release(db: sqlite3.Connection, session: Session, claims: Mapping[str, int]) -> None:
-    """:meth:`Backend.release`: drop each claim still held by ``session`` at its epoch."""
+def release(
+    db: sqlite3.Connection, clock: Clock, session: Session, claims: Mapping[str, int]
+) -> None:
+    """:meth:`Backend.release`: drop each claim still held by ``session`` at its epoch, the
+    row keeping who released it and when."""
     changed = 0
+    now = clock.wall()
     for rid, epoch in claims.items():
         changed += db.execute(
-            "UPDATE ownership SET member_id=NULL, session_id=NULL "
+            "UPDATE ownership SET prev_member=member_id, prev_session=session_id, "
+            "freed='released', freed_at=?, member_id=NULL, session_id=NULL "
             "WHERE grp=? AND resource_id=? AND session_id=? AND epoch=?",
-            (session.group, rid, session.session_id, epoch),
+            (now, session.group, rid, session.session_id, epoch),
         ).rowcount
     if changed:
         bump(db, session.group)

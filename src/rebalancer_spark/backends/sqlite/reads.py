@@ -127,8 +127,8 @@ def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
 def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> MemberView:
     """:meth:`Backend.member_view`: what ``session`` is given and holds."""
     require_alive(db, session, clock)
-    generation, phase = db.execute(
-        "SELECT generation, phase FROM groups WHERE name=?", (session.group,)
+    generation, phase, target_epoch = db.execute(
+        "SELECT generation, phase, target_epoch FROM groups WHERE name=?", (session.group,)
     ).fetchone()
     target = frozenset(
         r
@@ -149,6 +149,7 @@ def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> Membe
         parse_phase(session.group, phase, store=STORE),
         target,
         owned,
+        parse_count(session.group, "target epoch", target_epoch, store=STORE),
     )
 
 

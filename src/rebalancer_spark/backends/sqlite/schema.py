@@ -10,13 +10,25 @@ deadlines of another boot mean nothing on this boot's clock.
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from rebalancer_spark.core.errors import CorruptStateError
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_ready"]
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+
+_MIGRATIONS = {
+    "1": [
+        # 2: ownership rows keep the epoch chain (the last holder, how and when it ended).
+        "ALTER TABLE ownership ADD COLUMN prev_member TEXT",
+        "ALTER TABLE ownership ADD COLUMN prev_session TEXT",
+        "ALTER TABLE ownership ADD COLUMN freed TEXT",
+        "ALTER TABLE ownership ADD COLUMN freed_at REAL",
+    ]
+}
+"""Statements that bring a file of an older schema version to :data:`SCHEMA_VERSION`."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rebalancer_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -43,7 +55,8 @@ CREATE TABLE IF NOT EXISTS targets(
 CREATE INDEX IF NOT EXISTS targets_by_member ON targets(grp, member_id);
 CREATE TABLE IF NOT EXISTS ownership(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT, session_id TEXT,
-    epoch INTEGER NOT NULL, PRIMARY KEY(grp, resource_id));
+    epoch INTEGER NOT NULL, prev_member TEXT, prev_session TEXT, freed TEXT, freed_at REAL,
+    PRIMARY KEY(grp, resource_id));
 CREATE INDEX IF NOT EXISTS ownership_by_session ON ownership(session_id);
 CREATE TABLE IF NOT EXISTS progress(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, epoch INTEGER NOT NULL,
@@ -105,6 +118,11 @@ def initialise(db: sqlite3.Connection, path: str) -> None:
             db.execute(statement)
     meta = dict(db.execute("SELECT key, value FROM rebalancer_meta").fetchall())
     version = meta.get("schema")
+    if version in _MIGRATIONS:
+        for statement in _MIGRATIONS[version]:
+            db.execute(statement)
+        db.execute("UPDATE rebalancer_meta SET value=? WHERE key='schema'", (SCHEMA_VERSION,))
+        version = SCHEMA_VERSION
     if version is None:
         db.execute("INSERT INTO rebalancer_meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
     elif version != SCHEMA_VERSION:
@@ -123,6 +141,12 @@ def initialise(db: sqlite3.Connection, path: str) -> None:
     if meta.get("boot_id") != boot:
         # Lease deadlines of another boot are meaningless on this clock: all dead.
         db.execute("DELETE FROM members")
-        db.execute("UPDATE ownership SET member_id=NULL, session_id=NULL")
+        # Their claims ended with that boot, at some time before now: now bounds it.
+        db.execute(
+            "UPDATE ownership SET prev_member=member_id, prev_session=session_id, "
+            "freed='expired', freed_at=?, member_id=NULL, session_id=NULL "
+            "WHERE session_id IS NOT NULL",
+            (time.time(),),
+        )
         db.execute("UPDATE groups SET coord_member=NULL, coord_session=NULL")
         db.execute("INSERT OR REPLACE INTO rebalancer_meta VALUES ('boot_id', ?)", (boot,))

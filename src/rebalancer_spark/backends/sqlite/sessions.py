@@ -14,9 +14,11 @@ import uuid
 from collections.abc import Mapping
 
 from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
 from rebalancer_spark.backends.sqlite.groups import bump, ensure_group
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import MemberIdInUse, SessionExpired
+from rebalancer_spark.core.model import Freed
 
 __all__ = ["alive", "join", "leave", "renew", "require_alive", "set_leaving"]
 
@@ -65,6 +67,8 @@ def join(
             "stop the other one first"
         )
     if row is not None:
+        # Its lease ran out: its claims end as expired at that time (see ownership.py).
+        end_sessions(db, group, [(row[0], clock.wall() - now + row[1])], Freed.EXPIRED)
         db.execute("DELETE FROM members WHERE grp=? AND member_id=?", (group, member_id))
     session_id = uuid.uuid4().hex
     db.execute(
@@ -100,12 +104,19 @@ def set_leaving(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
     bump(db, session.group)
 
 
-def leave(db: sqlite3.Connection, session: Session) -> None:
-    """:meth:`Backend.leave`: drop the session, its claims and its coordinator role."""
-    db.execute(
-        "UPDATE ownership SET member_id=NULL, session_id=NULL WHERE grp=? AND session_id=?",
+def leave(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
+    """:meth:`Backend.leave`: drop the session, its claims (released now, or expired at its
+    deadline if its lease had already run out) and its coordinator role."""
+    row = db.execute(
+        "SELECT expires FROM members WHERE grp=? AND session_id=?",
         (session.group, session.session_id),
-    )
+    ).fetchone()
+    now = clock.monotonic()
+    if row is not None and row[0] <= now:
+        ended = [(session.session_id, wall_time(clock, row[0]))]
+        end_sessions(db, session.group, ended, Freed.EXPIRED)
+    else:
+        end_sessions(db, session.group, [(session.session_id, clock.wall())], Freed.RELEASED)
     db.execute(
         "UPDATE groups SET coord_member=NULL, coord_session=NULL WHERE name=? AND coord_session=?",
         (session.group, session.session_id),

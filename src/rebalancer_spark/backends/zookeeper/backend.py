@@ -47,6 +47,7 @@ from rebalancer_spark.core.errors import (
 )
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
+    Grant,
     GroupState,
     JsonValue,
     Phase,
@@ -280,7 +281,7 @@ class ZookeeperBackend(Backend):
 
     def claim(
         self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, int]:
+    ) -> dict[str, Grant]:
         _check_ids(resources)
         zs = self._hosted(session)
         return ownership.claim(

@@ -74,10 +74,11 @@ def session_transact(
     ops: Sequence[Op],
     what: str,
     then: Callable[[], None] | None = None,
-) -> None:
-    """Run ``ops`` through the session's own client; an expiry ends the session here."""
+) -> list[Any]:
+    """Run ``ops`` through the session's own client; an expiry ends the session here.
+    Returns kazoo's results."""
     try:
-        transact(zs.client, ops, settings, what, zs.expired(), then)
+        return transact(zs.client, ops, settings, what, zs.expired(), then)
     except SessionExpired:
         raise session_gone(zs) from None
 

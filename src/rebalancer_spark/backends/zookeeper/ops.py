@@ -55,12 +55,13 @@ def transact(
     what: str,
     expired: Exception,
     then: Callable[[], None] | None = None,
-) -> None:
-    """Apply ``ops`` atomically (ZooKeeper multi), or raise :class:`Refused` naming the first
-    operation that failed its check. ``then`` runs once the request is sent, before its answer
-    is awaited: requests it sends on the same client are served right after this one."""
+) -> list[Any]:
+    """Apply ``ops`` atomically (ZooKeeper multi) and return kazoo's results (a path per
+    create, a stat per set), or raise :class:`Refused` naming the first operation that failed
+    its check. ``then`` runs once the request is sent, before its answer is awaited: requests
+    it sends on the same client are served right after this one."""
     if not ops:
-        return
+        return []
     tx = client.transaction()
     for op in ops:
         if op.kind == "create":
@@ -84,6 +85,7 @@ def transact(
             result, RolledBackError | RuntimeInconsistency
         ):
             raise Refused(op, result)
+    return list(results)
 
 
 def batches(ops: Sequence[Op], limit: int) -> list[list[Op]]:

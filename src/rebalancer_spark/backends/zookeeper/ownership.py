@@ -5,13 +5,25 @@ vanishes with that session and nobody else can create it while it lives. The mul
 creates it also raises ``epochs/<id>`` from the version read (the resource epoch, persistent,
 so it never goes backwards), checks that the claimer's session lives and that the ``target``
 pointer is still at the version whose chunks gave the member the resource. Many resources go
-in one request; a resource refused by its own check is dropped and the rest tried again."""
+in one request; a resource refused by its own check is dropped and the rest tried again.
+
+Each grant also says what it superseded (:mod:`.chain`): the ``epochs/<id>`` record the claim
+reads anyway names the last holder and whether it released, and the grant writes its own
+record there; a release rewrites it (``released``) in the same multi-op that deletes the
+claim."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
+from rebalancer_spark.backends.zookeeper.chain import (
+    grant_data,
+    held_grant,
+    next_grant,
+    released_data,
+)
 from rebalancer_spark.backends.zookeeper.client import Settings, wait
 from rebalancer_spark.backends.zookeeper.fence import (
     alive_op,
@@ -28,12 +40,10 @@ from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
 from rebalancer_spark.backends.zookeeper.records import (
     claim_data,
     read_claim,
-    read_resource_epoch,
     read_target_pointer,
-    resource_epoch_data,
 )
 from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
-from rebalancer_spark.core.model import Phase, Progress
+from rebalancer_spark.core.model import Freed, Grant, Phase, Progress
 from rebalancer_spark.core.protocols import MemberView
 
 __all__ = ["claim", "member_view", "release"]
@@ -98,7 +108,9 @@ def member_view(zs: ZkSession, settings: Settings) -> MemberView:
             )()
         except Changed:
             continue  # the target moved on while being read
-        return MemberView(ptr.generation, ptr.phase, part.get(s.member_id, frozenset()), owned)
+        return MemberView(
+            ptr.generation, ptr.phase, part.get(s.member_id, frozenset()), owned, ptr.epoch
+        )
     raise settings.unavailable("reading this member's view", "the target kept changing")
 
 
@@ -108,7 +120,7 @@ def claim(
     resources: Collection[str],
     generation: int,
     remember: Callable[[str, Progress | None], None] | None = None,
-) -> dict[str, int]:
+) -> dict[str, Grant]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
     ``remember`` receives the progress of each resource granted, read right after it."""
     what = "claiming resources"
@@ -133,29 +145,33 @@ def claim(
         mine = part().get(s.member_id, frozenset())
     except Changed:
         return {}
-    granted: dict[str, int] = {}
+    granted: dict[str, Grant] = {}
+    grants: dict[str, Grant] = {}
     units: list[tuple[str, list[Op]]] = []
     for r in wanted:
         current, seen = held[r](), epochs[r]()
         if r not in mine:
             continue
+        path = p.resource_epoch(r)
         if current is not None:
             c = read_claim(r, current[0], p.claim(r))
-            if c.session_id == s.session_id:
-                granted[r] = c.epoch
+            if c.session_id == s.session_id and seen is not None:
+                granted[r] = held_grant(seen[0], seen[1].mtime, path)
             continue
-        epoch = 0 if seen is None else read_resource_epoch(seen[0], p.resource_epoch(r))
+        grant = next_grant(
+            None if seen is None else seen[0], 0 if seen is None else seen[1].mtime, path
+        )
+        grants[r] = grant
+        record = grant_data(s.member_id, s.session_id, grant)
         raise_epoch = (
-            Op("create", p.resource_epoch(r), resource_epoch_data(epoch + 1), tag=r)
+            Op("create", path, record, tag=r)
             if seen is None
-            else Op(
-                "set", p.resource_epoch(r), resource_epoch_data(epoch + 1), seen[1].version, tag=r
-            )
+            else Op("set", path, record, seen[1].version, tag=r)
         )
         create = Op(
             "create",
             p.claim(r),
-            claim_data(s.member_id, s.session_id, epoch + 1),
+            claim_data(s.member_id, s.session_id, grant.epoch),
             ephemeral=True,
             tag=r,
         )
@@ -164,7 +180,6 @@ def claim(
         return granted
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
-    new_epochs = {r: json.loads(ops[0].data)["epoch"] for r, ops in units}
     zs.begin_claim({r for r, _ in units})
     refused: set[str] = set()
     try:
@@ -176,9 +191,14 @@ def claim(
                 return Prefetch(zs, settings, tags, keep)
 
         applied, refused, stopped = _apply(zs, settings, units, fixed, [marker], what, follow)
-        granted.update((r, new_epochs[r]) for r in applied)
+        for r, at in applied.items():
+            grant = grants[r]
+            if grant.freed is Freed.EXPIRED:
+                # ZooKeeper keeps no time of a session's end: the grant's own time bounds it.
+                grant = dataclasses.replace(grant, freed_at=at)
+            granted[r] = grant
         if stopped is not None:  # the session or the target moved on: nothing more to grant
-            refused = {r for r, _ in units} - applied
+            refused = {r for r, _ in units} - set(applied)
             if stopped.path == p.session(s.session_id):
                 raise session_gone(zs)
     finally:
@@ -194,13 +214,15 @@ def _apply(
     tail: list[Op],
     what: str,
     follow: Callable[[list[str]], Prefetch] | None = None,
-) -> tuple[set[str], set[str], Op | None]:
+) -> tuple[dict[str, float | None], set[str], Op | None]:
     """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
     A unit refused by one of its own operations is dropped and the rest of its request tried
-    again; a refused frame operation stops everything. Returns the tags applied, the tags
-    refused, and the frame operation that stopped it (or None). ``follow`` makes reads to
-    send right behind each request, collected once it succeeded."""
-    applied: set[str] = set()
+    again; a refused frame operation stops everything. Returns the tags applied (each with
+    the store time of its request, in seconds, from the ``mtime`` the last ``set`` of the
+    request returned, or None), the tags refused, and the frame operation that stopped it
+    (or None). ``follow`` makes reads to send right behind each request, collected once it
+    succeeded."""
+    applied: dict[str, float | None] = {}
     refused: set[str] = set()
     for batch in _units(units, sum(op.cost for op in [*fixed, *tail])):
         pending = batch
@@ -209,18 +231,30 @@ def _apply(
             tags = [r for r, _ in pending]
             reads = None if follow is None else follow(tags)
             try:
-                session_transact(zs, settings, ops, what, None if reads is None else reads.send)
+                results = session_transact(
+                    zs, settings, ops, what, None if reads is None else reads.send
+                )
             except Refused as exc:
                 if not exc.op.tag:
                     return applied, refused, exc.op
                 refused.add(exc.op.tag)
                 pending = [(r, unit) for r, unit in pending if r != exc.op.tag]
                 continue
-            applied |= set(tags)
+            at = _store_time(results)
+            applied.update(dict.fromkeys(tags, at))
             if reads is not None:
                 reads.collect()
             pending = []
     return applied, refused, None
+
+
+def _store_time(results: list[Any]) -> float | None:
+    """The ``mtime`` of the last znode stat among a multi-op's results, in seconds."""
+    for result in reversed(results):
+        mtime = getattr(result, "mtime", None)
+        if isinstance(mtime, int):
+            return mtime / 1000
+    return None
 
 
 def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> None:
@@ -243,10 +277,16 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
                 (
                     r,
                     [
-                        Op("check", p.resource_epoch(r), version=stat.version, tag=r),
+                        Op(
+                            "set",
+                            p.resource_epoch(r),
+                            released_data(s.member_id, s.session_id, c.epoch),
+                            stat.version,
+                            tag=r,
+                        ),
                         Op("delete", p.claim(r), tag=r),
                     ],
                 )
             )
     released, _, _ = _apply(zs, settings, units, [], [Op("set", p.changes)], what)
-    zs.forget(released)
+    zs.forget(set(released))

@@ -165,10 +165,6 @@ def read_claim(resource: str, data: bytes, path: str) -> Claim:
     )
 
 
-def resource_epoch_data(epoch: int) -> bytes:
-    return encode({"epoch": epoch})
-
-
 def read_resource_epoch(data: bytes, path: str) -> int:
     epoch: int = _get(_object(data, path), "epoch", int, path)
     return epoch

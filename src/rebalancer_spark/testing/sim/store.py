@@ -247,7 +247,7 @@ class SimStore:
         if target is None:
             return MemberView(0, Phase.RUNNING, frozenset(), owned)
         mine = target.assignment.get(rec.member_id, frozenset())
-        return MemberView(target.generation, target.phase, mine, owned)
+        return MemberView(target.generation, target.phase, mine, owned, target.coordinator_epoch)
 
     def live_claims(self, now: float) -> dict[str, SimClaim]:
         """Claims of live sessions (for the checker, not a contract call)."""

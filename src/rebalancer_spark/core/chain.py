@@ -1,0 +1,274 @@
+"""The epoch chain of the audit trail: every grant names the owner it superseded; check it.
+
+Each ``acquired`` event written since the chain columns exist carries the store's word on what
+the grant superseded (``prev_member_id``, ``prev_session_id``, ``prev_epoch``, ``freed``,
+``freed_at``; see :class:`~rebalancer_spark.core.model.Grant`). :func:`check_chain` walks every
+resource's grants in epoch order and reports, as a :class:`ChainFault` with the rows around it:
+
+* ``duplicate-epoch``: two sessions acquired the same epoch (a forged or replayed row);
+* ``stale-epoch``: an epoch acquired after a higher one was (beyond the clock tolerance);
+* ``broken-link``: a grant names an epoch other than its own minus one (or ``new`` past 1);
+* ``missing-link``: the epoch a grant supersedes has no ``acquired`` row;
+* ``wrong-predecessor``: that epoch's owner in the table is not the one the grant names;
+* ``early-grant``: granted before the predecessor's lease ran out (``freed_at`` after the
+  grant's ``at``, beyond the tolerance);
+* ``unreleased``: the store says the predecessor released, but the table has no ``released``
+  (nor ``lost``) row of it.
+
+A process killed with -9 loses the events its audit writer had not committed yet, and only
+those: a writer commits in order, so a crash loses a *suffix* of its session's rows. A missing
+row is therefore put down to a crash (listed in :attr:`ChainCheck.unrecorded`, not a fault)
+only when the session has no row at all observed after the moment the missing row would have
+been written; any later row of the same session proves the writer went on, so the row was
+removed. Epochs below the first one the table holds for a resource predate the table.
+
+Grants without chain columns (a table written before them, or a claim whose answer never
+reached its member) are counted in :attr:`ChainCheck.unchained`; the links into them are not
+checked, and a resource none of whose grants carries the chain is not checked at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+__all__ = ["ChainCheck", "ChainFault", "check_chain", "is_chained"]
+
+Row = Mapping[str, object]
+_Fault = Callable[[int, str, str, Iterable[Row]], None]
+
+_CLOSING = frozenset({"released", "lost"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChainFault:
+    """One broken link of a resource's epoch chain."""
+
+    resource: str
+    epoch: int
+    kind: str
+    message: str
+    rows: tuple[Row, ...]
+    """The rows around it: the grant, its predecessor's rows, what contradicts it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChainCheck:
+    """What the chain check found over a trail."""
+
+    checked: int
+    """Grants whose link to their predecessor was checked."""
+    unchained: int
+    """``acquired`` rows without the chain columns: the links into them were not checked."""
+    faults: tuple[ChainFault, ...]
+    unrecorded: tuple[ChainFault, ...]
+    """Links whose rows are missing for a reason the table itself shows: a process that died
+    before its writer flushed (nothing of its session was written afterwards), or epochs that
+    predate the table. Listed, not faults."""
+
+
+def is_chained(row: Row) -> bool:
+    """Whether an ``acquired`` row carries its grant's link (``freed`` is set)."""
+    return row.get("freed") not in (None, "")
+
+
+def check_chain(events: Iterable[Row], *, tolerance: float = 0.0) -> ChainCheck:
+    """Check every resource's epoch chain in ``events`` (dicts with the audit columns)."""
+    rows = [e for e in events if str(e.get("kind")) in _CLOSING | {"acquired"}]
+    by_resource: dict[str, list[Row]] = defaultdict(list)
+    last_seen: dict[str, float] = {}
+    for e in rows:
+        by_resource[str(e["resource"])].append(e)
+        sid = str(e["session_id"])
+        last_seen[sid] = max(last_seen.get(sid, -math.inf), _observed(e))
+    faults: list[ChainFault] = []
+    unrecorded: list[ChainFault] = []
+    checked = unchained = 0
+    for resource, trail in sorted(by_resource.items()):
+        c, u = _check_resource(resource, trail, last_seen, tolerance, faults, unrecorded)
+        checked += c
+        unchained += u
+    return ChainCheck(checked, unchained, tuple(faults), tuple(unrecorded))
+
+
+def _check_resource(
+    resource: str,
+    trail: Sequence[Row],
+    last_seen: Mapping[str, float],
+    tol: float,
+    faults: list[ChainFault],
+    unrecorded: list[ChainFault],
+) -> tuple[int, int]:
+    acquired: dict[int, list[Row]] = defaultdict(list)
+    closing: dict[tuple[str, int], list[Row]] = defaultdict(list)
+    of_epoch: dict[int, list[Row]] = defaultdict(list)
+    for e in trail:
+        epoch = _int(e["epoch"])
+        of_epoch[epoch].append(e)
+        if str(e["kind"]) == "acquired":
+            acquired[epoch].append(e)
+        else:
+            closing[(str(e["session_id"]), epoch)].append(e)
+    if not acquired:
+        return 0, 0
+    if not any(is_chained(r) for found in acquired.values() for r in found):
+        # A resource whose rows all predate the chain columns: nothing here to check.
+        return 0, sum(len({str(r["session_id"]) for r in found}) for found in acquired.values())
+    first = min(acquired)
+
+    def fault(epoch: int, kind: str, message: str, around: Iterable[Row]) -> None:
+        faults.append(ChainFault(resource, epoch, kind, f"{resource}: {message}", tuple(around)))
+
+    # One grant per epoch; epochs acquired in time order.
+    grants: dict[int, Row] = {}
+    for epoch, found in sorted(acquired.items()):
+        sessions = {str(r["session_id"]) for r in found}
+        ordered = sorted(found, key=_at)
+        grants[epoch] = ordered[0]
+        if len(sessions) > 1:
+            who = "; ".join(f"{_who(r)} at {_when(_at(r))}" for r in ordered)
+            fault(epoch, "duplicate-epoch", f"epoch {epoch} was acquired twice: {who}", ordered)
+    latest: Row | None = None
+    for e in sorted((r for found in acquired.values() for r in found), key=_at):
+        stale = latest is not None and _int(e["epoch"]) < _int(latest["epoch"])
+        if stale and latest is not None and _at(e) - _at(latest) > tol:
+            fault(
+                _int(e["epoch"]),
+                "stale-epoch",
+                f"{_who(e)} acquired epoch {e['epoch']} at {_when(_at(e))}, after epoch "
+                f"{latest['epoch']} had been acquired by {_who(latest)} at "
+                f"{_when(_at(latest))}: a grant at a stale epoch",
+                [latest, e],
+            )
+        if latest is None or _int(e["epoch"]) > _int(latest["epoch"]):
+            latest = e
+
+    checked = unchained = 0
+    for epoch, g in sorted(grants.items()):
+        if not is_chained(g):
+            unchained += 1
+            continue
+        checked += 1
+        freed, prev = str(g["freed"]), g.get("prev_epoch")
+        if prev is None:
+            if freed != "expired":
+                fault(epoch, "broken-link", f"{_who(g)} acquired epoch {epoch} naming no "
+                      f"previous epoch but freed={freed!r}", [g])  # fmt: skip
+            _check_time(g, tol, fault)
+            continue  # the store lost its records: a new start of the chain
+        p = _int(prev)
+        if freed == "new":
+            if epoch != 1 or p != 0:
+                fault(epoch, "broken-link", f"{_who(g)} acquired epoch {epoch} as never owned "
+                      "(freed='new'), but only epoch 1 can be a first grant", [g])  # fmt: skip
+            continue
+        if p != epoch - 1:
+            fault(
+                epoch,
+                "broken-link",
+                f"{_who(g)} acquired epoch {epoch} superseding epoch {p}: epochs must grow by "
+                f"exactly one (expected {epoch - 1})",
+                [g, *of_epoch.get(p, [])],
+            )
+            continue
+        _check_time(g, tol, fault)
+        sid = str(g.get("prev_session_id") or "")
+        pred = acquired.get(p)
+        around = [*of_epoch.get(p - 1, []), *of_epoch.get(p, []), g]
+        if not pred:
+            since = max((_at(r) for r in of_epoch.get(p - 1, [])), default=-math.inf)
+            message = (
+                f"epoch {p} ({g.get('prev_member_id')} session {sid}), superseded by "
+                f"{_who(g)} at epoch {epoch}, has no acquired row"
+            )
+            if p < first:
+                unrecorded.append(ChainFault(resource, p, "before-table", message +
+                                             " (it predates the table's rows)", (g,)))  # fmt: skip
+            elif not of_epoch.get(p) and last_seen.get(sid, -math.inf) <= since + tol:
+                unrecorded.append(ChainFault(resource, p, "crash", message + " (nothing of "
+                    "that session was written after it: its process ended before its audit "
+                    "writer flushed)", tuple(around)))  # fmt: skip
+            else:
+                fault(p, "missing-link", message + ": a missing link of the chain", around)
+            continue
+        owner = pred[0]
+        if str(owner["session_id"]) != sid or str(owner["member_id"]) != str(
+            g.get("prev_member_id")
+        ):
+            fault(
+                epoch,
+                "wrong-predecessor",
+                f"{_who(g)} acquired epoch {epoch} superseding {g.get('prev_member_id')} "
+                f"(session {sid}), but epoch {p} was acquired by {_who(owner)}",
+                around,
+            )
+            continue
+        if freed == "released" and not closing.get((sid, p)):
+            freed_at = _opt(g.get("freed_at"))
+            message = (
+                f"{_who(g)} acquired epoch {epoch} after {_who(owner)} released epoch {p} (the "
+                f"store says at {_when(freed_at)}), but the table has no released row of it"
+            )
+            after = freed_at if freed_at is not None else _at(g)
+            if last_seen.get(sid, -math.inf) <= after + tol:
+                unrecorded.append(ChainFault(resource, p, "crash", message + " (nothing of "
+                    "that session was written after the release: its process ended before "
+                    "its audit writer flushed)", tuple(around)))  # fmt: skip
+            else:
+                fault(epoch, "unreleased", message + " although that session wrote later rows",
+                      around)  # fmt: skip
+    return checked, unchained
+
+
+def _check_time(g: Row, tol: float, fault: _Fault) -> None:
+    freed_at = _opt(g.get("freed_at"))
+    if freed_at is not None and freed_at - _at(g) > tol:
+        fault(
+            _int(g["epoch"]),
+            "early-grant",
+            f"{_who(g)} acquired epoch {g['epoch']} at {_when(_at(g))}, while the previous "
+            f"owner's ownership ({g.get('freed')}) lasted until {_when(freed_at)}: "
+            f"{freed_at - _at(g):.3f} s of two owners",
+            [g],
+        )
+
+
+def _who(row: Row) -> str:
+    return f"member {row['member_id']} (session {row['session_id']})"
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "an unknown time"
+    stamp = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def _at(row: Row) -> float:
+    return _float(row["at"])
+
+
+def _observed(row: Row) -> float:
+    value = row.get("observed_at")
+    return _float(value) if value is not None else _at(row)
+
+
+def _opt(value: object) -> float | None:
+    return None if value is None else _float(value)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise ValueError(f"epoch {value!r} is not an integer")
+    return int(value)
+
+
+def _float(value: object) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise ValueError(f"time {value!r} is not a number")
+    return float(value)
