@@ -196,7 +196,7 @@ class DeltaCommitter:
         there already, so that no writer of an older epoch can commit afterwards. Returns the
         mark after the fence (its batch part says what landed before it). Raises
         :class:`FencedError` if the table already holds a newer epoch."""
-        while True:
+        for _ in range(_ATTEMPTS):
             current = self.mark(resource)
             if current.epoch > epoch:
                 raise self._fenced(resource, epoch, current)
@@ -207,6 +207,7 @@ class DeltaCommitter:
             if self._try_commit(resource, [], target, meta):
                 log.info("output %s: %s fenced at epoch %d", self.shown_as, resource, epoch)
                 return target
+        raise self._contended(resource, "fence")
 
     def commit(
         self,
@@ -228,12 +229,21 @@ class DeltaCommitter:
         extra = {} if rows is None else {"rebalancer.rows": str(rows)}
         meta = {**_meta(self.group, resource, "data", target, who), **extra}
         self.table(schema_json)
-        while True:
+        for _ in range(_ATTEMPTS):
             if self.landed(resource, epoch, batch):
                 return Landing.ALREADY
             check()
             if self._try_commit(resource, adds, target, meta):
                 return Landing.COMMITTED
+        raise self._contended(resource, f"batch {batch}")
+
+    def _contended(self, resource: str, what: str) -> RebalancerError:
+        return RebalancerError(
+            f"the output Delta table {self.shown_as}: the {what} commit of resource "
+            f"{resource!r} lost {_ATTEMPTS} races in a row to other commits of the same "
+            "resource; it is retried with the batch (is another group or job writing this "
+            "resource under the same group name?)"
+        )
 
     def _try_commit(
         self, resource: str, adds: Sequence[Any], target: Mark, meta: Mapping[str, str]
