@@ -65,7 +65,8 @@ def write_audit(
 ) -> None:
     """Append ``rows`` to the audit table at ``path``: with the chain columns (``chain``) or
     in the schema of tables written before them."""
-    schema = chain_schema() if chain else audit_schema()
+    old = pa.schema([f for f in audit_schema() if f.name not in CHAIN_COLUMNS])
+    schema = chain_schema() if chain else old
     names = schema.names
     data = pa.Table.from_pylist([{n: r.get(n) for n in names} for r in rows], schema=schema)
     write_deltalake(path, data, mode="append", storage_options=dict(storage_options or {}) or None)
