@@ -135,7 +135,7 @@ def test_spark_submit_ingest_rabbitmq_and_sqs(
                 or sqs_job.poll() is not None
                 or (len(_keys(rabbit_out)) == 80 and len(_keys(sqs_out)) == 30)
             ),
-            timeout=400,
+            timeout=900,
             what="the jobs to write 80 RabbitMQ and 30 SQS messages",
             interval=0.5,
         )

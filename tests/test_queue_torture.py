@@ -2,7 +2,7 @@
 
 Three member processes (``rebalancer_spark.testing.queue_worker``: the queue loop and the Spark
 output of the queue jobs, each in a small Spark application of its own) share six RabbitMQ
-queues of 500 messages each (or four SQS queues of 200, with a 2 s visibility timeout).
+queues of 200 messages each (or four SQS queues of 200, with a 2 s visibility timeout).
 Whenever the messages left fall below the next of a few random thresholds, a random worker is
 killed with -9, wherever it is (fetching, Spark writing the batch, the Delta commit, committing,
 acknowledging), and a new worker joins. At the end every message is in the output Delta table
@@ -36,7 +36,7 @@ from tests.helpers import wait_for
 from tests.servers.cloud import RabbitMq, SqsPrefix
 
 QUEUES = 6
-PER_QUEUE = 500
+PER_QUEUE = 200
 WORKERS = 3
 KILLS = 8
 
@@ -91,14 +91,19 @@ class Workers:
         with open(self.workdir / f"{member_id}.log", "a") as log:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         self.procs[member_id] = proc
+        return member_id
+
+    def wait_ready(self, member_id: str) -> None:
+        """Until the worker joined (it starts its Spark application first)."""
+        proc = self.procs[member_id]
         assert proc.stdout is not None
-        deadline = time.monotonic() + 180  # a Spark application starts first
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             ready, _, _ = select.select([proc.stdout], [], [], 0.1)
             if ready:
                 line = proc.stdout.readline()
                 if line.strip() == "ready":
-                    return member_id
+                    return
                 if not line:
                     break
         raise AssertionError(f"worker {member_id} did not start: {self.log(member_id)[-2000:]}")
@@ -238,8 +243,8 @@ def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
     thresholds = sorted(rng.sample(range(total // 10, total * 9 // 10), scenario.kills))
     thresholds.reverse()
     started = time.monotonic()
-    for _ in range(WORKERS):
-        workers.start()
+    for member_id in [workers.start() for _ in range(WORKERS)]:
+        workers.wait_ready(member_id)
     left = scenario.left
     killed: list[tuple[str, int]] = []
     for threshold in thresholds:
@@ -252,7 +257,7 @@ def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
         victim = rng.choice(sorted(workers.procs))
         workers.kill(victim)
         killed.append((victim, left()))
-        workers.start()
+        workers.start()  # not awaited: the next kill may hit it while it starts
     wait_for(
         lambda: left() == 0 and len(_keys(workers.output)) >= total,
         timeout=300,

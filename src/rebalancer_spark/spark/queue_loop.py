@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rebalancer_spark.core.errors import FencedError, RebalancerError, SourceError
+from rebalancer_spark.core.errors import FencedError, RebalancerError
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.sources.queues import QueueConsumer, QueueMessage, QueueSource
@@ -194,7 +194,7 @@ class QueueLoop:
             log.warning("[%s] queue %s epoch %d: %s", name, o.resource, o.epoch, exc)
             self._drop(key)
             return False
-        except (SourceError, RebalancerError) as exc:
+        except Exception as exc:  # the broker, or the output table while fencing: try again
             self.stats.errors += 1
             log.warning("[%s] queue %s: %s", name, o.resource, exc)
             self._drop(key)

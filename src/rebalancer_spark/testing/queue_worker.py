@@ -123,7 +123,7 @@ def _spark(group: str) -> SparkSession:
         .appName(f"queue-worker-{group}")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.driver.memory", "384m")
+        .config("spark.driver.memory", "512m")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
