@@ -102,6 +102,7 @@ def _common(tmp_path: Path, group: str, source: str) -> list[str]:
     ]
 
 
+@pytest.mark.timeout(1200)  # two Spark applications on a shared machine
 def test_spark_submit_ingest_rabbitmq_and_sqs(
     rabbitmq: RabbitMq, sqs_prefix: SqsPrefix, tmp_path: Path, group: str
 ) -> None:

@@ -85,6 +85,7 @@ def members() -> Iterator[list[Member]]:
         member.stop(drain=False)
 
 
+@pytest.mark.timeout(900)  # ~20 Spark batches
 def test_every_message_lands_once_per_key_and_is_acked(
     spark: Any, rabbitmq: RabbitMq, tmp_path: Path, group: str, members: list[Member]
 ) -> None:

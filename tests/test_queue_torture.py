@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -166,15 +167,43 @@ def _rabbitmq(rabbitmq: RabbitMq) -> Scenario:
         rabbitmq.publish(
             q, [(f"{q}/{i}", json.dumps({"id": f"{q}/{i}"}).encode()) for i in range(PER_QUEUE)]
         )
-    channel = rabbitmq.connection().channel()  # one connection for the many looks at depths
+    depths = _Depths(rabbitmq, queues)
     return Scenario(
-        rabbitmq.source_url(queues=",".join(queues), batch="50"),
+        rabbitmq.source_url(queues=",".join(queues), batch="100"),
         queues,
         PER_QUEUE,
         KILLS,
-        lambda: sum(channel.queue_declare(q, passive=True).method.message_count for q in queues),
-        channel.connection.close,
+        depths,
+        depths.close,
     )
+
+
+class _Depths:
+    """Messages left in the queues, on one connection for the many looks (a new one when the
+    broker dropped it: it goes idle, heartbeats unserviced, while Spark workers start)."""
+
+    def __init__(self, rabbitmq: RabbitMq, queues: list[str]) -> None:
+        self.rabbitmq = rabbitmq
+        self.queues = queues
+        self.channel: Any = None
+
+    def __call__(self) -> int:
+        import pika
+
+        try:
+            if self.channel is None or not self.channel.connection.is_open:
+                self.channel = self.rabbitmq.connection().channel()
+            return sum(
+                self.channel.queue_declare(q, passive=True).method.message_count
+                for q in self.queues
+            )
+        except pika.exceptions.AMQPConnectionError:
+            self.channel = None
+            return sum(self.rabbitmq.depth(q) for q in self.queues)
+
+    def close(self) -> None:
+        if self.channel is not None and self.channel.connection.is_open:
+            self.channel.connection.close()
 
 
 def _sqs(sqs: SqsPrefix) -> Scenario:
@@ -230,6 +259,7 @@ def workers(scenario: Scenario, tmp_path: Path, group: str) -> Iterator[Workers]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a Spark application per worker, a few Spark jobs per batch
 def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
     workers: Workers, scenario: Scenario
 ) -> None:
