@@ -10,16 +10,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.backends import open_backend
-from rebalancer_spark.spark.queue_output import KeyedDeltaOutput
 from tests.helpers import wait_for
 from tests.servers.cloud import RabbitMq, SqsPrefix
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _keys(output: Path) -> list[str]:
+    """Every ``_key`` in the output Delta table, with repeats, sorted (read with deltalake:
+    this test process runs no Spark)."""
+    if not (output / "_delta_log").exists():
+        return []
+    column = DeltaTable(str(output)).to_pyarrow_table(columns=["_key"]).column("_key")
+    return sorted(column.to_pylist())
 
 
 def _submit(job: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -93,6 +102,7 @@ def _common(tmp_path: Path, group: str, source: str) -> list[str]:
     ]
 
 
+@pytest.mark.timeout(1200)  # two Spark applications on a shared machine
 def test_spark_submit_ingest_rabbitmq_and_sqs(
     rabbitmq: RabbitMq, sqs_prefix: SqsPrefix, tmp_path: Path, group: str
 ) -> None:
@@ -117,17 +127,16 @@ def test_spark_submit_ingest_rabbitmq_and_sqs(
         "ingest_rabbitmq.py", _common(rabbit_dir, group, rabbit_source), rabbit_dir / "job.log"
     )
     sqs_job = _submit("ingest_sqs.py", _common(sqs_dir, group, sqs_source), sqs_dir / "job.log")
-    rabbit_out = KeyedDeltaOutput(str(rabbit_dir / "out"))
-    sqs_out = KeyedDeltaOutput(str(sqs_dir / "out"))
+    rabbit_out, sqs_out = rabbit_dir / "out", sqs_dir / "out"
     texts: dict[str, str] = {}
     try:
         wait_for(
             lambda: (
                 rabbit_job.poll() is not None
                 or sqs_job.poll() is not None
-                or (len(rabbit_out.keys()) == 80 and len(sqs_out.keys()) == 30)
+                or (len(_keys(rabbit_out)) == 80 and len(_keys(sqs_out)) == 30)
             ),
-            timeout=200,
+            timeout=900,
             what="the jobs to write 80 RabbitMQ and 30 SQS messages",
             interval=0.5,
         )
@@ -149,8 +158,11 @@ def test_spark_submit_ingest_rabbitmq_and_sqs(
     # every message counted once in the acknowledged batches (a batch fenced under load would
     # be redelivered and counted when acknowledged)
     assert re.search(r"stopped: \d+ batches, 80 messages", rabbit_text), rabbit_text[-2000:]
-    assert rabbit_out.keys() == sorted(f"{q}-{i}" for q in queues for i in range(40))
+    assert _keys(rabbit_out) == sorted(f"{q}-{i}" for q in queues for i in range(40))
+    history = DeltaTable(str(rabbit_out)).history()
+    kinds = [c.get("rebalancer.kind") for c in history if c.get("operation") != "CREATE TABLE"]
+    assert kinds and set(kinds) <= {"data", "fence"}, history  # every commit is fenced
     assert verify_table(str(rabbit_dir / "audit"), group=group).ok
     assert re.search(r"stopped: \d+ batches, 30 messages", sqs_text), sqs_text[-2000:]
-    keys = sqs_out.keys()
+    keys = _keys(sqs_out)
     assert len(keys) == len(set(keys)) == 30

@@ -1,12 +1,14 @@
 """Torture: queue workers killed with -9 at random moments while they drain several queues.
 
-Three member processes (``rebalancer_spark.testing.queue_worker``: the queue loop without Spark,
-see its docstring for why) share six RabbitMQ queues of 500 messages each (or four SQS queues of
-200, with a 2 s visibility timeout). Whenever the
-messages left fall below the next of a few random thresholds, a random worker is killed with -9,
-wherever it is (fetching, writing the Delta table, committing, acknowledging), and a new worker
-joins. At the end every message is in the output exactly once, without any read-time dedupe,
-and the audit table shows no resource ever had two owners at once.
+Three member processes (``rebalancer_spark.testing.queue_worker``: the queue loop and the Spark
+output of the queue jobs, each in a small Spark application of its own) share six RabbitMQ
+queues of 200 messages each (or four SQS queues of 200, with a 2 s visibility timeout).
+Whenever the messages left fall below the next of a few random thresholds, a random worker is
+killed with -9, wherever it is (fetching, Spark writing the batch, the Delta commit, committing,
+acknowledging), and a new worker joins. At the end every message is in the output Delta table
+exactly once (read with deltalake: this test process runs no Spark), without any read-time
+dedupe, no commit of a queue came from an older epoch than one before it, and the audit table
+shows no resource ever had two owners at once.
 """
 
 from __future__ import annotations
@@ -25,17 +27,17 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
 from rebalancer_spark.audit import verify_table
-from rebalancer_spark.spark.queue_output import KeyedDeltaOutput
 from tests.helpers import wait_for
 from tests.servers.cloud import RabbitMq, SqsPrefix
 
 QUEUES = 6
-PER_QUEUE = 500
+PER_QUEUE = 200
 WORKERS = 3
 KILLS = 8
 
@@ -81,23 +83,28 @@ class Workers:
             "--option",
             "stability_window=0.05",
         ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(sys.path),
+            "PYSPARK_PYTHON": sys.executable,
+        }
+        env.pop("PYSPARK_SUBMIT_ARGS", None)  # the worker's Spark needs no Delta jars
         with open(self.workdir / f"{member_id}.log", "a") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-            )
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         self.procs[member_id] = proc
+        return member_id
+
+    def wait_ready(self, member_id: str) -> None:
+        """Until the worker joined (it starts its Spark application first)."""
+        proc = self.procs[member_id]
         assert proc.stdout is not None
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             ready, _, _ = select.select([proc.stdout], [], [], 0.1)
             if ready:
                 line = proc.stdout.readline()
                 if line.strip() == "ready":
-                    return member_id
+                    return
                 if not line:
                     break
         raise AssertionError(f"worker {member_id} did not start: {self.log(member_id)[-2000:]}")
@@ -118,7 +125,7 @@ class Workers:
             os.kill(proc.pid, signal.SIGTERM)
         out: dict[str, tuple[int, str]] = {}
         for member_id, proc in list(self.procs.items()):
-            text, _ = proc.communicate(timeout=60)
+            text, _ = proc.communicate(timeout=120)
             out[member_id] = (proc.returncode, text)
         self.procs.clear()
         return out
@@ -131,6 +138,14 @@ class Workers:
             if proc.stdout is not None:
                 proc.stdout.close()
         self.procs.clear()
+
+
+def _keys(output: Path) -> list[str]:
+    """Every ``_key`` in the output Delta table, with repeats (none before it exists)."""
+    if not (output / "_delta_log").exists():
+        return []
+    column = DeltaTable(str(output)).to_pyarrow_table(columns=["_key"]).column("_key")
+    return [str(k) for k in column.to_pylist()]
 
 
 @dataclass
@@ -152,15 +167,43 @@ def _rabbitmq(rabbitmq: RabbitMq) -> Scenario:
         rabbitmq.publish(
             q, [(f"{q}/{i}", json.dumps({"id": f"{q}/{i}"}).encode()) for i in range(PER_QUEUE)]
         )
-    channel = rabbitmq.connection().channel()  # one connection for the many looks at depths
+    depths = _Depths(rabbitmq, queues)
     return Scenario(
-        rabbitmq.source_url(queues=",".join(queues), batch="20"),
+        rabbitmq.source_url(queues=",".join(queues), batch="100"),
         queues,
         PER_QUEUE,
         KILLS,
-        lambda: sum(channel.queue_declare(q, passive=True).method.message_count for q in queues),
-        channel.connection.close,
+        depths,
+        depths.close,
     )
+
+
+class _Depths:
+    """Messages left in the queues, on one connection for the many looks (a new one when the
+    broker dropped it: it goes idle, heartbeats unserviced, while Spark workers start)."""
+
+    def __init__(self, rabbitmq: RabbitMq, queues: list[str]) -> None:
+        self.rabbitmq = rabbitmq
+        self.queues = queues
+        self.channel: Any = None
+
+    def __call__(self) -> int:
+        import pika
+
+        try:
+            if self.channel is None or not self.channel.connection.is_open:
+                self.channel = self.rabbitmq.connection().channel()
+            return sum(
+                self.channel.queue_declare(q, passive=True).method.message_count
+                for q in self.queues
+            )
+        except pika.exceptions.AMQPConnectionError:
+            self.channel = None
+            return sum(self.rabbitmq.depth(q) for q in self.queues)
+
+    def close(self) -> None:
+        if self.channel is not None and self.channel.connection.is_open:
+            self.channel.connection.close()
 
 
 def _sqs(sqs: SqsPrefix) -> Scenario:
@@ -216,6 +259,7 @@ def workers(scenario: Scenario, tmp_path: Path, group: str) -> Iterator[Workers]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a Spark application per worker, a few Spark jobs per batch
 def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
     workers: Workers, scenario: Scenario
 ) -> None:
@@ -229,25 +273,24 @@ def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
     thresholds = sorted(rng.sample(range(total // 10, total * 9 // 10), scenario.kills))
     thresholds.reverse()
     started = time.monotonic()
-    for _ in range(WORKERS):
-        workers.start()
+    for member_id in [workers.start() for _ in range(WORKERS)]:
+        workers.wait_ready(member_id)
     left = scenario.left
-    output = KeyedDeltaOutput(str(workers.output))
     killed: list[tuple[str, int]] = []
     for threshold in thresholds:
         wait_for(
             lambda t=threshold: left() <= t,  # type: ignore[misc]
-            timeout=60,
+            timeout=300,
             what=f"fewer than {threshold} messages left (kills so far: {killed})",
             interval=0.01,
         )
         victim = rng.choice(sorted(workers.procs))
         workers.kill(victim)
         killed.append((victim, left()))
-        workers.start()
+        workers.start()  # not awaited: the next kill may hit it while it starts
     wait_for(
-        lambda: left() == 0 and len(output.keys()) >= total,
-        timeout=90,
+        lambda: left() == 0 and len(_keys(workers.output)) >= total,
+        timeout=300,
         what="every queue drained and every message written",
         interval=0.05,
     )
@@ -264,6 +307,12 @@ def test_workers_killed_at_random_lose_nothing_and_write_each_message_once(
     missing = expected - set(rows)
     assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
     assert len(rows) == total
+    history = sorted(DeltaTable(str(workers.output)).history(), key=lambda c: int(c["version"]))
+    epochs: dict[str, int] = {}
+    for commit in (c for c in history if "rebalancer.kind" in c):
+        queue, epoch = commit["rebalancer.resource"], int(commit["rebalancer.epoch"])
+        assert epoch >= epochs.get(queue, 0), f"a stale epoch committed after a newer: {commit}"
+        epochs[queue] = epoch
     verdict = verify_table(str(workers.audit), group=workers.group)
     assert verdict.ok, verdict.report()
     assert verdict.events > 0

@@ -92,6 +92,9 @@ class Landing(enum.Enum):
     """This call made the commit."""
     ALREADY = "already"
     """The table already holds this batch (an earlier attempt, or a previous owner)."""
+    EMPTY = "empty"
+    """Nothing to commit: every row of the batch was in the table already
+    (:meth:`DeltaCommitter.commit_fresh` only)."""
 
 
 class DeltaCommitter:
@@ -178,7 +181,10 @@ class DeltaCommitter:
 
     def mark(self, resource: str) -> Mark:
         """The table's mark for ``resource`` now (``Mark(0, 0)`` without a table)."""
-        table = self.table()
+        return self._mark_on(self.table(), resource)
+
+    def _mark_on(self, table: Any, resource: str) -> Mark:
+        """The mark for ``resource`` in ``table`` as loaded (no refresh)."""
         if table is None:
             return Mark(0, 0)
         return Mark.of(table.transaction_version(app_id(self.group, resource)))
@@ -204,7 +210,7 @@ class DeltaCommitter:
                 return current
             target = Mark(epoch, current.batch)
             meta = _meta(self.group, resource, "fence", target, who)
-            if self._try_commit(resource, [], target, meta):
+            if self._try_commit(resource, [], target, meta, expected=current):
                 log.info("output %s: %s fenced at epoch %d", self.shown_as, resource, epoch)
                 return target
         raise self._contended(resource, "fence")
@@ -230,10 +236,13 @@ class DeltaCommitter:
         meta = {**_meta(self.group, resource, "data", target, who), **extra}
         self.table(schema_json)
         for _ in range(_ATTEMPTS):
-            if self.landed(resource, epoch, batch):
+            current = self.mark(resource)
+            if current.epoch > epoch:
+                raise self._fenced(resource, epoch, current)
+            if current.batch >= batch:
                 return Landing.ALREADY
             check()
-            if self._try_commit(resource, adds, target, meta):
+            if self._try_commit(resource, adds, target, meta, expected=current):
                 return Landing.COMMITTED
         raise self._contended(resource, f"batch {batch}")
 
@@ -245,14 +254,68 @@ class DeltaCommitter:
             "resource under the same group name?)"
         )
 
+    def commit_fresh(
+        self,
+        resource: str,
+        epoch: int,
+        batch: int,
+        who: Mapping[str, str],
+        *,
+        prepare: Callable[[Any], tuple[Sequence[Any], int]],
+        check: Callable[[], None],
+    ) -> tuple[Landing, int]:
+        """Commit batch ``batch`` of ``resource`` at ``epoch``, fenced as :meth:`commit`, for
+        a batch whose rows depend on what the table already holds (a queue batch, from which
+        the keys the table has are dropped: :mod:`.queue_output`). Each attempt calls
+        ``prepare(dataset)`` with a pyarrow dataset of the table at the version the attempt
+        checked (None while there is no table); it writes the batch's files (creating the table
+        if needed) and returns their ``AddAction`` s and row count. The commit is made only if
+        no commit of ``resource`` landed since that version; otherwise (a concurrent commit of
+        the resource won) those files are never committed and ``prepare`` runs again against
+        the new version. Returns how the batch ended and the rows committed; an attempt with no
+        rows commits nothing (:attr:`Landing.EMPTY`)."""
+        target = Mark(epoch, batch)
+        for _ in range(_ATTEMPTS):
+            table = self.table()
+            current = self._mark_on(table, resource)
+            if current.epoch > epoch:
+                raise self._fenced(resource, epoch, current)
+            if current.batch >= batch:
+                return Landing.ALREADY, 0
+            dataset = None if table is None else table.to_pyarrow_dataset()
+            adds, rows = prepare(dataset)
+            if rows == 0:
+                return Landing.EMPTY, 0
+            meta = {
+                **_meta(self.group, resource, "data", target, who),
+                "rebalancer.rows": str(rows),
+            }
+            check()
+            if self._try_commit(resource, adds, target, meta, expected=current):
+                return Landing.COMMITTED, rows
+        raise self._contended(resource, f"batch {batch}")
+
     def _try_commit(
-        self, resource: str, adds: Sequence[Any], target: Mark, meta: Mapping[str, str]
+        self,
+        resource: str,
+        adds: Sequence[Any],
+        target: Mark,
+        meta: Mapping[str, str],
+        *,
+        expected: Mark,
     ) -> bool:
-        """One attempt; False when a concurrent commit of the same resource won (re-check)."""
+        """One attempt, made only while the table's mark for ``resource`` is still
+        ``expected`` on the very version the commit is made from (so the check and the commit
+        see one snapshot, and delta-rs refuses the commit if another commit of the resource
+        lands after it); False when a concurrent commit of the same resource won (re-check)."""
         from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
 
         table = self.table()
+        if self._mark_on(table, resource) != expected:
+            log.info("output %s: %s changed since it was checked; re-checking", self.shown_as,
+                     resource)  # fmt: skip
+            return False
         props = CommitProperties(
             app_transactions=[Transaction(app_id(self.group, resource), target.version)],
             custom_metadata=dict(meta),

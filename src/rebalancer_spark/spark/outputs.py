@@ -111,11 +111,37 @@ class DeltaOutput:
         who: Mapping[str, str],
         check: Callable[[], None],
     ) -> Landing:
+        if self.committer.landed(resource, epoch, batch):
+            return Landing.ALREADY  # a previous attempt landed; only the progress is missing
+        adds, rows, schema_json = self.stage(
+            df, resource=resource, epoch=epoch, batch=batch, check=check
+        )
+        if not adds:
+            raise RebalancerError(
+                f"Spark wrote no Parquet file for batch {batch} of {resource!r} under "
+                f"{self.spark_uri}: the batch is retried"
+            )
+        return self.committer.commit(
+            resource, epoch, batch, adds, who, schema_json=schema_json, rows=rows, check=check
+        )
+
+    def stage(
+        self,
+        df: DataFrame,
+        *,
+        resource: str,
+        epoch: int,
+        batch: int,
+        check: Callable[[], None],
+    ) -> tuple[list[Any], int, str]:
+        """Spark writes ``df`` (aligned to the table, with ``_batch``) as new Parquet files
+        of batch ``batch`` under the table's root, creating the table first when missing, and
+        commits nothing: returns the files' ``AddAction`` s (none when Spark wrote no file),
+        the rows written and the table schema. :meth:`write` commits them; the queue output
+        (:mod:`.queue_output`) commits them with :meth:`DeltaCommitter.commit_fresh`."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as sf
 
-        if self.committer.landed(resource, epoch, batch):
-            return Landing.ALREADY  # a previous attempt landed; only the progress is missing
         frame = self._aligned(_with_batch(df, batch))
         schema_json = _table_schema(frame)
         self.committer.table(schema_json)  # created before any file is written
@@ -130,10 +156,7 @@ class DeltaOutput:
             "errorifexists"
         ).parquet(target)
         rows = int(counted.get["rows"])
-        adds = self._adds(target, relative, resource)
-        return self.committer.commit(
-            resource, epoch, batch, adds, who, schema_json=schema_json, rows=rows, check=check
-        )
+        return self._adds(target, relative, resource), rows, schema_json
 
     def _aligned(self, df: DataFrame) -> DataFrame:
         """``df`` in the table's column order and types (a CSV batch whose inferred types
@@ -183,10 +206,6 @@ class DeltaOutput:
                     True,
                     "{}",
                 )
-            )
-        if not adds:
-            raise RebalancerError(
-                f"Spark wrote no Parquet file under {target}: the batch is retried"
             )
         return adds
 

@@ -1,13 +1,13 @@
 """The processing loop for queue sources: at least once from the broker, once per key in the
-output, progress fenced by the resource epoch.
+output, the output fenced by the queue's epoch like the progress.
 
 For every queue this member owns now, one batch at a time::
 
+    on a new (queue, epoch): open a consumer, fence the output table (QueueOutput.fence)
     fetch up to N messages (not acknowledged)
-    -> an Arrow table: _resource, _key, _body, _headers (JSON), _redelivered
-    -> process(resource, epoch, table) (optional: a Spark transformation, see .queues)
-    -> still the owner at this epoch? else close the consumer: the messages go back
-    -> KeyedDeltaOutput.write: rows whose key the table already holds are dropped
+    -> QueueOutput.write: a Spark DataFrame of the messages, the user's transform, the rows
+       whose key the table holds dropped, Parquet files written by Spark, one Delta commit
+       fenced by (epoch, batch) under the app transaction rebalancer-spark/<group>/<queue>
     -> member.commit(resource, progress, epoch=)   fenced: refused once ownership moved on
     -> only then consumer.ack(messages)
 
@@ -16,12 +16,16 @@ is in the table and the progress committed; a process killed anywhere before lea
 unacknowledged, and the broker delivers it again (RabbitMQ when the connection drops, SQS when
 the visibility timeout ends). Why nothing is doubled: the output keeps one row per key and
 queue (:mod:`.queue_output`), so a redelivered message is written zero times. A stale owner's
-commit is refused; it then closes its consumer without acknowledging, and its messages return
-to the queue for the new owner, whose write finds their keys if they were written.
+Delta commit is refused by the table once the new owner fenced it, and its progress commit by
+the store; it then closes its consumer without acknowledging, and its messages return to the
+queue for the new owner.
 
-A consumer is opened per (queue, epoch) and closed as soon as the queue is no longer owned at
-that epoch (checked before every batch), or after any broker error (its messages are returned).
-Progress, as committed::
+Ownership is checked through one function, :meth:`QueueLoop.owns` (``Member.owns`` at the
+consumer's epoch): before every batch (a consumer whose queue is no longer owned at its epoch is
+closed) and right before the Delta commit. A consumer is also closed after any broker error
+(its messages are returned). Batch ids continue from the progress and from the highest batch the
+table holds for the queue (a previous owner killed between its Delta commit and its progress
+commit). Progress, as committed::
 
     {"batches": n, "messages": total, "written": rows, "last": {"id": n, "keys": [...]}}
 
@@ -35,23 +39,19 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rebalancer_spark.core.errors import FencedError, RebalancerError, SourceError
+from rebalancer_spark.core.errors import FencedError, RebalancerError
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.sources.queues import QueueConsumer, QueueMessage, QueueSource
-from rebalancer_spark.spark.queue_output import KEY, RESOURCE, KeyedDeltaOutput
+from rebalancer_spark.spark.delta_commit import Landing
+from rebalancer_spark.spark.queue_output import QueueOutput
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-__all__ = ["Process", "QueueLoop", "QueueStats", "messages_table"]
+__all__ = ["QueueLoop", "QueueStats"]
 
 log = logging.getLogger("rebalancer_spark.queues")
 
-Process = Callable[[str, int, "pa.Table"], "pa.Table"]
-"""``process(resource, epoch, table)``: the batch's output rows; must keep ``_key``."""
 _KEYS_LIMIT = 256 * 1024
 
 
@@ -68,22 +68,13 @@ class QueueStats:
     per_resource: dict[str, int] = field(default_factory=dict)
 
 
-def messages_table(resource: str, messages: list[QueueMessage]) -> pa.Table:
-    """The raw rows of a batch: ``_resource``, ``_key``, ``_body`` (bytes), ``_headers`` (a JSON
-    object) and ``_redelivered``."""
-    import pyarrow as pa
+@dataclass(slots=True)
+class _Open:
+    """A consumer of one queue at one epoch, and where its batches stand."""
 
-    return pa.table(
-        {
-            RESOURCE: pa.array([resource] * len(messages), pa.string()),
-            KEY: pa.array([m.key for m in messages], pa.string()),
-            "_body": pa.array([m.body for m in messages], pa.binary()),
-            "_headers": pa.array(
-                [json.dumps(dict(m.headers), sort_keys=True) for m in messages], pa.string()
-            ),
-            "_redelivered": pa.array([m.redelivered for m in messages], pa.bool_()),
-        }
-    )
+    consumer: QueueConsumer
+    progress: dict[str, Any]
+    last_batch: int
 
 
 class QueueLoop:
@@ -94,26 +85,32 @@ class QueueLoop:
         self,
         member: Member,
         source: QueueSource,
-        output: KeyedDeltaOutput,
+        output: QueueOutput,
         *,
-        process: Process | None = None,
         batch_size: int | None = None,
         before_first_batch: Callable[[], None] | None = None,
     ) -> None:
         self.member = member
         self.source = source
         self.output = output
-        self.process = process
         self.batch_size = batch_size or source.batch_size
         self.stats = QueueStats()
         self._before_first_batch = before_first_batch
-        self._consumers: dict[tuple[str, int], QueueConsumer] = {}
-        self._progress: dict[tuple[str, int], dict[str, Any]] = {}
+        self._open: dict[tuple[str, int], _Open] = {}
+        # where the batches of a (queue, epoch) stand after its consumer was dropped (a broker
+        # error): the member's copy of the progress is the one handed over at acquisition
+        self._kept: dict[tuple[str, int], tuple[dict[str, Any], int]] = {}
 
     @property
     def open_consumers(self) -> list[tuple[str, int]]:
         """The (queue, epoch) pairs a consumer is open for now."""
-        return sorted(self._consumers)
+        return sorted(self._open)
+
+    def owns(self, resource: str, epoch: int) -> bool:
+        """Whether this member still owns ``resource`` at ``epoch`` (from memory; False once
+        its local lease lapsed): the loop's one ownership check."""
+        owned = self.member.owns(resource)
+        return owned is not None and owned.epoch == epoch
 
     def run(self, stop: threading.Event, poll_interval: float) -> QueueStats:
         """Run batches until ``stop`` is set, waiting ``poll_interval`` when nothing came."""
@@ -127,49 +124,77 @@ class QueueLoop:
 
     def run_once(self, stop: threading.Event | None = None) -> bool:
         """One batch of every queue owned now; whether any message came."""
-        owned = {o.resource: o for o in self.member.assigned()}
-        self._close_unowned(owned)
+        owned = self.member.assigned()
+        for resource, epoch in list(self._open):
+            if not self.owns(resource, epoch):
+                log.info("queue %s epoch %d no longer owned: consumer closed", resource, epoch)
+                self._drop((resource, epoch), forget=True)
+        self._kept = {k: v for k, v in self._kept.items() if self.owns(*k)}
         worked = False
-        for o in owned.values():
+        for o in owned:
             if stop is not None and stop.is_set():
                 break
             worked = self._batch(o) or worked
         return worked
 
     def close(self) -> None:
-        for key in list(self._consumers):
-            self._drop(key)
+        for key in list(self._open):
+            self._drop(key, forget=True)
 
     # -- one batch ------------------------------------------------------------------------
 
-    def _close_unowned(self, owned: dict[str, OwnedResource]) -> None:
-        for resource, epoch in list(self._consumers):
-            now = owned.get(resource)
-            if now is None or now.epoch != epoch:
-                log.info("queue %s epoch %d no longer owned: consumer closed", resource, epoch)
-                self._drop((resource, epoch))
+    def _who(self) -> dict[str, str]:
+        session = self.member.session
+        return {
+            "member_id": self.member.member_id,
+            "session_id": "" if session is None else session.session_id,
+        }
 
-    def _drop(self, key: tuple[str, int]) -> None:
-        consumer = self._consumers.pop(key, None)
-        self._progress.pop(key, None)
-        if consumer is not None:
-            consumer.close()
+    def _check(self, resource: str, epoch: int) -> Callable[[], None]:
+        def check() -> None:
+            if not self.owns(resource, epoch):
+                raise FencedError(
+                    f"queue {resource!r} is no longer owned by this job at epoch {epoch} (it "
+                    "moved, or this job's lease lapsed): its batch is not written"
+                )
 
-    def _consumer(self, o: OwnedResource) -> QueueConsumer:
+        return check
+
+    def _drop(self, key: tuple[str, int], *, forget: bool = False) -> None:
+        opened = self._open.pop(key, None)
+        if opened is not None:
+            if not forget:
+                self._kept[key] = (opened.progress, opened.last_batch)
+            opened.consumer.close()
+
+    def _opened(self, o: OwnedResource) -> _Open:
+        """The consumer of ``o``; a new one fences the output first (a new owner: no writer
+        of an older epoch can land a batch of the queue after this)."""
         key = (o.resource, o.epoch)
-        consumer = self._consumers.get(key)
-        if consumer is None:
-            consumer = self._consumers[key] = self.source.consumer(o.resource)
-            self._progress[key] = _parse_progress(o.progress)
-        return consumer
+        opened = self._open.get(key)
+        if opened is None:
+            self._check(o.resource, o.epoch)()
+            landed = self.output.fence(o.resource, o.epoch, self._who())
+            progress, last = self._kept.get(key) or (_parse_progress(o.progress), 0)
+            consumer = self.source.consumer(o.resource)
+            self._kept.pop(key, None)
+            opened = self._open[key] = _Open(
+                consumer, progress, max(int(progress["batches"]), last, landed)
+            )
+        return opened
 
     def _batch(self, o: OwnedResource) -> bool:
         key = (o.resource, o.epoch)
         name = self.member.member_id
         try:
-            consumer = self._consumer(o)
-            messages = consumer.fetch(self.batch_size)
-        except SourceError as exc:
+            opened = self._opened(o)
+            messages = opened.consumer.fetch(self.batch_size)
+        except FencedError as exc:
+            self.stats.fenced += 1
+            log.warning("[%s] queue %s epoch %d: %s", name, o.resource, o.epoch, exc)
+            self._drop(key)
+            return False
+        except Exception as exc:  # the broker, or the output table while fencing: try again
             self.stats.errors += 1
             log.warning("[%s] queue %s: %s", name, o.resource, exc)
             self._drop(key)
@@ -179,17 +204,21 @@ class QueueLoop:
         if self._before_first_batch is not None:
             self._before_first_batch()
             self._before_first_batch = None
-        state = self._progress[key]
-        batch_id = int(state["batches"]) + 1
+        batch_id = opened.last_batch + 1
         try:
-            table = messages_table(o.resource, messages)
-            if self.process is not None:
-                table = self.process(o.resource, o.epoch, table)
-            now = self.member.owns(o.resource)
-            if now is None or now.epoch != o.epoch:
-                raise FencedError(f"queue {o.resource!r} was lost before its batch was written")
-            written = self.output.write(o.resource, table)
-            progress = _next_progress(state, batch_id, messages, written)
+            landing, written = self.output.write(
+                o.resource,
+                o.epoch,
+                batch_id,
+                messages,
+                self._who(),
+                self._check(o.resource, o.epoch),
+            )
+            if landing is Landing.ALREADY:  # cannot be: ids continue from the table's
+                raise RebalancerError(
+                    f"batch {batch_id} of queue {o.resource!r} is in the output already"
+                )
+            progress = _next_progress(opened.progress, batch_id, messages, written)
             self.member.commit(o.resource, progress, epoch=o.epoch)
         except FencedError as exc:
             # Not the owner any more: never acknowledge; the messages go back to the queue.
@@ -204,9 +233,10 @@ class QueueLoop:
             log.exception("[%s] queue %s: batch %d failed, returned", name, o.resource, batch_id)
             self._drop(key)
             return True
-        self._progress[key] = progress
+        opened.progress = progress
+        opened.last_batch = batch_id
         try:
-            consumer.ack(messages)
+            opened.consumer.ack(messages)
         except RebalancerError as exc:  # redelivered later and deduplicated then
             self.stats.errors += 1
             log.warning("[%s] queue %s: acknowledging failed: %s", name, o.resource, exc)

@@ -1,148 +1,159 @@
-"""An append-only Delta table in which each queue message's key appears at most once.
+"""A queue batch written by Spark into the group's output Delta table: once per key and queue,
+fenced by the queue's epoch.
 
-Every row carries ``_resource`` (the queue) and ``_key`` (the message's dedupe key). Writing a
-batch of one queue:
+The fetched messages become a Spark DataFrame (``_resource``, ``_key``, ``_body`` binary,
+``_headers`` JSON, ``_redelivered``), the user's ``transform`` runs on it in Spark, and then,
+without the rows ever coming back to the driver:
 
-1. load the table's latest snapshot and the queue's *app transaction* version ``v``
-   (``DeltaTable.transaction_version("rebalancer-queue/<queue>")``);
-2. drop the batch's rows whose key is already in that snapshot (only the queue's partition and
-   the ``_key`` column are read), and repeated keys within the batch;
-3. append the rest with the app transaction ``v + 1``.
+1. the table's mark for the queue is checked (:class:`~.delta_commit.DeltaCommitter`): a newer
+   epoch there refuses the batch (``FencedError``); a batch id that landed already is skipped;
+2. the keys of the batch's messages that the queue's partition already holds are read from that
+   same table version (delta-rs on the driver: the ``_key`` column of the ``_resource=<queue>``
+   partition, filtered to the batch's keys, at most ``batch`` values);
+3. Spark drops the rows with those keys (a broadcast anti-join) and repeated keys within the
+   batch (one row per key is kept), and writes the rest as Parquet files under the table's root
+   (:meth:`.outputs.DeltaOutput.stage`);
+4. the driver commits those files as one Delta commit with the queue's application transaction
+   ``rebalancer-spark/<group>/<queue>`` at version ``epoch * 2**32 + batch``, the same fence as
+   for files, **only if no commit of the queue landed since the version read in 2**; if one did
+   (a concurrent writer of the queue won the race), the files are left out and 1-4 run again
+   against the new version (:meth:`~.delta_commit.DeltaCommitter.commit_fresh`).
 
-Two writers of the same queue at once (a stale owner and the new one) both commit an app
-transaction with the same id: delta-rs refuses the second (``CommitFailedError … Concurrent
-transaction failed``), which then starts again from 1 and finds the winner's keys. So the table
-never holds a key twice for one queue, even with a zombie writer, without any lock. Writers of
-different queues append side by side (blind appends, retried by delta-rs). The table is
-partitioned by ``_resource``; written with ``deltalake`` from the driver, so no Delta jars are
-needed, and any Delta reader reads it.
+So the table never holds a key twice for one queue: every commit of a queue raises its mark, and
+a batch is committed only against the version whose keys it was deduplicated against. A new
+owner of a queue *fences* the table (:meth:`QueueOutput.fence`) before its first batch, so a
+stale owner cannot land a batch after the grant, even one it had already written. A batch whose
+rows were all in the table commits nothing.
 
-Cost: step 2 reads the ``_key`` column of the queue's partition, which grows with the table;
-compact it (``optimize``) now and then, and start a new table (or a new partition scheme) when
-one queue's keys run into the hundreds of millions.
+``_key`` must come through ``transform`` as the message key (step 2 looks up the batch's
+message keys). Cost: step 2 reads the ``_key`` column of the queue's partition; compact the table
+(``OPTIMIZE``) now and then.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.sources.queues import QueueMessage
+from rebalancer_spark.spark.delta_commit import PARTITION_COLUMN, Landing
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["KEY", "RESOURCE", "KeyedDeltaOutput"]
+    from rebalancer_spark.spark.outputs import DeltaOutput
+
+__all__ = ["KEY", "RESOURCE", "QueueOutput", "Transform", "messages_table"]
 
 log = logging.getLogger("rebalancer_spark.queues")
 
 KEY = "_key"
-RESOURCE = "_resource"
-_ATTEMPTS = 50
+RESOURCE = PARTITION_COLUMN
+Transform = Callable[["DataFrame"], "DataFrame"]
+"""``transform(df)``: the batch's output rows, computed by Spark; must keep ``_key``."""
 
 
-class KeyedDeltaOutput:
-    """The Delta table at ``path``; see the module docstring."""
-
-    def __init__(self, path: str, storage_options: Mapping[str, str] | None = None) -> None:
-        self.path = path
-        self.storage_options = dict(storage_options or {})
-
-    def __repr__(self) -> str:
-        return f"KeyedDeltaOutput({self.path!r})"
-
-    @staticmethod
-    def app_id(resource: str) -> str:
-        """The app transaction id that serialises the writes of one queue."""
-        return f"rebalancer-queue/{resource}"
-
-    def write(self, resource: str, table: pa.Table) -> int:
-        """Append ``table``'s rows whose ``_key`` the queue has not written yet; return how
-        many were written. ``_resource`` is set to ``resource``."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-        from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-
-        if KEY not in table.column_names:
-            raise RebalancerError(
-                f"the batch of queue {resource!r} has no {KEY!r} column (columns: "
-                f"{table.column_names}): keep the dedupe key column through the transformation"
-            )
-        if RESOURCE in table.column_names:
-            table = table.drop_columns([RESOURCE])
-        table = table.append_column(RESOURCE, pa.array([resource] * table.num_rows, pa.string()))
-        table = _first_of_each_key(table)
-        last: Exception | None = None
-        for _ in range(_ATTEMPTS):
-            try:
-                dt: DeltaTable | None = DeltaTable(
-                    self.path, storage_options=self.storage_options or None
-                )
-            except TableNotFoundError:
-                dt = None
-            version = 0
-            fresh = table
-            if dt is not None:
-                version = dt.transaction_version(self.app_id(resource)) or 0
-                keys = table.column(KEY)
-                present = (
-                    dt.to_pyarrow_dataset()
-                    .to_table(
-                        columns=[KEY],
-                        filter=(pc.field(RESOURCE) == resource) & pc.field(KEY).isin(keys),
-                    )
-                    .column(KEY)
-                )
-                if len(present):
-                    fresh = table.filter(pc.invert(pc.is_in(table.column(KEY), present)))
-            if fresh.num_rows == 0:
-                return 0
-            try:
-                write_deltalake(
-                    dt if dt is not None else self.path,
-                    fresh,
-                    mode="append",
-                    partition_by=[RESOURCE],
-                    storage_options=self.storage_options or None,
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(self.app_id(resource), version + 1)]
-                    ),
-                )
-                return int(fresh.num_rows)
-            except (CommitFailedError, DeltaError) as exc:
-                # another writer of this queue (or the table's creator) went first: look again
-                last = exc
-                log.info("%r: write of queue %r lost a race, retrying: %s", self, resource, exc)
-        raise RebalancerError(
-            f"writing a batch of queue {resource!r} to {self.path!r} failed {_ATTEMPTS} times "
-            f"in a row ({last}): another writer keeps winning or the table cannot be written; "
-            "the batch stays unacknowledged and is delivered again"
-        )
-
-    def keys(self, resource: str | None = None) -> list[str]:
-        """Every key in the table (of ``resource`` only, if given), with repeats, sorted."""
-        import pyarrow.compute as pc
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            dt = DeltaTable(self.path, storage_options=self.storage_options or None)
-        except TableNotFoundError:
-            return []
-        flt = None if resource is None else pc.field(RESOURCE) == resource
-        column = dt.to_pyarrow_dataset().to_table(columns=[KEY], filter=flt).column(KEY)
-        return sorted(str(k) for k in column.to_pylist())
-
-
-def _first_of_each_key(table: pa.Table) -> pa.Table:
-    """``table`` without later rows repeating an earlier row's key."""
+def messages_table(resource: str, messages: Sequence[QueueMessage]) -> pa.Table:
+    """The raw rows of a batch: ``_resource``, ``_key``, ``_body`` (bytes), ``_headers`` (a JSON
+    object) and ``_redelivered``."""
     import pyarrow as pa
 
-    seen: set[object] = set()
-    keep: list[bool] = []
-    for key in table.column(KEY).to_pylist():
-        keep.append(key not in seen)
-        seen.add(key)
-    return table if all(keep) else table.filter(pa.array(keep))
+    return pa.table(
+        {
+            RESOURCE: pa.array([resource] * len(messages), pa.string()),
+            KEY: pa.array([m.key for m in messages], pa.string()),
+            "_body": pa.array([m.body for m in messages], pa.binary()),
+            "_headers": pa.array(
+                [json.dumps(dict(m.headers), sort_keys=True) for m in messages], pa.string()
+            ),
+            "_redelivered": pa.array([m.redelivered for m in messages], pa.bool_()),
+        }
+    )
+
+
+class QueueOutput:
+    """Queue batches into ``output``'s Delta table; see the module docstring."""
+
+    def __init__(
+        self, spark: SparkSession, output: DeltaOutput, transform: Transform | None = None
+    ) -> None:
+        self.spark = spark
+        self.output = output
+        self.transform = transform
+
+    def __repr__(self) -> str:
+        return f"QueueOutput({self.output.spark_uri!r})"
+
+    def fence(self, resource: str, epoch: int, who: Mapping[str, str]) -> int:
+        """Make the table refuse any writer of ``resource`` below ``epoch`` (before the first
+        batch of a new owner); returns the highest batch id of the queue in the table."""
+        return self.output.committer.fence(resource, epoch, who).batch
+
+    def write(
+        self,
+        resource: str,
+        epoch: int,
+        batch: int,
+        messages: Sequence[QueueMessage],
+        who: Mapping[str, str],
+        check: Callable[[], None],
+    ) -> tuple[Landing, int]:
+        """Write the rows of ``messages`` whose key the queue does not have yet as batch
+        ``batch`` of ``resource`` at ``epoch``; returns how it ended and the rows committed.
+        ``check`` raises :class:`~rebalancer_spark.FencedError` once this job no longer owns
+        the queue at ``epoch``; the table raises it too when it holds a newer epoch."""
+        sc = self.spark.sparkContext
+        sc.setJobDescription(
+            f"rebalancer group={self.output.committer.group} resource={resource} epoch={epoch} "
+            f"batch={batch} ({len(messages)} messages)"
+        )
+        sc.setLocalProperty("spark.rebalancer.resource", resource)
+        sc.setLocalProperty("spark.rebalancer.epoch", str(epoch))
+        frame = self.spark.createDataFrame(messages_table(resource, messages))
+        if self.transform is not None:
+            frame = self.transform(frame)
+        if KEY not in frame.columns:
+            raise ConfigurationError(
+                f"the batch of queue {resource!r} has no {KEY!r} column after the transform "
+                f"(columns: {frame.columns}): keep the message key column through the transform"
+            )
+        frame = frame.dropDuplicates([KEY])
+        candidates = sorted({m.key for m in messages})
+
+        def prepare(dataset: Any) -> tuple[Sequence[Any], int]:
+            fresh = self._without_present(frame, dataset, resource, candidates)
+            adds, rows, _ = self.output.stage(
+                fresh, resource=resource, epoch=epoch, batch=batch, check=check
+            )
+            return adds, rows
+
+        return self.output.committer.commit_fresh(
+            resource, epoch, batch, who, prepare=prepare, check=check
+        )
+
+    def _without_present(
+        self, frame: DataFrame, dataset: Any, resource: str, candidates: list[str]
+    ) -> DataFrame:
+        """``frame`` without the rows whose key ``dataset`` (the table at one version) holds
+        for ``resource``."""
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as sf
+
+        if dataset is None:
+            return frame
+        present = (
+            dataset.to_table(
+                columns=[KEY],
+                filter=(pc.field(RESOURCE) == resource) & pc.field(KEY).isin(candidates),
+            )
+            .column(KEY)
+            .to_pylist()
+        )
+        if not present:
+            return frame
+        keys = self.spark.createDataFrame([(k,) for k in set(present)], f"{KEY} string")
+        return frame.join(sf.broadcast(keys), on=KEY, how="left_anti")

@@ -8,15 +8,17 @@
 
 Every batch of a queue this job owns becomes a Spark DataFrame with the columns ``_resource``,
 ``_key`` (the dedupe key), ``_body`` (binary), ``_headers`` (JSON) and ``_redelivered``;
-``transform`` (optional) turns it into the output rows and must keep ``_key``. The rows go to a
-Delta table written with ``deltalake`` (:mod:`.queue_output`: one row per key and queue, even
-under redelivery and stale owners), then the progress is committed fenced by the resource
-epoch, then the messages are acknowledged (:mod:`.queue_loop`). Each batch sets the Spark job
-description to ``rebalancer group=… resource=… epoch=…``.
+``transform`` (optional) turns it into the output rows in Spark and must keep ``_key``. Spark
+writes the rows whose key the queue does not have yet as Parquet files into the group's output
+Delta table, and the driver commits them in one Delta commit fenced by the queue's epoch, like
+a file batch (:mod:`.queue_output`: one row per key and queue, even under redelivery and stale
+owners); then the progress is committed fenced by the epoch, then the messages are
+acknowledged (:mod:`.queue_loop`). Each batch sets the Spark job description to
+``rebalancer group=… resource=… epoch=… batch=…``.
 
-The messages pass through the driver (they come from one broker connection per queue); Spark
-runs the transformation. That suits queues whose batches fit in the driver's memory, which a
-bounded ``batch=`` guarantees.
+The messages reach the driver (they come from one broker connection per queue) and go to Spark
+as the batch's DataFrame; the rows after the transform never come back to the driver. That suits
+queues whose batches fit in the driver's memory, which a bounded ``batch=`` guarantees.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
+from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.queues import QueueSource
+from rebalancer_spark.spark.job_config import JobConfig
+from rebalancer_spark.spark.outputs import DeltaOutput
 from rebalancer_spark.spark.queue_loop import QueueLoop, QueueStats
-from rebalancer_spark.spark.queue_output import KeyedDeltaOutput
+from rebalancer_spark.spark.queue_output import QueueOutput
 from rebalancer_spark.spark.session import RebalancerNode
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["queue_job_main", "run_queue_ingest"]
@@ -49,34 +53,26 @@ def run_queue_ingest(
     *,
     transform: Callable[[DataFrame], DataFrame] | None = None,
 ) -> QueueStats:
-    """Run the loop until ``stop`` is set; see the module docstring."""
-
-    def process(resource: str, epoch: int, table: pa.Table) -> pa.Table:
-        sc = spark.sparkContext
-        sc.setJobDescription(
-            f"rebalancer group={node.member.group} resource={resource} epoch={epoch} "
-            f"({table.num_rows} messages)"
-        )
-        sc.setLocalProperty("spark.rebalancer.resource", resource)
-        sc.setLocalProperty("spark.rebalancer.epoch", str(epoch))
-        df = spark.createDataFrame(table)
-        if transform is not None:
-            df = transform(df)
-        result: pa.Table = df.toArrow()
-        return result
-
-    def audit_first() -> None:
-        if node.audit is not None and not node.audit.flush(timeout=30):
-            log.warning("audit table %s lags behind: %s", node.job.audit, node.audit.last_error)
-
+    """Run the loop until ``stop`` is set, writing to the Delta table ``output`` (a path, an
+    ``s3a://`` URL or a catalog table name); see the module docstring."""
+    delta = node.output
+    if not isinstance(delta, DeltaOutput) or delta.location != output:
+        delta = DeltaOutput(spark, output, node.member.group)
     loop = QueueLoop(
         node.member,
         source,
-        KeyedDeltaOutput(output),
-        process=process,
-        before_first_batch=audit_first,
+        QueueOutput(spark, delta, transform),
+        before_first_batch=node.flush_audit,
     )
     return loop.run(stop, node.job.poll_interval)
+
+
+def _delta_only(job: JobConfig) -> None:
+    if job.output_format != "delta":
+        raise ConfigurationError(
+            f"--output-format {job.output_format} is not available for queue jobs: their output "
+            "is a Delta table (one row per message key), so give --output-format delta"
+        )
 
 
 def queue_job_main(
@@ -103,4 +99,4 @@ def queue_job_main(
             f"written, {stats.duplicates} duplicates dropped, {stats.fenced} fenced"
         )
 
-    return job_main(argv, prog, loop, schemes=schemes, make_source=make_source)
+    return job_main(argv, prog, loop, schemes=schemes, make_source=make_source, check=_delta_only)

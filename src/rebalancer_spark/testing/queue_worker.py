@@ -1,4 +1,4 @@
-"""A member process that consumes queues with the queue loop and no Spark, for torture tests.
+"""A member process that consumes queues with the queue loop, for torture tests.
 
 ::
 
@@ -6,11 +6,13 @@
         --source 'rabbitmq://guest:guest@127.0.0.1:5672/%2F?queues=a,b' --output /tmp/out \
         --member-id w1 [--audit /tmp/audit] [--option session_timeout=2]
 
-It runs exactly the loop a Spark job runs (:class:`~rebalancer_spark.spark.queue_loop.QueueLoop`
-with :class:`~rebalancer_spark.spark.queue_output.KeyedDeltaOutput`), only without the Spark
-transformation step: one Spark application per process costs ~11 s and ~370 MB on the build
-machines, too much for a test that kills and restarts members dozens of times. Prints
-``ready`` once it joined; SIGTERM drains and leaves; ``kill -9`` is what the tests do to it.
+It runs exactly the loop and the output a Spark job runs
+(:class:`~rebalancer_spark.spark.queue_loop.QueueLoop` writing through
+:class:`~rebalancer_spark.spark.queue_output.QueueOutput` into a Delta table, Spark writing the
+files) in a small local Spark application of its own (``local[1]``, no UI, no Delta jars: the
+commits are delta-rs's), without ``spark-submit``'s frame and without a transform. The Spark
+session starts before the member joins; prints ``ready`` once it joined; SIGTERM drains and
+leaves; ``kill -9`` is what the tests do to it (its JVM exits with it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rebalancer_spark.audit import DeltaAuditLog
 from rebalancer_spark.core.config import MemberConfig
@@ -29,8 +32,12 @@ from rebalancer_spark.core.events import EventSink
 from rebalancer_spark.member import Member, default_backend_url
 from rebalancer_spark.shutdown import exit_process
 from rebalancer_spark.sources.queues import QueueSource
+from rebalancer_spark.spark.outputs import DeltaOutput
 from rebalancer_spark.spark.queue_loop import QueueLoop
-from rebalancer_spark.spark.queue_output import KeyedDeltaOutput
+from rebalancer_spark.spark.queue_output import QueueOutput
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["main", "open_queue_source"]
 
@@ -70,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.update({"group": args.group, "member_id": args.member_id, "backend": args.backend})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    spark = _spark(args.group)
     audit = DeltaAuditLog(args.audit) if args.audit else None
     sinks: list[EventSink] = [audit] if audit is not None else []
     try:
@@ -84,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         member.start()
     except RebalancerError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        spark.stop()
         return 2
     print("ready", flush=True)
 
@@ -91,9 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if audit is not None:
             audit.flush(timeout=30)
 
-    loop = QueueLoop(member, source, KeyedDeltaOutput(args.output), before_first_batch=audit_first)
+    output = QueueOutput(spark, DeltaOutput(spark, args.output, config.group))
+    loop = QueueLoop(member, source, output, before_first_batch=audit_first)
     stats = loop.run(stop, args.poll_interval)
     member.stop()
+    spark.stop()
     if audit is not None:
         audit.close()
     print(
@@ -102,6 +113,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     return 0
+
+
+def _spark(group: str) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .appName(f"queue-worker-{group}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.driver.memory", "512m")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 if __name__ == "__main__":
