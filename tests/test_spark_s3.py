@@ -1,9 +1,11 @@
-"""Reading S3 resources from Spark through the pyarrow path (no hadoop-aws here), with the
+"""Reading S3 resources from Spark: through Spark's own ``s3a://`` reader (the executors read
+the objects; hadoop-aws comes with the test session) and through the pyarrow fallback, with the
 fenced batches that make it exactly-once, and read_all over S3 and file resources at once."""
 
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.spark.reading import read_all
 from rebalancer_spark.spark.s3_read import s3a_available, s3a_paths
 from tests.helpers import assigned_source
-from tests.servers.cloud import S3Bucket
+from tests.servers.cloud import SECRET_KEY, MotoServer, S3Bucket
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
@@ -58,13 +60,14 @@ def _member(ctx: dict[str, Any], name: str, resources: list[str] | None = None) 
     return m
 
 
-def _source(bucket: S3Bucket, reader: str = "arrow") -> S3Source:
-    return S3Source(f"s3://{bucket.name}/landing/?endpoint_url={bucket.endpoint}&reader={reader}")
+def _source(bucket: S3Bucket, reader: str = "auto", *more: str) -> S3Source:
+    options = "&".join([f"endpoint_url={bucket.endpoint}", f"reader={reader}", *more])
+    return S3Source(f"s3://{bucket.name}/landing/?{options}")
 
 
-def test_auto_uses_the_arrow_path_where_spark_has_no_s3a(spark: Any) -> None:
-    # pyspark from PyPI has no hadoop-aws (FACTS.md): this pins what `reader=auto` picks here
-    assert not s3a_available(spark)
+def test_auto_uses_spark_s3a_reader_where_hadoop_aws_is_present(spark: Any) -> None:
+    # the test session has the jars scripts/setup.sh fetched (rebalancer_spark.spark.packages)
+    assert s3a_available(spark)
 
 
 def test_s3a_paths_name_each_key_as_written(spark: Any) -> None:
@@ -79,11 +82,15 @@ def test_s3a_paths_name_each_key_as_written(spark: Any) -> None:
 
 
 def test_reader_s3a_without_hadoop_aws_says_what_to_do(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a Spark without hadoop-aws, as a plain `pip install pyspark` is
+    monkeypatch.setattr("rebalancer_spark.spark.s3_read.s3a_available", lambda spark: False)
     s3_bucket.put("landing/r1/a.csv", "x,1\n")
     src = assigned_source(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
-    with pytest.raises(ConfigurationError, match=r"S3AFileSystem.*hadoop-aws.*reader=arrow"):
+    with pytest.raises(
+        ConfigurationError, match=r"S3AFileSystem.*hadoop-aws:3.4.1.*setup.sh.*reader=arrow"
+    ):
         src.read(spark)
 
 
@@ -104,6 +111,13 @@ def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
         f"s3://{s3_bucket.name}/landing/r1/part-00{n}.csv" for n in (0, 1)
     }
     assert sorted(r["value"] for r in rows if r["id"].startswith("r1-000")) == [0, 1, 2]
+    # Spark's file source planned the s3a:// objects: the executors read them, not the driver
+    assert sorted(df.inputFiles()) == [
+        f"s3a://{s3_bucket.name}/landing/r1/part-00{n}.csv" for n in (0, 1)
+    ]
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    assert "FileScan csv" in plan and f"s3a://{s3_bucket.name}/landing/r1" in plan, plan
+    assert "ExistingRDD" not in plan and "LocalTableScan" not in plan, plan
 
 
 def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
@@ -171,8 +185,9 @@ def test_read_all_gives_every_owned_resource_with_its_name(
     assert spark.read.parquet(output).count() == len(ids) + 1
 
 
-def test_other_formats_through_the_arrow_path(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+@pytest.mark.parametrize("reader", ["s3a", "arrow"])
+def test_other_formats_through_either_reader(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], reader: str
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -185,7 +200,7 @@ def test_other_formats_through_the_arrow_path(
     s3_bucket.put("landing/hd/a.csv", "id,value\nh1,1\nh2,2\n")
     s3_bucket.put("landing/hd/b.csv", "")
     s3_bucket.put("landing/hd/c.csv", "id,value\nh3,3\n")
-    source = _source(s3_bucket)
+    source = _source(s3_bucket, reader)
     a = _member(members, "a", ["pq", "js", "tx", "hd"])
     hd = assigned_source(a, "hd", source, read_options={"header": "true"}, max_files_per_batch=3)
     hd_df = hd.read(spark)
@@ -206,3 +221,63 @@ def test_other_formats_through_the_arrow_path(
     tx_df = assigned_source(a, "tx", source, format="text", schema=None).read(spark)
     assert tx_df is not None
     assert [r["value"] for r in tx_df.collect()] == ["line one", "line two"]
+    for df in (hd_df, pq_df, js_df, tx_df):
+        files = df.inputFiles()
+        if reader == "s3a":  # Spark's file source on s3a:// paths
+            assert files and all(f.startswith(f"s3a://{s3_bucket.name}/landing/") for f in files)
+        else:  # rows the driver fetched and handed to Spark: no file source
+            assert files == []
+
+
+@pytest.mark.parametrize("reader", ["s3a", "arrow"])
+def test_keys_with_odd_characters_are_read_and_named_as_written(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], reader: str
+) -> None:
+    names = ["x y.csv", "p%41.csv", "ü.csv", "a+b=c&d.csv", "g[1]{2}.csv"]
+    for n, name in enumerate(names):
+        s3_bucket.put(f"landing/odd/{name}", f"odd-{n},{n}\n")
+    a = _member(members, "a", ["odd"])
+    src = assigned_source(a, "odd", _source(s3_bucket, reader), max_files_per_batch=10)
+    df = src.read(spark)
+    assert df is not None
+    got = {(r["_file"], r["id"]) for r in df.collect()}
+    assert got == {
+        (f"s3://{s3_bucket.name}/landing/odd/{name}", f"odd-{n}") for n, name in enumerate(names)
+    }, "the same _file, the key as written, whichever reader read it"
+
+
+def test_each_bucket_gets_its_own_s3a_endpoint_and_credentials(
+    spark: Any,
+    s3_bucket: S3Bucket,
+    moto_server: MotoServer,
+    members: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a second bucket read with the keys of a named profile, next to the first read with the
+    # environment's: each has its own fs.s3a.bucket.<name>.* keys, and no secret is logged
+    other = S3Bucket(f"{s3_bucket.name}-p", moto_server, moto_server.client("s3"))
+    other.client.create_bucket(Bucket=other.name)
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        "[reader]\naws_access_key_id = profile-access\naws_secret_access_key = profile-secret\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    s3_bucket.put("landing/e1/a.csv", "env-0,0\n")
+    other.put("landing/p1/a.csv", "profile-0,0\n")
+    a = _member(members, "a", ["e1", "p1"])
+    caplog.set_level(logging.DEBUG)
+    by_env = assigned_source(a, "e1", _source(s3_bucket, "s3a"))
+    by_profile = assigned_source(a, "p1", _source(other, "s3a", "profile=reader"))
+    assert read_all(spark, [by_env, by_profile]) is not None
+    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+    for bucket, access in ((s3_bucket, "testing-access-key"), (other, "profile-access")):
+        base = f"fs.s3a.bucket.{bucket.name}."
+        assert conf.get(base + "endpoint") == bucket.endpoint
+        assert conf.get(base + "path.style.access") == "true"
+        assert conf.get(base + "connection.ssl.enabled") == "false"
+        assert conf.get(base + "access.key") == access
+    assert conf.get("fs.s3a.access.key") is None, "nothing set for every bucket"
+    for secret in (SECRET_KEY, "profile-secret"):
+        assert secret not in caplog.text

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rebalancer_spark.backends import Backend, open_backend
-from tests.helpers import wait_for
+from rebalancer_spark.spark.packages import spark_submit_command
+from tests.helpers import JOB_CONF, wait_for
 from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
 
 pytestmark = pytest.mark.slow
@@ -62,15 +63,14 @@ def test_spark_submit_ingest_s3_lands_every_object_once(
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_DEFAULT_REGION": REGION,
     }
-    cmd = [
-        str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
-        "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=512m",
-        str(REPO / "jobs" / "ingest_s3.py"),
+    cmd = spark_submit_command(
+        REPO / "jobs" / "ingest_s3.py",
         "--group", "s3-job", "--backend", backend, "--member-id", "s3-job-1",
         "--source", f"s3://{s3_bucket.name}/in/?endpoint_url={s3_bucket.endpoint}",
         "--output", str(output), "--schema", "id STRING, value INT",
         "--max-files-per-batch", "2", "--poll-interval", "0.5s", "--discovery-interval", "2s",
-    ]  # fmt: skip
+        conf=JOB_CONF,
+    )  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:

@@ -30,8 +30,9 @@ import pytest
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.spark.packages import spark_submit_command
 from rebalancer_spark.testing.spark_demo import SCHEMA, generate_landing
-from tests.helpers import wait_for
+from tests.helpers import JOB_CONF, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -66,17 +67,15 @@ class _Run:
         self.started += 1
         name = f"job-{self.started}"
         landing = (self.workdir / "landing").resolve()
-        cmd = [
-            str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=512m",
-            "--conf", f"spark.rebalancer.session-timeout={SESSION_TIMEOUT}s",
-            str(REPO / "jobs" / "ingest_files.py"),
+        cmd = spark_submit_command(
+            REPO / "jobs" / "ingest_files.py",
             "--group", GROUP, "--backend", self.backend, "--member-id", name,
             "--source", landing.as_uri() + "/", "--output", str(self.workdir / "output"),
             "--audit", str(self.workdir / "audit"), "--schema", SCHEMA,
             "--max-files-per-batch", "100", "--poll-interval", "0.5s",
             "--discovery-interval", "5s",
-        ]  # fmt: skip
+            conf={**JOB_CONF, "spark.rebalancer.session-timeout": f"{SESSION_TIMEOUT}s"},
+        )  # fmt: skip
         log = self.workdir / f"{name}.log"
         with log.open("wb") as out:
             # A session of its own: the JVM and the Python driver it starts share a process
