@@ -106,8 +106,8 @@ def main() -> None:
     print(f"{'session':22} {'start-up s':>10} {'runs':>18} {'Delta write+read s':>19}")
     for name, what, _ in cases:
         shown = " ".join(f"{t:.1f}" for t in ups[name])
-        delta = f"{statistics.median(deltas[name]):.1f}" if what == "delta" else "-"
-        print(f"{name:22} {statistics.median(ups[name]):10.1f} {shown:>18} {delta:>19}")
+        shown_delta = f"{statistics.median(deltas[name]):.1f}" if what == "delta" else "-"
+        print(f"{name:22} {statistics.median(ups[name]):10.1f} {shown:>18} {shown_delta:>19}")
 
 
 if __name__ == "__main__":

@@ -33,11 +33,12 @@ written, not %-quoted), so that an output does not depend on the reader.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -56,6 +57,7 @@ S3A_CLASS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 _GLOB = re.compile(r"([\\*?\[\]{}])")
 _LINES = re.compile(r"\r\n|\r|\n")
 _ROLES = ("iam-role", "container-role")
+_PY4J_LOGGERS = ("py4j", "py4j.clientserver", "py4j.java_gateway", "py4j.protocol")
 _warned = threading.Event()  # the fallback is announced once per driver
 
 
@@ -158,12 +160,13 @@ def configure_s3a(spark: SparkSession, source: S3Source) -> None:
     credentials = source.credentials()
     if credentials is not None:
         access, secret, token = credentials
-        conf.set(base + "access.key", access)
-        conf.set(base + "secret.key", secret)
-        provider = "SimpleAWSCredentialsProvider"
-        if token:
-            conf.set(base + "session.token", token)
-            provider = "TemporaryAWSCredentialsProvider"
+        with _py4j_quiet():
+            conf.set(base + "access.key", access)
+            conf.set(base + "secret.key", secret)
+            provider = "SimpleAWSCredentialsProvider"
+            if token:
+                conf.set(base + "session.token", token)
+                provider = "TemporaryAWSCredentialsProvider"
     conf.set(base + "aws.credentials.provider", "org.apache.hadoop.fs.s3a." + provider)
     log.info(
         "s3a://%s/ reads with the endpoint and region of %r and credentials from %s",
@@ -171,6 +174,20 @@ def configure_s3a(spark: SparkSession, source: S3Source) -> None:
         source,
         method or "nowhere (anonymous)",
     )
+
+
+@contextlib.contextmanager
+def _py4j_quiet() -> Iterator[None]:
+    """Py4J logs every command it sends at DEBUG: keep secrets out of a debug log."""
+    loggers = [logging.getLogger(name) for name in _PY4J_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _set_by_user(conf: Any, key: str) -> bool:
