@@ -80,7 +80,10 @@ def test_spark_submit_ingest_s3_lands_every_object_once(
                 raise AssertionError(f"the job exited with {proc.returncode}:\n{log.read_text()}")
             return _all_done(store, "s3-job", names)
 
-        wait_for(done, timeout=150, what="every object committed", interval=0.2)
+        try:
+            wait_for(done, timeout=300, what="every object committed", interval=0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nthe job's log ends:\n{log.read_text()[-4000:]}") from None
         pid = int(store.state("s3-job").members["s3-job-1"].info["pid"])
         os.kill(pid, signal.SIGTERM)  # the Python driver: drain, leave, stop Spark
         assert proc.wait(60) == 0, log.read_text()[-3000:]
@@ -96,3 +99,7 @@ def test_spark_submit_ingest_s3_lands_every_object_once(
     assert set(table.column("resource").to_pylist()) == set(RESOURCES)
     assert "stopped: 4 batches, 6 objects, 24 rows, 0 fenced" in log.read_text()
     assert SECRET_KEY not in log.read_text()
+    # the job read through Spark's s3a:// reader (hadoop-aws given by spark_submit_command),
+    # not through the driver's pyarrow fallback
+    assert f"s3a://{s3_bucket.name}/ is read by Spark with the endpoint" in log.read_text()
+    assert "pyarrow (the fallback)" not in log.read_text()

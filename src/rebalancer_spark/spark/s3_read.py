@@ -59,6 +59,8 @@ _LINES = re.compile(r"\r\n|\r|\n")
 _ROLES = ("iam-role", "container-role")
 _PY4J_LOGGERS = ("py4j", "py4j.clientserver", "py4j.java_gateway", "py4j.protocol")
 _warned = threading.Event()  # the fallback is announced once per driver
+_configured: set[tuple[str, str]] = set()  # (Spark application id, bucket)
+_configured_lock = threading.Lock()
 
 
 def s3a_available(spark: SparkSession) -> bool:
@@ -133,8 +135,23 @@ def _load_s3a(
 
 def configure_s3a(spark: SparkSession, source: S3Source) -> None:
     """Sets ``source``'s endpoint, region and credentials as S3A keys of its bucket in
-    ``spark``'s Hadoop configuration, leaving every key the job set itself (module docstring)."""
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+    ``spark``'s Hadoop configuration, leaving every key the job set itself (module docstring).
+    Once per bucket and Spark application; logs what it chose, never a secret."""
+    done = (str(spark.sparkContext.applicationId), source.bucket)
+    with _configured_lock:
+        if done in _configured:
+            return
+        credentials = _configure(spark.sparkContext._jsc.hadoopConfiguration(), source)
+        _configured.add(done)
+    log.info(
+        "s3a://%s/ is read by Spark with the endpoint and region of %r and %s",
+        source.bucket,
+        source,
+        credentials,
+    )
+
+
+def _configure(conf: Any, source: S3Source) -> str:
     base = f"fs.s3a.bucket.{source.bucket}."
 
     def unset(*names: str, bucket_only: bool = False) -> bool:
@@ -152,10 +169,10 @@ def configure_s3a(spark: SparkSession, source: S3Source) -> None:
         if unset(key, bucket_only=explicit):
             conf.set(base + key, value)
     if not unset("access.key", "secret.key", "aws.credentials.provider"):
-        return
+        return "the credentials of the job's own fs.s3a keys"
     method = source.credential_method()
-    if method in _ROLES:
-        return  # S3A's default chain asks the instance or container role, and renews it
+    if method in _ROLES:  # S3A's default chain asks the role, and renews its credentials
+        return f"the credentials of S3A's own chain (boto3 found an {method})"
     provider = "AnonymousAWSCredentialsProvider"
     credentials = source.credentials()
     if credentials is not None:
@@ -168,12 +185,9 @@ def configure_s3a(spark: SparkSession, source: S3Source) -> None:
                 conf.set(base + "session.token", token)
                 provider = "TemporaryAWSCredentialsProvider"
     conf.set(base + "aws.credentials.provider", "org.apache.hadoop.fs.s3a." + provider)
-    log.info(
-        "s3a://%s/ reads with the endpoint and region of %r and credentials from %s",
-        source.bucket,
-        source,
-        method or "nowhere (anonymous)",
-    )
+    if credentials is None:
+        return "no credentials (anonymous: boto3 found none)"
+    return f"the credentials boto3 found ({method})"
 
 
 @contextlib.contextmanager
@@ -191,13 +205,17 @@ def _py4j_quiet() -> Iterator[None]:
 
 
 def _set_by_user(conf: Any, key: str) -> bool:
-    """Whether ``key`` has a value that is not one of Hadoop's ``*-default.xml`` defaults."""
+    """Whether ``key`` has a value that is neither one of Hadoop's ``*-default.xml`` defaults
+    nor a copy Spark made of the ``AWS_*`` environment variables (``fs.s3a.access.key`` …,
+    the same credentials boto3's chain finds first, unless the source names a profile)."""
     if conf.get(key) is None:
         return False
     sources = conf.getPropertySources(key)
     if sources is None:
         return True
-    return any(not str(where).endswith("-default.xml") for where in sources)
+    return any(
+        not (str(where).endswith("-default.xml") or " from AWS_" in str(where)) for where in sources
+    )
 
 
 def s3a_paths(bucket: str, keys: Sequence[str]) -> list[str]:
