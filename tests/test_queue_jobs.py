@@ -118,7 +118,7 @@ def test_spark_submit_ingest_rabbitmq_and_sqs(
                 or sqs_job.poll() is not None
                 or (len(rabbit_out.keys()) == 80 and len(sqs_out.keys()) == 30)
             ),
-            timeout=200,
+            timeout=400,  # two Spark applications with Delta and s3a on a shared machine
             what="the jobs to write 80 RabbitMQ and 30 SQS messages",
             interval=0.5,
         )
