@@ -52,7 +52,7 @@ def _member(ctx: dict[str, Any], name: str, resources: list[str] | None = None) 
         group=ctx["group"],
         backend=ctx["url"],
         member_id=name,
-        session_timeout=2.0,
+        session_timeout=15.0,  # Spark on a shared 2-core machine: no lapse mid-test
         stability_window=0.02,
     )
     m = Member(config, resources=resources).start()
