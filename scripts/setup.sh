@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything rebalancer-spark needs on a fresh Debian/Ubuntu machine with Python 3.11+:
 # checks (and, as root, installs) Java 17 for Spark, creates .venv and installs the package with
-# its test extras. Safe to run again: it skips what is already done.
+# its test extras, and fetches Spark's Delta and S3 jars into a cache. Safe to run again: it
+# skips what is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,4 +83,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install -q -e ".[test]"
     echo "$want" > "$stamp"
 fi
+
+# Spark's Delta and S3 jars (delta-spark, hadoop-aws and the AWS SDK bundle, ~570 MB), pinned
+# in src/rebalancer_spark/spark/packages.py and fetched once by Spark's Ivy into
+# ${REBALANCER_SPARK_IVY_DIR:-~/.cache/rebalancer-spark/ivy}, outside the work tree. Every test
+# session and spark-submit of the project gets them from there by path.
+if ! .venv/bin/python -c 'import sys; from rebalancer_spark.spark.packages import jars_present; sys.exit(not jars_present())'; then
+    say "fetching Spark's Delta and S3 jars (about 30 s the first time)"
+fi
+.venv/bin/python -m rebalancer_spark.spark.packages fetch | sed 's/^/[setup] /'
 say "ready: $(.venv/bin/python --version), rebalancer-spark installed in .venv"

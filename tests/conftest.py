@@ -71,15 +71,27 @@ def sqlite_path(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The one SparkSession of this test process (local[2], no UI), started on first use."""
+    """The one SparkSession of this test process (local[2], no UI), started on first use, with
+    Spark's Delta reader and ``s3a://`` (the jars fetched by scripts/setup.sh)."""
     from pyspark.sql import SparkSession
 
+    from rebalancer_spark.core.errors import ConfigurationError
+    from rebalancer_spark.spark import packages
+
+    try:
+        jars = packages.spark_conf()
+    except ConfigurationError as exc:
+        pytest.fail(f"the Spark tests need Delta and hadoop-aws: {exc}", pytrace=False)
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    builder = SparkSession.builder
+    for key, value in jars.items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("rebalancer-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.databricks.delta.snapshotPartitions", "2")  # tiny tables: not 50 tasks
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.driver.memory", "1g")
         .config("spark.sql.session.timeZone", "UTC")

@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# The Spark conf of every spark-submit application a test starts (with
+# rebalancer_spark.spark.packages.spark_submit_command, which adds the Delta and S3 jars).
+JOB_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "512m",
+    "spark.databricks.delta.snapshotPartitions": "2",  # Delta's default (50 tasks): big tables
+}
+
 
 def wait_for(condition: Callable[[], T], *, timeout: float, what: str, interval: float = 0.01) -> T:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` after

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.spark.packages import spark_submit_command
+from tests.helpers import JOB_CONF
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,15 +62,13 @@ class SparkJobs:
     def start_job(self) -> Job:
         self.started += 1
         name = f"job-{self.started}"
-        cmd = [
-            str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=512m",
-            "--conf", f"spark.rebalancer.session-timeout={self.session_timeout}s",
-            str(self.script),
+        cmd = spark_submit_command(
+            self.script,
             "--group", self.group, "--backend", self.backend, "--member-id", name,
             "--source", self.landing_url, "--output", str(self.workdir / "output"),
             "--audit", str(self.workdir / "audit"), *self.args,
-        ]  # fmt: skip
+            conf={**JOB_CONF, "spark.rebalancer.session-timeout": f"{self.session_timeout}s"},
+        )  # fmt: skip
         log = self.workdir / f"{name}.log"
         with log.open("wb") as out:
             # A session of its own: the JVM and the Python driver it starts share a process

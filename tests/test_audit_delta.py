@@ -164,7 +164,10 @@ PYSPARK_COLLECT_SOCKET = (
 
 
 @pytest.mark.filterwarnings(PYSPARK_COLLECT_SOCKET)
-def test_events_come_back_from_read_audit(spark: Any, table: Path) -> None:
+@pytest.mark.parametrize("reader", ["delta", "arrow"])
+def test_events_come_back_from_read_audit(
+    spark: Any, table: Path, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from chispa import assert_df_equality
 
     events = clean_trail("g") + clean_trail("other")
@@ -177,25 +180,35 @@ def test_events_come_back_from_read_audit(spark: Any, table: Path) -> None:
         "freed_at timestamp, trigger string, moves bigint"
     )
 
-    def expected_frame(group: str | None) -> Any:
-        rows = [as_row(e) for e in events if group is None or e.group == group]
+    def frame_of(rows: list[dict[str, object]]) -> Any:
         for row in rows:
             for name in ("at", "observed_at", "freed_at"):
                 if row[name] is not None:
                     row[name] = datetime.fromtimestamp(float(str(row[name])), UTC)
         return spark.createDataFrame([tuple(r[c] for c in AUDIT_COLUMNS) for r in rows], schema)
 
-    # No Delta jars on these machines: this exercises the deltalake -> Arrow path.
-    assert not delta_reader_available(spark)
+    def written(group: str | None) -> Any:
+        return frame_of([as_row(e) for e in events if group is None or e.group == group])
+
+    if reader == "delta":  # the test session has the Delta jars (scripts/setup.sh)
+        assert delta_reader_available(spark)
+    else:  # a Spark without them: the deltalake -> Arrow fallback
+        monkeypatch.setattr("rebalancer_spark.audit.reader.delta_reader_available", lambda s: False)
     frame = read_audit(spark, str(table))
     assert tuple(frame.columns) == AUDIT_COLUMNS
-    assert_df_equality(frame, expected_frame(None), ignore_row_order=True, ignore_nullable=True)
-    assert_df_equality(
-        read_audit(spark, str(table), group="g"),
-        expected_frame("g"),
-        ignore_row_order=True,
-        ignore_nullable=True,
-    )
+    files = frame.inputFiles()
+    if reader == "delta":  # Spark's Delta reader planned the table's Parquet files
+        assert files, "no file planned"
+        assert all(f.startswith(f"file:{table}/") and f.endswith(".parquet") for f in files)
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+        assert "TahoeLogFileIndex" in plan or "DeltaFileIndex" in plan, plan
+    else:  # rows handed over by the driver
+        assert files == []
+    for group in (None, "g"):
+        got = read_audit(spark, str(table), group=group)
+        assert_df_equality(got, written(group), ignore_row_order=True, ignore_nullable=True)
+        loaded = frame_of(load_events(str(table), group=group))
+        assert_df_equality(got, loaded, ignore_row_order=True, ignore_nullable=True)
 
 
 # -- many writers --------------------------------------------------------------------------

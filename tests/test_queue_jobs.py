@@ -14,7 +14,8 @@ from deltalake import DeltaTable
 
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.backends import open_backend
-from tests.helpers import wait_for
+from rebalancer_spark.spark.packages import spark_submit_command
+from tests.helpers import JOB_CONF, wait_for
 from tests.servers.cloud import RabbitMq, SqsPrefix
 
 pytestmark = pytest.mark.slow
@@ -39,17 +40,7 @@ def _submit(job: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     }
     with log.open("wb") as out:
         return subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "spark-submit"),
-                "--master",
-                "local[1]",
-                "--conf",
-                "spark.ui.enabled=false",
-                "--conf",
-                "spark.driver.memory=512m",
-                str(ROOT / "jobs" / job),
-                *args,
-            ],
+            spark_submit_command(ROOT / "jobs" / job, *args, conf=JOB_CONF),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

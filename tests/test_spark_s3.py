@@ -1,9 +1,11 @@
-"""Reading S3 resources from Spark through the pyarrow path (no hadoop-aws here), with the
+"""Reading S3 resources from Spark: through Spark's own ``s3a://`` reader (the executors read
+the objects; hadoop-aws comes with the test session) and through the pyarrow fallback, with the
 fenced batches that make it exactly-once."""
 
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.s3_read import s3a_available, s3a_paths
 from rebalancer_spark.spark.source import AssignedSource, FileBatch
 from tests.helpers import assigned_source
-from tests.servers.cloud import S3Bucket
+from tests.servers.cloud import SECRET_KEY, MotoServer, S3Bucket
 
 
 def _read(spark: Any, src: AssignedSource) -> Any:
@@ -62,7 +64,7 @@ def _member(ctx: dict[str, Any], name: str, resources: list[str] | None = None) 
         group=ctx["group"],
         backend=ctx["url"],
         member_id=name,
-        session_timeout=2.0,
+        session_timeout=15.0,  # Spark on a shared 2-core machine: no lapse mid-test
         stability_window=0.02,
     )
     m = Member(config, resources=resources).start()
@@ -70,13 +72,14 @@ def _member(ctx: dict[str, Any], name: str, resources: list[str] | None = None) 
     return m
 
 
-def _source(bucket: S3Bucket, reader: str = "arrow") -> S3Source:
-    return S3Source(f"s3://{bucket.name}/landing/?endpoint_url={bucket.endpoint}&reader={reader}")
+def _source(bucket: S3Bucket, reader: str = "auto", *more: str) -> S3Source:
+    options = "&".join([f"endpoint_url={bucket.endpoint}", f"reader={reader}", *more])
+    return S3Source(f"s3://{bucket.name}/landing/?{options}")
 
 
-def test_auto_uses_the_arrow_path_where_spark_has_no_s3a(spark: Any) -> None:
-    # pyspark from PyPI has no hadoop-aws (FACTS.md): this pins what `reader=auto` picks here
-    assert not s3a_available(spark)
+def test_auto_uses_spark_s3a_reader_where_hadoop_aws_is_present(spark: Any) -> None:
+    # the test session has the jars scripts/setup.sh fetched (rebalancer_spark.spark.packages)
+    assert s3a_available(spark)
 
 
 def test_s3a_paths_name_each_key_as_written(spark: Any) -> None:
@@ -91,11 +94,15 @@ def test_s3a_paths_name_each_key_as_written(spark: Any) -> None:
 
 
 def test_reader_s3a_without_hadoop_aws_says_what_to_do(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a Spark without hadoop-aws, as a plain `pip install pyspark` is
+    monkeypatch.setattr("rebalancer_spark.spark.s3_read.s3a_available", lambda spark: False)
     s3_bucket.put("landing/r1/a.csv", "x,1\n")
     src = assigned_source(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
-    with pytest.raises(ConfigurationError, match=r"S3AFileSystem.*hadoop-aws.*reader=arrow"):
+    with pytest.raises(
+        ConfigurationError, match=r"S3AFileSystem.*hadoop-aws:3.4.1.*setup.sh.*reader=arrow"
+    ):
         _read(spark, src)
 
 
@@ -116,6 +123,13 @@ def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
         f"s3://{s3_bucket.name}/landing/r1/part-00{n}.csv" for n in (0, 1)
     }
     assert sorted(r["value"] for r in rows if r["id"].startswith("r1-000")) == [0, 1, 2]
+    # Spark's file source planned the s3a:// objects: the executors read them, not the driver
+    assert sorted(df.inputFiles()) == [
+        f"s3a://{s3_bucket.name}/landing/r1/part-00{n}.csv" for n in (0, 1)
+    ]
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    assert "FileScan csv" in plan and f"s3a://{s3_bucket.name}/landing/r1" in plan, plan
+    assert "ExistingRDD" not in plan and "LocalTableScan" not in plan, plan
 
 
 def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
@@ -158,8 +172,9 @@ def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     assert src_b.planned is not None and src_b.planned.id == 4
 
 
-def test_other_formats_through_the_arrow_path(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+@pytest.mark.parametrize("reader", ["s3a", "arrow"])
+def test_other_formats_through_either_reader(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], reader: str
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -172,7 +187,7 @@ def test_other_formats_through_the_arrow_path(
     s3_bucket.put("landing/hd/a.csv", "id,value\nh1,1\nh2,2\n")
     s3_bucket.put("landing/hd/b.csv", "")
     s3_bucket.put("landing/hd/c.csv", "id,value\nh3,3\n")
-    source = _source(s3_bucket)
+    source = _source(s3_bucket, reader)
     a = _member(members, "a", ["pq", "js", "tx", "hd"])
     hd = assigned_source(a, "hd", source, options={"header": "true"}, max_files_per_batch=3)
     hd_df = _read(spark, hd)
@@ -193,3 +208,62 @@ def test_other_formats_through_the_arrow_path(
     tx_df = _read(spark, assigned_source(a, "tx", source, format="text", schema=None))
     assert tx_df is not None
     assert [r["value"] for r in tx_df.collect()] == ["line one", "line two"]
+    for df in (hd_df, pq_df, js_df, tx_df):
+        files = df.inputFiles()
+        if reader == "s3a":  # Spark's file source on s3a:// paths
+            assert files and all(f.startswith(f"s3a://{s3_bucket.name}/landing/") for f in files)
+        else:  # rows the driver fetched and handed to Spark: no file source
+            assert files == []
+
+
+@pytest.mark.parametrize("reader", ["s3a", "arrow"])
+def test_keys_with_odd_characters_are_read_and_named_as_written(
+    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], reader: str
+) -> None:
+    names = ["x y.csv", "p%41.csv", "ü.csv", "a+b=c&d.csv", "g[1]{2}.csv"]
+    for n, name in enumerate(names):
+        s3_bucket.put(f"landing/odd/{name}", f"odd-{n},{n}\n")
+    a = _member(members, "a", ["odd"])
+    src = assigned_source(a, "odd", _source(s3_bucket, reader), max_files_per_batch=10)
+    df = _read(spark, src)
+    assert df is not None
+    got = {(r["_file"], r["id"]) for r in df.collect()}
+    assert got == {
+        (f"s3://{s3_bucket.name}/landing/odd/{name}", f"odd-{n}") for n, name in enumerate(names)
+    }, "the same _file, the key as written, whichever reader read it"
+
+
+def test_each_bucket_gets_its_own_s3a_endpoint_and_credentials(
+    spark: Any,
+    s3_bucket: S3Bucket,
+    moto_server: MotoServer,
+    members: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a second bucket read with the keys of a named profile, next to the first read with the
+    # environment's: each has its own fs.s3a.bucket.<name>.* keys, and no secret is logged
+    other = S3Bucket(f"{s3_bucket.name}-p", moto_server, moto_server.client("s3"))
+    other.client.create_bucket(Bucket=other.name)
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        "[reader]\naws_access_key_id = profile-access\naws_secret_access_key = profile-secret\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    s3_bucket.put("landing/e1/a.csv", "env-0,0\n")
+    other.put("landing/p1/a.csv", "profile-0,0\n")
+    a = _member(members, "a", ["e1", "p1"])
+    caplog.set_level(logging.DEBUG)
+    by_env = assigned_source(a, "e1", _source(s3_bucket, "s3a"))
+    by_profile = assigned_source(a, "p1", _source(other, "s3a", "profile=reader"))
+    assert _read(spark, by_env) is not None and _read(spark, by_profile) is not None
+    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+    for bucket, access in ((s3_bucket, "testing-access-key"), (other, "profile-access")):
+        base = f"fs.s3a.bucket.{bucket.name}."
+        assert conf.get(base + "endpoint") == bucket.endpoint
+        assert conf.get(base + "path.style.access") == "true"
+        assert conf.get(base + "connection.ssl.enabled") == "false"
+        assert conf.get(base + "access.key") == access
+    for secret in (SECRET_KEY, "profile-secret"):
+        assert secret not in caplog.text

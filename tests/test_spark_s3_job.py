@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rebalancer_spark.backends import Backend, open_backend
-from tests.helpers import wait_for
+from rebalancer_spark.spark.packages import spark_submit_command
+from tests.helpers import JOB_CONF, wait_for
 from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
 
 pytestmark = pytest.mark.slow
@@ -62,15 +63,14 @@ def test_spark_submit_ingest_s3_lands_every_object_once(
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_DEFAULT_REGION": REGION,
     }
-    cmd = [
-        str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
-        "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=512m",
-        str(REPO / "jobs" / "ingest_s3.py"),
+    cmd = spark_submit_command(
+        REPO / "jobs" / "ingest_s3.py",
         "--group", "s3-job", "--backend", backend, "--member-id", "s3-job-1",
         "--source", f"s3://{s3_bucket.name}/in/?endpoint_url={s3_bucket.endpoint}",
         "--output", str(output), "--schema", "id STRING, value INT",
         "--max-files-per-batch", "2", "--poll-interval", "0.5s", "--discovery-interval", "2s",
-    ]  # fmt: skip
+        conf=JOB_CONF,
+    )  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -80,7 +80,10 @@ def test_spark_submit_ingest_s3_lands_every_object_once(
                 raise AssertionError(f"the job exited with {proc.returncode}:\n{log.read_text()}")
             return _all_done(store, "s3-job", names)
 
-        wait_for(done, timeout=150, what="every object committed", interval=0.2)
+        try:
+            wait_for(done, timeout=300, what="every object committed", interval=0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nthe job's log ends:\n{log.read_text()[-4000:]}") from None
         pid = int(store.state("s3-job").members["s3-job-1"].info["pid"])
         os.kill(pid, signal.SIGTERM)  # the Python driver: drain, leave, stop Spark
         assert proc.wait(60) == 0, log.read_text()[-3000:]
@@ -96,3 +99,7 @@ def test_spark_submit_ingest_s3_lands_every_object_once(
     assert set(table.column("resource").to_pylist()) == set(RESOURCES)
     assert "stopped: 4 batches, 6 objects, 24 rows, 0 fenced" in log.read_text()
     assert SECRET_KEY not in log.read_text()
+    # the job read through Spark's s3a:// reader (hadoop-aws given by spark_submit_command),
+    # not through the driver's pyarrow fallback
+    assert f"s3a://{s3_bucket.name}/ is read by Spark with the endpoint" in log.read_text()
+    assert "pyarrow (the fallback)" not in log.read_text()

@@ -17,8 +17,9 @@ import pytest
 
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.backends import open_backend
+from rebalancer_spark.spark.packages import spark_submit_command
 from rebalancer_spark.spark.streaming import read_stream_output
-from tests.helpers import wait_for
+from tests.helpers import JOB_CONF, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -71,17 +72,15 @@ def test_a_killed_streaming_job_is_resumed_from_its_checkpoints_exactly_once(
     store = open_backend(backend)
 
     def launch(name: str) -> None:
-        cmd = [
-            str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=512m",
-            "--conf", "spark.rebalancer.session-timeout=4s",
-            str(REPO / "jobs" / "stream_files.py"),
+        cmd = spark_submit_command(
+            REPO / "jobs" / "stream_files.py",
             "--group", GROUP, "--backend", backend, "--member-id", name,
             "--source", landing.resolve().as_uri() + "/", "--output", str(output),
             "--checkpoint-root", str(tmp_path / "checkpoints"), "--audit", str(tmp_path / "audit"),
             "--schema", "id STRING, value INT", "--max-files-per-batch", "2",
             "--poll-interval", "0.5s", "--discovery-interval", "2s",
-        ]  # fmt: skip
+            conf={**JOB_CONF, "spark.rebalancer.session-timeout": "4s"},
+        )  # fmt: skip
         with (tmp_path / f"{name}.log").open("wb") as out:
             procs[name] = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

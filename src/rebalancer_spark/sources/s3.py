@@ -225,6 +225,13 @@ class S3Source(FileSource):
         frozen = creds.get_frozen_credentials()
         return frozen.access_key, frozen.secret_key, frozen.token
 
+    def credential_method(self) -> str | None:
+        """How boto3 found this source's credentials (``env``, ``shared-credentials-file``,
+        ``iam-role``, ``container-role`` …), or None when it found none (anonymous)."""
+        with self._lock:
+            creds = self.session().get_credentials()
+        return None if creds is None else str(creds.method)
+
     def _pages(self, what: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
         try:
             paginator = self.client().get_paginator("list_objects_v2")

@@ -2,45 +2,65 @@
 
 Two paths, chosen by the source's ``reader`` option (``auto`` picks the first that works):
 
-* ``s3a``: where ``org.apache.hadoop.fs.s3a.S3AFileSystem`` is on Spark's classpath (a cluster
-  with hadoop-aws), Spark's own reader loads ``s3a://bucket/key`` paths in the executors. The
-  source's endpoint and region are set as per-bucket Hadoop keys
-  (``fs.s3a.bucket.<bucket>.endpoint``, ``…endpoint.region``, ``…path.style.access``) unless
-  the job already set them (``spark.hadoop.fs.s3a.…``); credentials come from S3A's own chain
-  (environment, instance role) or from the ``spark.hadoop.fs.s3a.*`` keys you give.
-* ``arrow``: elsewhere (pyspark from PyPI has no hadoop-aws), the driver fetches the batch's
-  objects with ``pyarrow.fs.S3FileSystem`` using the credentials boto3 resolved. ``parquet``
-  and ``orc`` become Arrow tables handed to ``spark.createDataFrame`` (cast to the schema when
-  one is given); ``csv``, ``json`` and ``text`` are handed to Spark's own parsers
-  (``spark.read.csv(rdd)``), so the reader options and the DDL schema mean what they mean on
-  the file path. Limits: the batch passes through the driver's memory (keep
-  ``max_files_per_batch`` times the object size modest), and CSV records must not span lines.
+* ``s3a`` (the normal path): where ``org.apache.hadoop.fs.s3a.S3AFileSystem`` is on Spark's
+  classpath (hadoop-aws: a cluster's own, ``--packages``, or the jars ``scripts/setup.sh``
+  fetches, see :mod:`.packages`), Spark's own reader loads ``s3a://bucket/key`` paths and the
+  executors read the objects; the driver only plans. The source's S3 settings become
+  per-bucket Hadoop keys, ``fs.s3a.bucket.<bucket>.*``, so that two sources on two endpoints
+  do not clash: ``endpoint.region``, and with ``endpoint_url`` also ``endpoint``,
+  ``path.style.access=true`` and ``connection.ssl.enabled`` (off for ``http://``). The
+  credentials are those boto3 resolves for the source (its chain or ``?profile=``), set as
+  ``access.key``/``secret.key`` (and ``session.token`` with S3A's temporary-credentials
+  provider) of that bucket; an instance or container role is left to S3A's own chain, which
+  renews it; no credentials means anonymous access. A key you set yourself, per bucket or
+  for every bucket (``spark.hadoop.fs.s3a.…`` or ``core-site.xml``), is never overridden,
+  except that the endpoint (and a region) written in the source's URL beats a job-wide key.
+  The values are set once per bucket and Spark session (S3A caches its filesystem): for
+  short-lived credentials on a long job, prefer a role or your own credentials provider.
+  Credentials are never logged nor put in an error message.
+* ``arrow`` (the fallback where hadoop-aws is absent, or forced by ``reader=arrow``): the
+  driver fetches the batch's objects with ``pyarrow.fs.S3FileSystem`` using the credentials
+  boto3 resolved. ``parquet`` and ``orc`` become Arrow tables handed to
+  ``spark.createDataFrame`` (cast to the schema when one is given); ``csv``, ``json`` and
+  ``text`` are handed to Spark's own parsers (``spark.read.csv(rdd)``), so the reader options
+  and the DDL schema mean what they mean on the file path. Limits: the batch passes through
+  the driver's memory (keep ``max_files_per_batch`` times the object size modest), and CSV
+  records must not span lines.
 
-Both paths give the rows plus ``_file``, the object's URL.
+Both paths give the rows plus ``_file``, the object's URL ``s3://bucket/key`` (the key as
+written, not %-quoted), so that an output does not depend on the reader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.sources.s3 import S3Source
+from rebalancer_spark.spark.packages import HADOOP_AWS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["load_s3", "s3a_available", "s3a_paths"]
+__all__ = ["configure_s3a", "load_s3", "s3a_available", "s3a_paths"]
 
 log = logging.getLogger("rebalancer_spark.spark.s3")
 
 S3A_CLASS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 _GLOB = re.compile(r"([\\*?\[\]{}])")
 _LINES = re.compile(r"\r\n|\r|\n")
+_ROLES = ("iam-role", "container-role")
+_PY4J_LOGGERS = ("py4j", "py4j.clientserver", "py4j.java_gateway", "py4j.protocol")
+_warned = threading.Event()  # the fallback is announced once per driver
+_configured: set[tuple[str, str]] = set()  # (Spark application id, bucket)
+_configured_lock = threading.Lock()
 
 
 def s3a_available(spark: SparkSession) -> bool:
@@ -68,10 +88,19 @@ def load_s3(
     reader = source.reader
     if reader == "auto":
         reader = "s3a" if s3a_available(spark) else "arrow"
+        if reader == "arrow" and not _warned.is_set():
+            _warned.set()
+            log.warning(
+                "%s is not on Spark's classpath: S3 objects are read on the driver with "
+                "pyarrow (the fallback); add %s for Spark's s3a:// reader",
+                S3A_CLASS,
+                HADOOP_AWS,
+            )
     elif reader == "s3a" and not s3a_available(spark):
         raise ConfigurationError(
             f"source {source!r} asks for reader=s3a but {S3A_CLASS} is not on Spark's "
-            "classpath: add hadoop-aws (matching Spark's Hadoop version) or use reader=arrow"
+            f"classpath: add {HADOOP_AWS} (matching Spark's Hadoop; scripts/setup.sh fetches "
+            "it, see rebalancer_spark.spark.packages) or use reader=arrow"
         )
     keys = [source.key_prefix(resource) + name for name in names]
     if reader == "s3a":
@@ -89,21 +118,104 @@ def _load_s3a(
 ) -> DataFrame:
     from pyspark.sql import functions as sf
 
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    base = f"fs.s3a.bucket.{source.bucket}."
-    wanted = {"endpoint.region": source.region_name()}
-    if source.endpoint_url:
-        wanted["endpoint"] = source.endpoint_url
-        wanted["path.style.access"] = "true"
-        wanted["connection.ssl.enabled"] = str(source.endpoint_url.startswith("https:")).lower()
-    for key, value in wanted.items():
-        if conf.get(base + key) is None and conf.get("fs.s3a." + key) is None:
-            conf.set(base + key, value)
-    paths = s3a_paths(source.bucket, keys)
+    configure_s3a(spark, source)
     reader = spark.read.format(format).options(**options)
     if schema:
         reader = reader.schema(schema)
-    return reader.load(paths).withColumn("_file", sf.col("_metadata.file_path"))
+    df = reader.load(s3a_paths(source.bucket, keys))
+    # Spark names a file by its URI (s3a://, %-quoted): give it back as the arrow path does.
+    jvm: Any = spark.sparkContext._jvm
+    urls: list[Any] = []
+    for key in keys:
+        uri = str(jvm.org.apache.hadoop.fs.Path(f"s3a://{source.bucket}/{key}").toUri())
+        urls += [sf.lit(uri), sf.lit(f"s3://{source.bucket}/{key}")]
+    spark_path = sf.col("_metadata.file_path")
+    return df.withColumn("_file", sf.coalesce(sf.create_map(*urls)[spark_path], spark_path))
+
+
+def configure_s3a(spark: SparkSession, source: S3Source) -> None:
+    """Sets ``source``'s endpoint, region and credentials as S3A keys of its bucket in
+    ``spark``'s Hadoop configuration, leaving every key the job set itself (module docstring).
+    Once per bucket and Spark application; logs what it chose, never a secret."""
+    done = (str(spark.sparkContext.applicationId), source.bucket)
+    with _configured_lock:
+        if done in _configured:
+            return
+        credentials = _configure(spark.sparkContext._jsc.hadoopConfiguration(), source)
+        _configured.add(done)
+    log.info(
+        "s3a://%s/ is read by Spark with the endpoint and region of %r and %s",
+        source.bucket,
+        source,
+        credentials,
+    )
+
+
+def _configure(conf: Any, source: S3Source) -> str:
+    base = f"fs.s3a.bucket.{source.bucket}."
+
+    def unset(*names: str, bucket_only: bool = False) -> bool:
+        prefixes = (base,) if bucket_only else (base, "fs.s3a.")
+        return not any(_set_by_user(conf, p + n) for n in names for p in prefixes)
+
+    # What the source's URL says beats a job-wide key; a key for this bucket beats both.
+    wanted = {"endpoint.region": (source.region_name(), source.region is not None)}
+    if source.endpoint_url:
+        ssl = str(source.endpoint_url.startswith("https:")).lower()
+        wanted["endpoint"] = (source.endpoint_url, True)
+        wanted["path.style.access"] = ("true", True)
+        wanted["connection.ssl.enabled"] = (ssl, True)
+    for key, (value, explicit) in wanted.items():
+        if unset(key, bucket_only=explicit):
+            conf.set(base + key, value)
+    if not unset("access.key", "secret.key", "aws.credentials.provider"):
+        return "the credentials of the job's own fs.s3a keys"
+    method = source.credential_method()
+    if method in _ROLES:  # S3A's default chain asks the role, and renews its credentials
+        return f"the credentials of S3A's own chain (boto3 found an {method})"
+    provider = "AnonymousAWSCredentialsProvider"
+    credentials = source.credentials()
+    if credentials is not None:
+        access, secret, token = credentials
+        with _py4j_quiet():
+            conf.set(base + "access.key", access)
+            conf.set(base + "secret.key", secret)
+            provider = "SimpleAWSCredentialsProvider"
+            if token:
+                conf.set(base + "session.token", token)
+                provider = "TemporaryAWSCredentialsProvider"
+    conf.set(base + "aws.credentials.provider", "org.apache.hadoop.fs.s3a." + provider)
+    if credentials is None:
+        return "no credentials (anonymous: boto3 found none)"
+    return f"the credentials boto3 found ({method})"
+
+
+@contextlib.contextmanager
+def _py4j_quiet() -> Iterator[None]:
+    """Py4J logs every command it sends at DEBUG: keep secrets out of a debug log."""
+    loggers = [logging.getLogger(name) for name in _PY4J_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _set_by_user(conf: Any, key: str) -> bool:
+    """Whether ``key`` has a value that is neither one of Hadoop's ``*-default.xml`` defaults
+    nor a copy Spark made of the ``AWS_*`` environment variables (``fs.s3a.access.key`` …,
+    the same credentials boto3's chain finds first, unless the source names a profile)."""
+    if conf.get(key) is None:
+        return False
+    sources = conf.getPropertySources(key)
+    if sources is None:
+        return True
+    return any(
+        not (str(where).endswith("-default.xml") or " from AWS_" in str(where)) for where in sources
+    )
 
 
 def s3a_paths(bucket: str, keys: Sequence[str]) -> list[str]:

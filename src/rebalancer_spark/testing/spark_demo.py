@@ -25,6 +25,7 @@ from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.core.model import GroupState
 from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.spark.packages import spark_submit_command
 
 __all__ = ["DemoReport", "run_demo"]
 
@@ -136,7 +137,6 @@ def run_demo(
     report.files, report.rows = dirs * files, len(ids)
     say(f"generated {dirs} directories x {files} files x {rows} rows in {landing}")
 
-    bin_dir = Path(sys.executable).parent
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     running: dict[str, _Job] = {}
@@ -144,17 +144,19 @@ def run_demo(
     try:
         for i in range(1, jobs + 1):
             name = f"job-{i}"
-            cmd = [
-                str(bin_dir / "spark-submit"), "--master", master,
-                "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=512m",
-                "--conf", "spark.cores.max=1", "--conf", "spark.executor.memory=512m",
-                "--conf", f"spark.rebalancer.session-timeout={session_timeout}s",
-                str(repo / "jobs" / "ingest_files.py"),
+            cmd = spark_submit_command(
+                repo / "jobs" / "ingest_files.py",
                 "--group", group, "--backend", backend, "--member-id", name,
                 "--source", landing.resolve().as_uri() + "/", "--output", str(output),
                 "--audit", str(audit), "--schema", SCHEMA, "--max-files-per-batch", "2",
                 "--poll-interval", "0.5s", "--discovery-interval", "5s",
-            ]  # fmt: skip
+                master=master,
+                conf={
+                    "spark.ui.enabled": "false", "spark.driver.memory": "512m",
+                    "spark.cores.max": "1", "spark.executor.memory": "512m",
+                    "spark.rebalancer.session-timeout": f"{session_timeout}s",
+                },
+            )  # fmt: skip
             running[name] = _Job(name, cmd, logs / f"{name}.log", env)
             say(f"started {name}: spark-submit jobs/ingest_files.py --group {group} ...")
 
