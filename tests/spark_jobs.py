@@ -43,6 +43,10 @@ class SparkJobs:
     session_timeout: float = 4.0
     backend: str = ""
     """The group's store (default: an SQLite file in ``workdir``)."""
+    source: str = ""
+    """The jobs' --source (default: the file share at ``workdir/landing``)."""
+    output: str = ""
+    """The jobs' --output (default: ``workdir/output``)."""
     jobs: dict[str, Job] = field(default_factory=dict)
     started: int = 0
 
@@ -50,7 +54,9 @@ class SparkJobs:
         self.backend = self.backend or f"sqlite://{self.workdir.resolve()}/groups.db"
         self.store: Backend = open_backend(self.backend)
         self.landing_url = (self.workdir / "landing").resolve().as_uri() + "/"
-        self.source = FileShareSource(self.landing_url)
+        self.share = FileShareSource(self.landing_url)
+        self.source = self.source or self.landing_url
+        self.output = self.output or str(self.workdir / "output")
         self.env = {
             **os.environ,
             "PYSPARK_PYTHON": sys.executable,
@@ -65,7 +71,7 @@ class SparkJobs:
         cmd = spark_submit_command(
             self.script,
             "--group", self.group, "--backend", self.backend, "--member-id", name,
-            "--source", self.landing_url, "--output", str(self.workdir / "output"),
+            "--source", self.source, "--output", self.output,
             "--audit", str(self.workdir / "audit"), *self.args,
             conf={**JOB_CONF, "spark.rebalancer.session-timeout": f"{self.session_timeout}s"},
         )  # fmt: skip
@@ -116,9 +122,10 @@ class SparkJobs:
         del self.jobs[job.name]
         return code
 
-    def committed(self) -> tuple[int, bool]:
-        """How many input files are committed, and whether no batch is left planned."""
-        resources = [r.id for r in self.source.discover()]
+    def committed(self, resources: Sequence[str] = ()) -> tuple[int, bool]:
+        """How many input files are committed, and whether no batch is left planned (of
+        ``resources``, by default those of the file share)."""
+        resources = list(resources) or [r.id for r in self.share.discover()]
         progress = self.store.progress(self.group, resources)
         done, idle = 0, True
         for resource in resources:

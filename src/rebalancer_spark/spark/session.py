@@ -148,10 +148,20 @@ class RebalancerNode:
         if self._output is None and self.job.output is not None:
             with self._output_lock:
                 if self._output is None:
+                    self._configure_s3a()
                     self._output = open_output(
                         self.spark, self.job.output, self.member.group, self.job.output_format
                     )
         return self._output
+
+    def _configure_s3a(self) -> None:
+        """An output in the bucket of an S3 source is written with that source's endpoint
+        and credentials: set them before the output reads its settings from Spark's conf."""
+        from rebalancer_spark.sources.s3 import S3Source
+        from rebalancer_spark.spark.s3_read import configure_s3a, s3a_available
+
+        if isinstance(self.source, S3Source) and s3a_available(self.spark):
+            configure_s3a(self.spark, self.source)
 
     def owns(self, resource: str, epoch: int) -> bool:
         """Whether this job owns ``resource`` at ``epoch`` now, from memory (False once the
