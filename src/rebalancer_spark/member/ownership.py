@@ -139,6 +139,8 @@ class Ownership:
         self._call(self._on_revoked, owned, "on_revoked")
         ended = lapsed_at()
         now = self._clock.wall()
+        with self._changed:  # forgotten meanwhile (the member abandoned): reported already
+            owned = [o for o in owned if self._held.get(o.resource) == o]
         for o in owned:
             if ended is None:
                 self.emit(EventKind.RELEASED, session, o.resource, o.epoch, why, at=now)
