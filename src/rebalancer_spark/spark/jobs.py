@@ -13,7 +13,8 @@ others and leaves the group. A job is then its loop and a few lines::
     exit_process(job_main(argv, "ingest_files.py", loop, schemes=("file",)))
 
 Exit codes: 0 after a clean stop, 2 for bad options or a source that cannot be opened (one
-line on stderr saying what to fix).
+line on stderr saying what to fix), 3 when the Spark JVM died or the SparkContext was stopped
+under the running node (its resources given up at once; see :mod:`.watchdog`).
 """
 
 from __future__ import annotations
