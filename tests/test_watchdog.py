@@ -18,6 +18,7 @@ from rebalancer_spark.spark.watchdog import (
     child_exited,
     driver_probes,
     parent_changed,
+    watch_driver,
 )
 from tests.helpers import wait_for
 
@@ -203,3 +204,21 @@ def test_a_live_spark_driver_passes_every_probe(spark: Any) -> None:
         assert [p() for p in probes] == [None, None, None]
     finally:
         gateway.close()
+
+
+def test_a_stand_in_without_a_jvm_is_not_watched() -> None:
+    from types import SimpleNamespace
+
+    assert watch_driver(SimpleNamespace(_jsc=None), Verdicts().on_dead) is None
+
+
+def test_the_watchdog_of_a_live_driver_stays_quiet_and_stops_at_once(spark: Any) -> None:
+    verdicts = Verdicts()
+    dog = watch_driver(spark.sparkContext, verdicts.on_dead, interval=0.01)
+    assert dog is not None
+    gateway = next(p for p in dog._probes if isinstance(p, GatewayProbe))
+    wait_for(lambda: gateway.answers >= 3, timeout=30, what="a few answers from the JVM")
+    began = time.monotonic()
+    dog.stop()
+    assert time.monotonic() - began < 1
+    assert verdicts.reasons == [] and dog.reason is None

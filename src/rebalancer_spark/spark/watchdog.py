@@ -287,7 +287,13 @@ class DriverWatchdog:
 
 
 def watch_driver(
-    sc: SparkContext, on_dead: Callable[[str], bool], *, interval: float = CHECK_INTERVAL
-) -> DriverWatchdog:
-    """Start watching this driver (``sc``): see :class:`DriverWatchdog`."""
+    sc: SparkContext | object, on_dead: Callable[[str], bool], *, interval: float = CHECK_INTERVAL
+) -> DriverWatchdog | None:
+    """Start watching this driver (``sc``): see :class:`DriverWatchdog`. None for a stand-in
+    that is not a pyspark ``SparkContext`` (no JVM to watch)."""
+    from pyspark import SparkContext
+
+    if not isinstance(sc, SparkContext):
+        log.info("no watchdog: %r is not a pyspark SparkContext", type(sc).__name__)
+        return None
     return DriverWatchdog(driver_probes(sc), on_dead, interval=interval).start()
