@@ -24,6 +24,10 @@ callback runs, the member thread cannot deliver ``on_lost``: if the lease lapses
 deadline on, and ``on_lost`` follows once the callback returns (a resource being revoked is
 then reported ``lost`` as of the deadline, not ``released``). Keep callbacks short.
 
+A member whose work cannot go on (its Spark driver's JVM died) calls :meth:`Member.abandon`
+instead of :meth:`Member.stop`: everything is lost at once, without draining, and the session
+ends in the store.
+
 Lifecycle (enforced; see :data:`TRANSITIONS` in :mod:`.state`)::
 
     CREATED -> STARTING -> RUNNING <-> REJOINING

@@ -27,7 +27,8 @@ Then ``on_dead(reason)`` runs once, on the watchdog thread: the node gives every
 once, without draining (:meth:`rebalancer_spark.member.Member.abandon`), and closes its audit
 log. If it returns True the process ends at once with :data:`DEAD_DRIVER_EXIT`; if False (the
 node was being stopped gracefully already) the watchdog just ends. Should ``on_dead`` hang, the
-process still ends ``exit_after`` seconds later.
+process still ends ``exit_after`` seconds later. A stand-in for a SparkContext (not a pyspark
+one: no JVM) is not watched.
 """
 
 from __future__ import annotations
