@@ -185,12 +185,19 @@ class _Run:
                     seen["exited"] = now
             return len(seen) == 2
 
-        wait_for(
-            both,
-            timeout=SESSION_TIMEOUT + 60,
-            what=f"{victim} to exit and {survivor} to own every directory ({seen})",
-            interval=0.02,
-        )
+        try:
+            wait_for(
+                both,
+                timeout=SESSION_TIMEOUT + 60,
+                what=f"{victim} to exit and {survivor} to own every directory",
+                interval=0.02,
+            )
+        except AssertionError as exc:
+            state = self.store.state(GROUP)
+            owners = {r: c.member_id for r, c in state.claims.items()}
+            raise AssertionError(
+                f"{exc}; seen after: {seen}; members: {sorted(state.members)}; owners: {owners}"
+            ) from None
         return code[0], seen["exited"], seen["taken"]
 
     def finish(self, survivor: str) -> int:
@@ -290,28 +297,33 @@ def _check_audit(workdir: Path) -> None:
     assert all(str(e["reason"]).startswith("abandoned: ") for e in abandoned), abandoned
 
 
+def _children() -> set[int]:
+    me = str(os.getpid())
+    out: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == me:
+                out.add(int(stat.parent.name))
+    return out
+
+
 @contextlib.contextmanager
 def _subreaper() -> Iterator[None]:
     """Make this process the reaper of orphans below it, so that the exit code of a Python
-    driver orphaned by its JVM reaches the test (Linux ``PR_SET_CHILD_SUBREAPER``)."""
+    driver orphaned by its JVM reaches the test (Linux ``PR_SET_CHILD_SUBREAPER``). At the end,
+    the orphans adopted meanwhile and still unreaped (the Python workers of a dead JVM) are
+    ended and reaped; this process's own children from before are left alone."""
+    before = _children()
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
     try:
         yield
     finally:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-def _reap_orphans(keep: set[int]) -> None:
-    """Reap (ending them first) the orphans adopted meanwhile: the Python workers of a dead
-    JVM. ``keep`` are this test's own children, left to their Popen objects."""
-    me = str(os.getpid())
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            pid = int(stat.parent.name)
-            if stat.read_text().rsplit(")", 1)[1].split()[1] == me and pid not in keep:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        for pid in _children() - before:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
 
 
@@ -355,15 +367,12 @@ def test_a_spark_submit_driver_whose_jvm_dies_stops_owning_and_exits(
     driver = run.driver_pid("job-1")
     assert _parent_of(driver) == victim.proc.pid, "the JVM should be the driver's parent"
     with _subreaper():
-        try:
-            os.kill(victim.proc.pid, sig)  # the JVM only: its Python driver lives on
-            killed_at = time.monotonic()
-            victim.proc.wait(60)
-            code, exited, taken = run.watch_death(
-                "job-1", "job-2", killed_at, _orphan_exit_code(driver)
-            )
-        finally:
-            _reap_orphans(keep={j.proc.pid for j in run.jobs.values()})
+        os.kill(victim.proc.pid, sig)  # the JVM only: its Python driver lives on
+        killed_at = time.monotonic()
+        victim.proc.wait(60)
+        code, exited, taken = run.watch_death(
+            "job-1", "job-2", killed_at, _orphan_exit_code(driver)
+        )
     _check_death(f"spark-submit JVM killed with {sig.name}", victim, code, exited, taken)
     _check_exactly_once(run)
 

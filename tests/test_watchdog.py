@@ -65,7 +65,12 @@ def test_a_probe_that_names_a_reason_gives_the_resources_up_then_exits() -> None
 def test_a_node_that_was_stopping_already_is_left_to_finish() -> None:
     verdicts = Verdicts(took_effect=False)
     dog = DriverWatchdog(
-        [lambda: "dead"], verdicts.on_dead, interval=0.01, exit=verdicts.exit, exit_after=0.05
+        [lambda: "dead"],
+        verdicts.on_dead,
+        interval=0.01,
+        exit=verdicts.exit,
+        exit_after=0.05,
+        guard_exit=verdicts.exit,
     ).start()
     wait_for(lambda: not dog.thread.is_alive(), timeout=10, what="the watchdog to end")
     assert verdicts.reasons == ["dead"]
@@ -83,7 +88,12 @@ def test_an_on_dead_that_hangs_still_ends_the_process() -> None:
         return True
 
     dog = DriverWatchdog(
-        [lambda: "dead"], hang, interval=0.01, exit=verdicts.exit, exit_after=0.2
+        [lambda: "dead"],
+        hang,
+        interval=0.01,
+        exit=verdicts.exit,
+        exit_after=0.2,
+        guard_exit=verdicts.exit,
     ).start()
     try:
         wait_for(lambda: verdicts.exits, timeout=10, what="the guard to exit")

@@ -221,6 +221,19 @@ class Member:
 
     close = stop
 
+    def _end_session(self, session: Session) -> None:
+        if self._backend is None:
+            return
+        try:
+            self._backend.leave(session)
+        except RebalancerError as exc:
+            log.warning(
+                "member %s could not end its session (%s); its resources move when the session "
+                "times out",
+                self.member_id,
+                exc,
+            )
+
     def abandon(self, reason: str, *, wait: float = 5.0) -> bool:
         """Stop owning at once, without draining, and leave: for a member whose work cannot go
         on (the Spark driver it runs in lost its JVM). Return whether this call did it (False
@@ -230,9 +243,10 @@ class Member:
         ``owns()`` return nothing and ``commit()`` is refused from this instant); renewals and
         the coordinator role stop; the member thread is asked to end and waited for at most
         ``wait`` seconds (a user callback may still run on it); everything held is reported
-        ``lost`` ("abandoned: <reason>"; events, then ``on_lost``); and the session is ended in
-        the store, which frees its claims and coordinator role in one atomic step, so the
-        others take the resources over in one rebalance instead of after the session timeout.
+        ``lost`` as of the fence ("abandoned: <reason>"; events, then ``on_lost``). The session
+        is ended in the store right after the fence, before anything that may wait: that frees
+        its claims and coordinator role in one atomic step, so the others take the resources
+        over in one rebalance instead of after the session timeout.
 
         Ending the session at once is safe because the fence comes first and the store checks
         every commit against the session and epoch atomically: a commit that reaches the store
@@ -248,8 +262,11 @@ class Member:
         session = self._lease.snapshot().session
         if session is not None:
             self._lease.lapse(session)
+            # Ended in the store before anything that may wait (thread joins, callbacks, log
+            # output to a pipe nobody reads any more): the resources move whatever follows.
+            self._end_session(session)
         log.error(
-            "member %s of group %s abandons its %d resources without draining: %s",
+            "member %s of group %s abandoned its %d resources without draining: %s",
             self.member_id,
             self.group,
             len(self._ownership),
@@ -273,17 +290,8 @@ class Member:
             current, self._ownership.forget(), f"abandoned: {reason}", EventKind.LOST, at=fenced_at
         )
         self._lease.end()
-        for ended in {s for s in (session, current) if s is not None}:
-            if self._backend is not None:
-                try:
-                    self._backend.leave(ended)
-                except RebalancerError as exc:
-                    log.warning(
-                        "member %s could not end its session (%s); its resources move when the "
-                        "session times out",
-                        self.member_id,
-                        exc,
-                    )
+        if current is not None and current != session:
+            self._end_session(current)
         self._close_backend()
         if self.metrics is not None:
             self.metrics.close()

@@ -27,8 +27,8 @@ Then ``on_dead(reason)`` runs once, on the watchdog thread: the node gives every
 once, without draining (:meth:`rebalancer_spark.member.Member.abandon`), and closes its audit
 log. If it returns True the process ends at once with :data:`DEAD_DRIVER_EXIT`; if False (the
 node was being stopped gracefully already) the watchdog just ends. Should ``on_dead`` hang, the
-process still ends ``exit_after`` seconds later. A stand-in for a SparkContext (not a pyspark
-one: no JVM) is not watched.
+process still ends ``exit_after`` seconds later (``os._exit``, which needs no lock). A
+stand-in for a SparkContext (not a pyspark one: no JVM) is not watched.
 """
 
 from __future__ import annotations
@@ -204,13 +204,15 @@ class DriverWatchdog:
         *,
         interval: float = CHECK_INTERVAL,
         exit: Callable[[int], object] = exit_process,
-        exit_after: float = 60.0,
+        exit_after: float = 45.0,
+        guard_exit: Callable[[int], object] = os._exit,
     ) -> None:
         self._probes = list(probes)
         self._on_dead = on_dead
         self._interval = interval
         self._exit = exit
         self._exit_after = exit_after
+        self._guard_exit = guard_exit
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rebalancer-watchdog", daemon=True)
         self.reason: str | None = None
@@ -265,14 +267,10 @@ class DriverWatchdog:
         return None
 
     def _fire(self, reason: str) -> None:
+        # Nothing here logs before on_dead: the driver's output may be a pipe that its dying
+        # JVM no longer reads, where a write blocks (and with it every thread that logs).
         self.reason = reason
-        log.error(
-            "this Spark driver cannot work any more: %s. It gives up its resources now and "
-            "exits with code %d",
-            reason,
-            DEAD_DRIVER_EXIT,
-        )
-        guard = threading.Timer(self._exit_after, self._exit, args=(DEAD_DRIVER_EXIT,))
+        guard = threading.Timer(self._exit_after, self._guard_exit, args=(DEAD_DRIVER_EXIT,))
         guard.daemon = True
         guard.start()
         try:
@@ -281,7 +279,14 @@ class DriverWatchdog:
             log.exception("giving up the resources of a dead driver failed; exiting anyway")
             took_effect = True
         if took_effect:
+            log.error(
+                "this Spark driver cannot work any more: %s. It gave its resources up and "
+                "exits with code %d",
+                reason,
+                DEAD_DRIVER_EXIT,
+            )
             self._exit(DEAD_DRIVER_EXIT)
+            guard.cancel()  # reached only when ``exit`` returns (a test's stand-in)
         else:
             guard.cancel()
             log.info("the node was stopping already; the watchdog leaves it to finish")
