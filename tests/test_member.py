@@ -6,6 +6,7 @@ Multi-process behaviour (kill -9, SIGSTOP) is in test_multiprocess.py.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
@@ -596,6 +597,77 @@ def test_a_member_whose_thread_dies_gives_its_resources_up(grp: Group) -> None:
     assert {c.member_id for c in state.claims.values()} == {"b"}
     a.stop()
     store.close()
+
+
+def test_an_abandoning_member_stops_owning_at_once_and_its_resources_move_before_its_timeout(
+    grp: Group,
+) -> None:
+    """A member whose work cannot go on (its Spark JVM died) gives everything up without
+    draining: fenced and ``lost`` at once, and its session ended, so the others need not wait
+    out its (long) session timeout."""
+    a = grp.start("a", RESOURCES, session_timeout=20.0)
+    b = grp.start("b", session_timeout=20.0)
+    grp.wait_settled(2)
+    mine = {o.resource for o in a.assigned()}
+    assert len(mine) == 6
+    a_rec, b_rec = grp.recorders["a"], grp.recorders["b"]
+    began = time.monotonic()
+    assert a.abandon("the Spark JVM died")
+    # Fenced and reported lost by the time abandon() returns.
+    assert a.assigned() == [] and a.owns(sorted(mine)[0]) is None
+    with pytest.raises(FencedError):
+        a.commit(sorted(mine)[0], "late")
+    assert a.state.value == "stopped"
+    with a_rec.lock:
+        assert set(a_rec.lost) == mine and a_rec.revoked == []
+        lost = {e.resource: e for e in a_rec.events if e.kind is EventKind.LOST}
+    assert set(lost) == mine
+    assert all(e.reason == "abandoned: the Spark JVM died" for e in lost.values())
+    wait_for(
+        lambda: {o.resource for o in b.assigned()} == set(RESOURCES),
+        timeout=15,
+        what="b to own everything",
+    )
+    moved = time.monotonic() - began
+    assert moved < 15, f"{moved:.1f} s: the session was not ended, it timed out"
+    with b_rec.lock:
+        taken = {e.resource: e.at for e in b_rec.events if e.kind is EventKind.ACQUIRED}
+    assert all(lost[r].at <= taken[r] for r in mine), (lost, taken)
+    assert "a" not in grp.state().members
+    assert not a.abandon("again")
+    a.stop()  # a no-op now
+
+
+def test_abandon_does_not_wait_for_a_callback_that_hangs(grp: Group) -> None:
+    in_callback, may_return = threading.Event(), threading.Event()
+
+    def hang(owned: Sequence[OwnedResource]) -> None:
+        in_callback.set()
+        may_return.wait(30)
+
+    a = Member(grp.config(member_id="a"), resources=RESOURCES, on_revoked=hang)
+    grp.members.append(a.start())
+    grp.start("b")
+    grp.wait_settled(2)
+    a.set_resources(RESOURCES[:6])  # some of a's resources go away: on_revoked hangs
+    try:
+        wait_for(in_callback.is_set, timeout=10, what="a's on_revoked to run")
+        began = time.monotonic()
+        assert a.abandon("the Spark JVM died", wait=0.5)
+        assert time.monotonic() - began < 5
+        assert a.assigned() == []
+        grp.wait_stable(1)
+        assert {c.member_id for c in grp.state().claims.values()} == {"b"}
+    finally:
+        may_return.set()
+
+
+def test_abandon_is_refused_unless_the_member_runs(grp: Group) -> None:
+    a = Member(grp.config(member_id="a"), resources=RESOURCES)
+    assert not a.abandon("never started")
+    a.start()
+    a.stop(drain=False)
+    assert not a.abandon("stopped already")
 
 
 # -- bad input --------------------------------------------------------------------------------

@@ -24,6 +24,10 @@ callback runs, the member thread cannot deliver ``on_lost``: if the lease lapses
 deadline on, and ``on_lost`` follows once the callback returns (a resource being revoked is
 then reported ``lost`` as of the deadline, not ``released``). Keep callbacks short.
 
+A member whose work cannot go on (its Spark driver's JVM died) calls :meth:`Member.abandon`
+instead of :meth:`Member.stop`: everything is lost at once, without draining, and the session
+ends in the store.
+
 Lifecycle (enforced; see :data:`TRANSITIONS` in :mod:`.state`)::
 
     CREATED -> STARTING -> RUNNING <-> REJOINING
@@ -216,6 +220,83 @@ class Member:
         self._lifecycle.move(MemberState.STOPPED)
 
     close = stop
+
+    def _end_session(self, session: Session) -> None:
+        if self._backend is None:
+            return
+        try:
+            self._backend.leave(session)
+        except RebalancerError as exc:
+            log.warning(
+                "member %s could not end its session (%s); its resources move when the session "
+                "times out",
+                self.member_id,
+                exc,
+            )
+
+    def abandon(self, reason: str, *, wait: float = 5.0) -> bool:
+        """Stop owning at once, without draining, and leave: for a member whose work cannot go
+        on (the Spark driver it runs in lost its JVM). Return whether this call did it (False
+        if the member was not running: never started, stopping or stopped already).
+
+        In this order: the lease is fenced locally, as when it lapses (``assigned()`` and
+        ``owns()`` return nothing and ``commit()`` is refused from this instant); renewals and
+        the coordinator role stop; the member thread is asked to end and waited for at most
+        ``wait`` seconds (a user callback may still run on it); everything held is reported
+        ``lost`` as of the fence ("abandoned: <reason>"; events, then ``on_lost``). The session
+        is ended in the store right after the fence, before anything that may wait: that frees
+        its claims and coordinator role in one atomic step, so the others take the resources
+        over in one rebalance instead of after the session timeout.
+
+        Ending the session at once is safe because the fence comes first and the store checks
+        every commit against the session and epoch atomically: a commit that reaches the store
+        after the session ended is refused. It is right only when nothing of this member can
+        still write output outside the store's fence: the work itself has stopped (a dead JVM
+        runs no Spark job). Otherwise use :meth:`stop` (drain) or let the lease run out."""
+        with self._lock:
+            if self._stopping or self.state not in (MemberState.RUNNING, MemberState.REJOINING):
+                return False
+            self._stopping = True
+        self._reconciler.stop(timeout=0)  # first: a lapse seen now must not mean "rejoin"
+        fenced_at = self._clock.wall()
+        session = self._lease.snapshot().session
+        if session is not None:
+            self._lease.lapse(session)
+            # Ended in the store before anything that may wait (thread joins, callbacks, log
+            # output to a pipe nobody reads any more): the resources move whatever follows.
+            self._end_session(session)
+        log.error(
+            "member %s of group %s abandoned its %d resources without draining: %s",
+            self.member_id,
+            self.group,
+            len(self._ownership),
+            reason,
+        )
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        if self._coordinator is not None:
+            self._coordinator.stop()
+        self._lifecycle.move(MemberState.STOPPING)
+        if not self._reconciler.stop(timeout=wait):
+            log.warning(
+                "member %s: the member thread is still in a user callback after %.1f s; "
+                "leaving without it",
+                self.member_id,
+                wait,
+            )
+        # A rejoin in flight when the lease was fenced may have started a newer session.
+        current = self._lease.snapshot().session or session
+        self._ownership.lost(
+            current, self._ownership.forget(), f"abandoned: {reason}", EventKind.LOST, at=fenced_at
+        )
+        self._lease.end()
+        if current is not None and current != session:
+            self._end_session(current)
+        self._close_backend()
+        if self.metrics is not None:
+            self.metrics.close()
+        self._lifecycle.move(MemberState.STOPPED)
+        return True
 
     def __enter__(self) -> Self:
         """Start the member unless it was started already (as :func:`join` does)."""

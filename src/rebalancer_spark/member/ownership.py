@@ -165,6 +165,8 @@ class Ownership:
         self._call(self._on_revoked, owned, "on_revoked")
         ended = lapsed_at()
         now = self._clock.wall()
+        with self._changed:  # forgotten meanwhile (the member abandoned): reported already
+            owned = [o for o in owned if self._held.get(o.resource) == o]
         generation, coordinator_epoch = target if target is not None else (None, None)
         for o in owned:
             if ended is None:

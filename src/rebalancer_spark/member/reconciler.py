@@ -135,12 +135,14 @@ class Reconciler:
                 len(self._ownership),
             )
 
-    def stop(self) -> None:
-        """End the thread and wait for it (unless called on it)."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """End the thread and wait for it (unless called on it), at most ``timeout`` seconds
+        if given; return whether it ended (False while a user callback still runs on it)."""
         self._stop.set()
         self._lease.changed.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def leave(self, backend: Backend | None) -> None:
         """Release what is still held (calling on_revoked) and end the session."""

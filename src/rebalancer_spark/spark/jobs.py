@@ -17,7 +17,8 @@ group); their values are ``ctx.args``. ``--log-format json`` and every other opt
 same in it.
 
 Exit codes: 0 after a clean stop, 2 for bad options or a source that cannot be opened (one
-line on stderr saying what to fix).
+line on stderr saying what to fix), 3 when the Spark JVM died or the SparkContext was stopped
+under the running node (its resources given up at once; see :mod:`.watchdog`).
 """
 
 from __future__ import annotations

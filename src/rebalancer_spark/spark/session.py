@@ -32,6 +32,7 @@ from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.outputs import Output, open_output
 from rebalancer_spark.spark.source import AssignedSource, ReadSettings
+from rebalancer_spark.spark.watchdog import DriverWatchdog, watch_driver
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -84,6 +85,7 @@ class RebalancerNode:
         self._driver_thread: threading.Thread | None = None
         self._output: Output | None = None
         self._output_lock = threading.Lock()
+        self._watchdog: DriverWatchdog | None = None
 
     def listen(
         self,
@@ -102,6 +104,7 @@ class RebalancerNode:
         """Join the group. The calling thread (the driver thread that runs the job's main
         loop) logs with this member's group, member and epoch fields until :meth:`stop`."""
         self.member.start()
+        self._watchdog = watch_driver(self.spark.sparkContext, self._driver_died)
         self._driver_thread = threading.current_thread()
         bind_thread(self._driver_thread, self.member.log_context)
         _wrap_stop(self.spark, self)
@@ -121,6 +124,8 @@ class RebalancerNode:
                 return
             self._stopped = True
         atexit.unregister(self.stop)
+        if self._watchdog is not None:
+            self._watchdog.stop()
         try:
             self.member.stop()
         finally:
@@ -129,6 +134,16 @@ class RebalancerNode:
             if self._driver_thread is not None:
                 unbind_thread(self._driver_thread, self.member.log_context)
             _forget_current(self)
+
+    def _driver_died(self, reason: str) -> bool:
+        """The watchdog's verdict: this driver cannot work any more. Give everything up at
+        once, without draining, then close as :meth:`stop` does (the audit log too when a
+        :meth:`stop` on another thread waits for the watchdog); whether this call did it."""
+        abandoned = self.member.abandon(reason)
+        self.stop()
+        if self.audit is not None:
+            self.audit.close()
+        return abandoned
 
     def assigned_sources(self) -> list[AssignedSource]:
         """What this job owns now, one :class:`AssignedSource` per resource, sorted."""
