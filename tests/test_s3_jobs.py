@@ -19,7 +19,14 @@ from tests.helpers import read_delta, wait_for
 from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
 from tests.spark_jobs import REPO, SparkJobs
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # Spark's collect() leaves its local socket to the garbage collector.
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <socket.socket.*127.0.0.1:"
+        "pytest.PytestUnraisableExceptionWarning"
+    ),
+]
 
 RESOURCES, FILES, ROWS = 6, 10, 20
 
