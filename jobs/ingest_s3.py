@@ -24,9 +24,7 @@ from rebalancer_spark.spark.jobs import JobContext, job_main
 
 def loop(ctx: JobContext) -> str:
     stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
-    return (
-        f"{stats.batches} batches, {stats.files} objects, {stats.rows} rows, {stats.fenced} fenced"
-    )
+    return f"{stats.batches} batches, {stats.files} objects, {stats.fenced} fenced"
 
 
 def main(argv: list[str]) -> int:

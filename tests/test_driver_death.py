@@ -64,7 +64,7 @@ def loop(ctx):
                     sc._jsc.sc().stop()
                 return
     threading.Thread(target=stop_when_told, daemon=True).start()
-    stats = run_ingest(ctx.spark, ctx.node, ctx.output, ctx.stop)
+    stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
     return f"{stats.batches} batches"
 
 exit_process(job_main(sys.argv[1:], "stop_context_job.py", loop, schemes=("file",)))

@@ -242,7 +242,7 @@ def test_the_notebook_shows_rebalances_by_generation_and_a_group_owning_nothing(
     stats = text_of(next(c for c in code if "rebalances(" in c.source))
     assert "4 rebalances, 2 resources moved" in stats, stats
     assert "operator: drain job-b" in stats and "discovery" in stats, stats
-    assert "note:" not in stats and "predates" not in shown
+    assert "note:" not in stats, stats
     assert images(code) == 2
     notebook = NOTEBOOK.read_text()
     assert "## Lag over time" in notebook and "does not hold progress rows yet" in notebook

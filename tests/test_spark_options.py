@@ -64,7 +64,16 @@ def test_public_surface_is_pinned() -> None:
         "resolve",
         "spark_conf_options",
     ]
-    job_fields = {"source", "resources", "output", "checkpoint_root", "audit", "format", "schema"}
+    job_fields = {
+        "source",
+        "resources",
+        "output",
+        "output_format",
+        "checkpoint_root",
+        "audit",
+        "format",
+        "schema",
+    }
     job_fields |= {"max_files_per_batch", "poll_interval", "discovery_interval", "log_format"}
     assert set(OPTION_KEYS) == set(CONFIG_KEYS) | job_fields
 
