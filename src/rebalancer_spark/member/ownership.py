@@ -166,7 +166,8 @@ class Ownership:
         ended = lapsed_at()
         now = self._clock.wall()
         with self._changed:  # forgotten meanwhile (the member abandoned): reported already
-            owned = [o for o in owned if self._held.get(o.resource) == o]
+            # By resource and epoch: a commit replaces the held record (its progress).
+            owned = [o for o in owned if (h := self._held.get(o.resource)) and h.epoch == o.epoch]
         generation, coordinator_epoch = target if target is not None else (None, None)
         for o in owned:
             if ended is None:
