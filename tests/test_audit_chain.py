@@ -132,6 +132,81 @@ def test_rows_lost_with_a_killed_process_are_listed_not_faults() -> None:
     assert "unrecorded links (not faults):" in verdict.report()
 
 
+def numbered(trail: list[Event]) -> list[Event]:
+    """``trail`` with each session's rows numbered 1, 2, … in time order, as the writer does."""
+    counts: dict[object, int] = {}
+    for e in sorted(trail, key=lambda e: float(str(e["observed_at"]))):
+        counts[e["session_id"]] = counts.get(e["session_id"], 0) + 1
+        e["seq"] = counts[e["session_id"]]
+    return trail
+
+
+def killed_after_writing_on() -> list[Event]:
+    """b holds r2 since 5; a releases r at 20; b writes a row of r2 at 25 (after r's previous
+    epoch ended), is granted r at 26 and killed before its writer flushed that grant; c takes
+    r once b's lease expired. b's rows run 1, 2 without a gap."""
+    return numbered(
+        [
+            grant(1.0, "a", 1, None, "new", None),
+            ev("released", 20.0, "a", 1),
+            {**grant(5.0, "b", 1, None, "new", None), "resource": "r2"},
+            ev("released", 25.0, "b", 1, resource="r2"),
+            grant(40.0, "c", 3, "b", "expired", 39.0),
+        ]
+    )
+
+
+def test_a_grant_lost_with_a_killed_process_that_wrote_other_rows_first_is_not_a_fault() -> None:
+    # Judged by time alone (no row numbers), b's row at 25, after r's epoch 1 ended at 20,
+    # looked like proof that b's writer went on: the false alarm this check once raised.
+    trail = killed_after_writing_on()
+    verdict = verify_events(trail)
+    assert verdict.ok, verdict.report()
+    assert verdict.chain is not None
+    (missing,) = verdict.chain.unrecorded
+    assert (missing.kind, missing.resource, missing.epoch) == ("crash", "r", 2)
+    assert "rows are all there up to its last one" in missing.message
+    unnumbered = [{k: v for k, v in e.items() if k != "seq"} for e in trail]
+    faults = verify_events(unnumbered).chain_faults
+    assert [f.kind for f in faults] == ["missing-link"]
+
+
+def test_a_row_removed_from_a_numbered_trail_is_caught_even_where_time_cannot_tell() -> None:
+    trail = killed_after_writing_on()
+    trail.append(ev("lost", 38.0, "b", 2, observed_at=41.0) | {"seq": 4})  # row 3 is gone
+    verdict = verify_events(trail)
+    assert not verdict.ok
+    kinds = sorted(f.kind for f in verdict.chain_faults)
+    assert kinds == ["missing-link", "missing-rows"], verdict.report()
+    gap = next(f for f in verdict.chain_faults if f.kind == "missing-rows")
+    assert gap.message.startswith("member b (session s-b): row 3 is missing from its trail")
+    assert "yet row 4 (lost of r epoch 2 at" in gap.message
+    assert "rows removed from the table" in gap.message
+
+
+def test_a_numbered_row_written_twice_is_caught() -> None:
+    trail = numbered(clean_chain())
+    trail.append(dict(trail[1]))
+    (fault,) = verify_events(trail).chain_faults
+    assert fault.kind == "duplicate-rows"
+    assert "has row 2 of its trail twice" in fault.message
+
+
+def test_row_numbers_count_control_and_rebalance_rows_too() -> None:
+    trail = numbered(
+        [
+            *clean_chain(),
+            ev("rebalance", 15.0, "a", 0, resource=""),
+            ev("control", 16.0, "a", 0, resource=""),
+        ]
+    )
+    assert verify_events(trail).ok
+    without = [e for e in trail if e["kind"] != "rebalance"]
+    (fault,) = verify_events(without).chain_faults
+    assert fault.kind == "missing-rows"
+    assert "row 2 is missing from its trail" in fault.message
+
+
 def test_a_grant_before_the_predecessor_lease_ran_out_is_a_violation() -> None:
     trail = clean_chain()
     trail[4] = grant(35.2, "c", 3, "b", "expired", 37.0)  # lease valid until 37.0

@@ -90,6 +90,16 @@ def as_row(e: OwnershipEvent) -> dict[str, object]:
     }
 
 
+def numbered(events: list[OwnershipEvent]) -> list[dict[str, object]]:
+    """The rows of ``events``, each session's numbered in the order the log accepted them."""
+    numbers: dict[str, int] = {}
+    rows = []
+    for e in events:
+        numbers[e.session_id] = numbers.get(e.session_id, 0) + 1
+        rows.append(as_row(e) | {"seq": numbers[e.session_id]})
+    return rows
+
+
 def clean_trail(group: str = "g") -> list[OwnershipEvent]:
     """r0 moves from m1 to m2 (0.25 s unowned); r1 stays with m2; m3 lost r2 to its lease."""
     return [
@@ -143,7 +153,7 @@ def test_events_come_back_from_load_events(table: Path) -> None:
 
     loaded = load_events(str(table))
 
-    expected = sorted((as_row(e) for e in events), key=lambda r: (r["at"], r["resource"]))
+    expected = numbered(events)
     assert sorted(loaded, key=repr) == sorted(expected, key=repr)
     assert [(r["at"], r["resource"]) for r in loaded] == sorted(
         (r["at"], r["resource"]) for r in loaded
@@ -177,7 +187,7 @@ def test_events_come_back_from_read_audit(
         "epoch bigint, at timestamp, observed_at timestamp, reason string, host string, "
         "pid bigint, spark_app_id string, generation bigint, coordinator_epoch bigint, "
         "prev_member_id string, prev_session_id string, prev_epoch bigint, freed string, "
-        "freed_at timestamp, trigger string, moves bigint"
+        "freed_at timestamp, trigger string, moves bigint, seq bigint"
     )
 
     def frame_of(rows: list[dict[str, object]]) -> Any:
@@ -188,7 +198,7 @@ def test_events_come_back_from_read_audit(
         return spark.createDataFrame([tuple(r[c] for c in AUDIT_COLUMNS) for r in rows], schema)
 
     def written(group: str | None) -> Any:
-        return frame_of([as_row(e) for e in events if group is None or e.group == group])
+        return frame_of([r for r in numbered(events) if group is None or r["group"] == group])
 
     if reader == "delta":  # the test session has the Delta jars (scripts/setup.sh)
         assert delta_reader_available(spark)

@@ -13,9 +13,13 @@ Each batch is committed with an application transaction ``(writer id, batch numb
 commit's outcome is unknown (the store timed out after the commit landed), the retry first asks
 the table whether that batch is already in, so a retry never writes a row twice.
 
-The epoch-chain columns (``generation`` … ``moves``, see :data:`CHAIN_COLUMNS`) came later: a
-table written before them is still an audit table; the first append adds them to its schema
-(delta-rs' schema merge, one commit that keeps every row; old rows read them as null).
+The epoch-chain columns (``generation`` … ``moves``, and ``seq``, see :data:`CHAIN_COLUMNS`)
+came later: a table written before them is still an audit table; the first append adds them to
+its schema (delta-rs' schema merge, one commit that keeps every row; old rows read them as null).
+
+``seq`` numbers each session's rows 1, 2, … in the order this log accepted them, and batches are
+committed in that order: a process killed before its writer flushed loses the *highest* numbers
+of its session only, so the verifier tells such a loss from a row removed later (a gap).
 
 The table is created when the log is opened, by one commit without retries: when several
 processes open the same new path at once, the losers see the winner's table, check its schema
@@ -87,6 +91,10 @@ _COLUMNS = (
     ("freed_at", _UTC_MICROS, True),
     ("trigger", pa.string(), True),
     ("moves", pa.int64(), True),
+    # The row's number in its session's trail (1, 2, …) in the order this writer accepted it:
+    # a writer commits in that order, so a crash loses only the highest numbers of a session,
+    # and a number missing below one in the table is a row removed (docs/audit.md).
+    ("seq", pa.int64(), True),
 )
 AUDIT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in _COLUMNS)
 """The audit table's columns, in order: one row per :class:`OwnershipEvent`."""
@@ -165,6 +173,8 @@ class DeltaAuditLog:
         self._writer_id = f"rebalancer-spark-audit-{uuid.uuid4().hex}"
         self._cond = threading.Condition()
         self._pending: deque[tuple[float, _Row]] = deque()
+        self._seqs: dict[str, int] = {}
+        """The last ``seq`` given to each session's rows."""
         self._accepted = 0
         self._written = 0
         self._flush_target = 0
@@ -195,16 +205,19 @@ class DeltaAuditLog:
             return self._written
 
     def __call__(self, event: OwnershipEvent) -> None:
-        """Enqueue ``event``; never blocks on I/O, never raises (a bad event is logged)."""
-        try:
-            row = _row(event)
-        except Exception as exc:
-            log.error("audit event dropped, it cannot be stored: %s (%r)", exc, event)
-            return
+        """Enqueue ``event`` as its session's next row (``seq``); never blocks on I/O, never
+        raises (a bad event is logged and takes no number)."""
         with self._cond:
             if self._stopping:
                 log.warning("audit log %s is closed; event dropped: %r", _shown(self._path), event)
                 return
+            seq = self._seqs.get(event.session_id, 0) + 1
+            try:
+                row = _row(event, seq)
+            except Exception as exc:
+                log.error("audit event dropped, it cannot be stored: %s (%r)", exc, event)
+                return
+            self._seqs[event.session_id] = seq
             self._pending.append((time.monotonic(), row))
             self._accepted += 1
             self._cond.notify_all()
@@ -407,7 +420,7 @@ def _check_schema(path: str, table: DeltaTable) -> None:
         )
 
 
-def _row(event: OwnershipEvent) -> _Row:
+def _row(event: OwnershipEvent, seq: int) -> _Row:
     info = event.info
     return (
         event.group,
@@ -431,6 +444,7 @@ def _row(event: OwnershipEvent) -> _Row:
         None if event.freed_at is None else _micros(event.freed_at, "freed_at"),
         event.trigger,
         event.moves,
+        seq,
     )
 
 

@@ -2,7 +2,7 @@
 
 Use case: the output check, the rebalance statistics and the timeline read every row of an
 audit table, written before or after the chain columns were added (``generation``,
-``coordinator_epoch``, ``prev_*``, ``freed``, ``freed_at``, ``trigger``, ``moves``; see
+``coordinator_epoch``, ``prev_*``, ``freed``, ``freed_at``, ``trigger``, ``moves``, ``seq``; see
 ``docs/audit.md``), and need to know which kind of table they read, to say what they could
 not check. :func:`load_rows` reads the base columns (:data:`AUDIT_COLUMNS`, which must all be
 there) plus those of :data:`CHAIN_COLUMNS` that the table has; a row of an old table has
@@ -36,6 +36,7 @@ _CHAIN = (
     ("freed_at", _UTC_MICROS),
     ("trigger", pa.string()),
     ("moves", pa.int64()),
+    ("seq", pa.int64()),
 )
 CHAIN_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _CHAIN)
 """The nullable columns added after the base columns for the epoch chain and rebalances."""
@@ -57,8 +58,8 @@ class AuditRows:
 
     @property
     def has_chain(self) -> bool:
-        """Whether the table has every chain column."""
-        return len(self.chain_columns) == len(CHAIN_COLUMNS)
+        """Whether the table has every chain column (``seq``, added last, aside)."""
+        return all(name in self.chain_columns for name in CHAIN_COLUMNS if name != "seq")
 
 
 def chain_schema() -> pa.Schema:

@@ -119,12 +119,14 @@ def verify_events(
             f"tolerance {tolerance!r} is not a number of seconds >= 0; use 0, or the clock "
             "skew between the members' hosts"
         )
+    rows = list(events)
     # Control rows (an operator's pause, drain, pin...) are not ownership: not judged here.
-    trail = [e for e in events if str(e["kind"]) not in _NOT_OWNERSHIP]
+    trail = [e for e in rows if str(e["kind"]) not in _NOT_OWNERSHIP]
     by_resource = intervals(trail)
     found = overlaps(by_resource, tolerance=tolerance)
     every = [item for items in by_resource.values() for item in items]
-    chain = check_chain(trail, tolerance=tolerance)
+    # Every row, control rows too: a session's row numbers (seq) must leave no gap.
+    chain = check_chain(rows, tolerance=tolerance)
     # No grant carrying the chain: a table written before it.
     chain_result = None if chain.checked == 0 and not chain.faults else chain
     return AuditVerdict(

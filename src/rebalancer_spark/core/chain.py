@@ -13,14 +13,25 @@ resource's grants in epoch order and reports, as a :class:`ChainFault` with the 
 * ``early-grant``: granted before the predecessor's lease ran out (``freed_at`` after the
   grant's ``at``, beyond the tolerance);
 * ``unreleased``: the store says the predecessor released, but the table has no ``released``
-  (nor ``lost``) row of it.
+  (nor ``lost``) row of it;
+* ``missing-rows`` / ``duplicate-rows``: a session's row numbers skip or repeat (see below).
 
 A process killed with -9 loses the events its audit writer had not committed yet, and only
-those: a writer commits in order, so a crash loses a *suffix* of its session's rows. A missing
-row is therefore put down to a crash (listed in :attr:`ChainCheck.unrecorded`, not a fault)
-only when the session has no row at all observed after the moment the missing row would have
-been written; any later row of the same session proves the writer went on, so the row was
-removed. Epochs below the first one the table holds for a resource predate the table.
+those: a writer numbers each session's rows (``seq``: 1, 2, …) and commits them in that order,
+so a crash loses the *highest* numbers of its session. Hence:
+
+* ``missing-rows``: a session's numbers have a gap (row 7 is there, row 5 is not): rows were
+  removed from the table after they were written. Reported once per gap.
+* A missing ``acquired`` row of a session whose numbers have no gap, and none of whose rows
+  about that epoch is in the table, was among the rows its process had not flushed when it
+  ended: listed in :attr:`ChainCheck.unrecorded`, not a fault. (Its ``released`` row is judged
+  by time instead: a member writes it *before* the store frees the claim, so any row of the
+  session observed after the store's release time proves the writer went on.)
+* Rows without numbers (tables written before ``seq``) are judged by time: a missing row is
+  put down to a crash only when the session has no row observed after the end of the previous
+  epoch, which can also blame a crash on a removal it cannot see, or the reverse.
+
+Epochs below the first one the table holds for a resource predate the table.
 
 Grants without chain columns (a table written before them, or a claim whose answer never
 reached its member) are counted in :attr:`ChainCheck.unchained`; the links into them are not
@@ -76,8 +87,10 @@ def is_chained(row: Row) -> bool:
 
 
 def check_chain(events: Iterable[Row], *, tolerance: float = 0.0) -> ChainCheck:
-    """Check every resource's epoch chain in ``events`` (dicts with the audit columns)."""
-    rows = [e for e in events if str(e.get("kind")) in _CLOSING | {"acquired"}]
+    """Check every resource's epoch chain in ``events`` (dicts with the audit columns; pass
+    every row, ``control`` and ``rebalance`` rows too, for the row numbers to be complete)."""
+    every = list(events)
+    rows = [e for e in every if str(e.get("kind")) in _CLOSING | {"acquired"}]
     by_resource: dict[str, list[Row]] = defaultdict(list)
     last_seen: dict[str, float] = {}
     for e in rows:
@@ -86,18 +99,69 @@ def check_chain(events: Iterable[Row], *, tolerance: float = 0.0) -> ChainCheck:
         last_seen[sid] = max(last_seen.get(sid, -math.inf), _observed(e))
     faults: list[ChainFault] = []
     unrecorded: list[ChainFault] = []
+    seen = _Sessions(last_seen, _check_numbers(every, faults))
     checked = unchained = 0
     for resource, trail in sorted(by_resource.items()):
-        c, u = _check_resource(resource, trail, last_seen, tolerance, faults, unrecorded)
+        c, u = _check_resource(resource, trail, seen, tolerance, faults, unrecorded)
         checked += c
         unchained += u
     return ChainCheck(checked, unchained, tuple(faults), tuple(unrecorded))
 
 
+@dataclass(frozen=True, slots=True)
+class _Sessions:
+    """What the check knows of each session's writing."""
+
+    last_seen: Mapping[str, float]
+    """The latest ``observed_at`` of the session's ownership rows."""
+    gapless: Mapping[str, bool]
+    """For sessions whose rows are numbered: whether the numbers run from 1 without a gap."""
+
+
+def _check_numbers(rows: Sequence[Row], faults: list[ChainFault]) -> dict[str, bool]:
+    """Report gaps and repeats in each session's row numbers; return, per numbered session,
+    whether its numbers are complete (1 … its highest, each once)."""
+    numbered: dict[str, list[Row]] = defaultdict(list)
+    for e in rows:
+        if e.get("seq") is not None:
+            numbered[str(e["session_id"])].append(e)
+    gapless: dict[str, bool] = {}
+    for sid, found in sorted(numbered.items()):
+        found.sort(key=lambda r: _int(r["seq"]))
+        gapless[sid] = True
+        for previous, row in zip([None, *found], found, strict=False):
+            last = 0 if previous is None else _int(previous["seq"])
+            seq = _int(row["seq"])
+            if seq == last:
+                kind = "duplicate-rows"
+                message = f"{_who(row)} has row {seq} of its trail twice ({_what(previous)}, "
+                message += f"{_what(row)}): a row written twice, or forged"
+            elif seq > last + 1:
+                kind = "missing-rows"
+                span = f"row {last + 1} is" if seq == last + 2 else f"rows {last + 1}-{seq - 1} are"
+                message = f"{_who(row)}: {span} missing from its trail, yet row {seq} "
+                message += f"({_what(row)}) is there: rows removed from the table"
+            else:
+                continue
+            gapless[sid] = False
+            around = tuple(r for r in (previous, row) if r is not None)
+            faults.append(
+                ChainFault(str(row["resource"]), _int(row["epoch"]), kind, message, around)
+            )
+    return gapless
+
+
+def _what(row: Row | None) -> str:
+    if row is None:
+        return "nothing"
+    about = f" of {row['resource']} epoch {row['epoch']}" if row["resource"] else ""
+    return f"{row['kind']}{about} at {_when(_at(row))}"
+
+
 def _check_resource(
     resource: str,
     trail: Sequence[Row],
-    last_seen: Mapping[str, float],
+    sessions: _Sessions,
     tol: float,
     faults: list[ChainFault],
     unrecorded: list[ChainFault],
@@ -125,10 +189,10 @@ def _check_resource(
     # One grant per epoch; epochs acquired in time order.
     grants: dict[int, Row] = {}
     for epoch, found in sorted(acquired.items()):
-        sessions = {str(r["session_id"]) for r in found}
+        owners = {str(r["session_id"]) for r in found}
         ordered = sorted(found, key=_at)
         grants[epoch] = ordered[0]
-        if len(sessions) > 1:
+        if len(owners) > 1:
             who = "; ".join(f"{_who(r)} at {_when(_at(r))}" for r in ordered)
             fault(epoch, "duplicate-epoch", f"epoch {epoch} was acquired twice: {who}", ordered)
     latest: Row | None = None
@@ -187,7 +251,15 @@ def _check_resource(
             if p < first:
                 unrecorded.append(ChainFault(resource, p, "before-table", message +
                                              " (it predates the table's rows)", (g,)))  # fmt: skip
-            elif not of_epoch.get(p) and last_seen.get(sid, -math.inf) <= since + tol:
+            elif not of_epoch.get(p) and sessions.gapless.get(sid):
+                unrecorded.append(ChainFault(resource, p, "crash", message + " (that "
+                    "session's rows are all there up to its last one: it was among the rows "
+                    "its process had not flushed when it ended)", tuple(around)))  # fmt: skip
+            elif (
+                not of_epoch.get(p)
+                and sid not in sessions.gapless
+                and sessions.last_seen.get(sid, -math.inf) <= since + tol
+            ):
                 unrecorded.append(ChainFault(resource, p, "crash", message + " (nothing of "
                     "that session was written after it: its process ended before its audit "
                     "writer flushed)", tuple(around)))  # fmt: skip
@@ -213,7 +285,7 @@ def _check_resource(
                 f"store says at {_when(freed_at)}), but the table has no released row of it"
             )
             after = freed_at if freed_at is not None else _at(g)
-            if last_seen.get(sid, -math.inf) <= after + tol:
+            if sessions.last_seen.get(sid, -math.inf) <= after + tol:
                 unrecorded.append(ChainFault(resource, p, "crash", message + " (nothing of "
                     "that session was written after the release: its process ended before "
                     "its audit writer flushed)", tuple(around)))  # fmt: skip
