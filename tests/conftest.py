@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rebalancer_spark.backends import Backend, open_backend
+from tests.helpers import SqliteMembers
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -31,6 +32,15 @@ def group(request: pytest.FixtureRequest) -> str:
     """A group name no other test uses (stores are shared between tests of one session)."""
     name = request.node.name.split("[")[0][-40:].replace("_", "-").strip("-")
     return f"{name}-{os.getpid()}-{next(_counter)}"
+
+
+@pytest.fixture
+def members(tmp_path: Path, group: str) -> Iterator[SqliteMembers]:
+    """Members of ``group`` on a SQLite file of this test, started with ``members.start(name)``
+    and stopped at the end."""
+    started = SqliteMembers(tmp_path / "groups.db", group)
+    yield started
+    started.stop_all()
 
 
 @pytest.fixture(params=BACKEND_KINDS)

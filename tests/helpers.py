@@ -182,3 +182,32 @@ def assigned_source(
 def read_delta(spark: Any, path: str | Path) -> Any:
     """The Delta table at ``path`` through Spark's own Delta reader."""
     return spark.read.format("delta").load(str(path))
+
+
+class SqliteMembers:
+    """Members of one group on one SQLite file, started on demand (a short session and
+    stability window), all stopped by :meth:`stop_all`."""
+
+    def __init__(self, path: Path, group: str) -> None:
+        self.url = f"sqlite://{path}?poll=0.005"
+        self.group = group
+        self.started: list[Member] = []
+
+    def start(self, name: str, *, session_timeout: float = 2.0, **kw: Any) -> Member:
+        from rebalancer_spark.core.config import MemberConfig
+        from rebalancer_spark.member import Member
+
+        config = MemberConfig(
+            group=self.group,
+            backend=self.url,
+            member_id=name,
+            session_timeout=session_timeout,
+            stability_window=0.02,
+        )
+        member = Member(config, **kw).start()
+        self.started.append(member)
+        return member
+
+    def stop_all(self) -> None:
+        for member in self.started:
+            member.stop(drain=False)

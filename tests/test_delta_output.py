@@ -9,18 +9,17 @@ driver paused right after that check", so that only the Delta table can refuse i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark import FencedError, Member
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.delta_commit import DeltaCommitter, Landing, Mark, app_id
 from rebalancer_spark.spark.outputs import DeltaOutput, ParquetOutput
-from tests.helpers import assigned_source, read_delta, wait_for
+from tests.helpers import SqliteMembers, assigned_source, read_delta, wait_for
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
@@ -36,28 +35,6 @@ def _landing(root: Path, resource: str, files: int, rows: int = 3) -> set[str]:
         ids |= {line.split(",")[0] for line in lines}
         path.write_text("\n".join(lines) + "\n")
     return ids
-
-
-@pytest.fixture
-def members(tmp_path: Path, group: str) -> Iterator[dict[str, Any]]:
-    ctx: dict[str, Any] = {"url": f"sqlite://{tmp_path}/groups.db?poll=0.005", "group": group}
-    ctx["started"] = []
-    yield ctx
-    for m in ctx["started"]:
-        m.stop(drain=False)
-
-
-def _member(ctx: dict[str, Any], name: str, **kw: Any) -> Member:
-    config = MemberConfig(
-        group=ctx["group"],
-        backend=ctx["url"],
-        member_id=name,
-        session_timeout=2.0,
-        stability_window=0.02,
-    )
-    m = Member(config, **kw).start()
-    ctx["started"].append(m)
-    return m
 
 
 def _history(path: Path) -> list[dict[str, Any]]:
@@ -95,13 +72,13 @@ def test_a_mark_orders_by_epoch_then_batch_and_round_trips_through_a_version() -
 
 
 def test_batches_land_once_in_delta_and_spark_reads_them(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     ids = _landing(tmp_path / "landing", "d0", files=5)
     source = FileShareSource((tmp_path / "landing").as_uri() + "/")
     out = tmp_path / "out"
-    output = DeltaOutput(spark, str(out), members["group"])
-    a = _member(members, "a", resources=["d0"])
+    output = DeltaOutput(spark, str(out), members.group)
+    a = members.start("a", resources=["d0"])
     src = assigned_source(a, "d0", source, output)
     written = 0
     while (batch := src.next_batch(spark)) is not None:
@@ -122,14 +99,14 @@ def test_batches_land_once_in_delta_and_spark_reads_them(
 
 
 def test_a_resource_id_with_spaces_and_percent_signs_round_trips(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     resource = "a b%20ü"
     ids = _landing(tmp_path / "landing", resource, files=2)
     source = FileShareSource((tmp_path / "landing").as_uri() + "/")
     out = tmp_path / "out"
-    a = _member(members, "a", resources=[resource])
-    src = assigned_source(a, resource, source, DeltaOutput(spark, str(out), members["group"]))
+    a = members.start("a", resources=[resource])
+    src = assigned_source(a, resource, source, DeltaOutput(spark, str(out), members.group))
     while (batch := src.next_batch(spark)) is not None:
         with batch:
             batch.write(batch.read())
@@ -139,14 +116,14 @@ def test_a_resource_id_with_spaces_and_percent_signs_round_trips(
 
 
 def test_a_later_batch_with_other_inferred_types_is_cast_and_extra_columns_refused(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    output = DeltaOutput(spark, str(out), members["group"])
+    output = DeltaOutput(spark, str(out), members.group)
     (tmp_path / "landing" / "r").mkdir(parents=True)
     (tmp_path / "landing" / "r" / "a.csv").write_text("x,1\n")
     source = FileShareSource((tmp_path / "landing").as_uri() + "/")
-    a = _member(members, "a", resources=["r"])
+    a = members.start("a", resources=["r"])
     src = assigned_source(a, "r", source, output, schema="id STRING, value INT")
     batch = src.next_batch(spark)
     assert batch is not None
@@ -177,14 +154,14 @@ def test_an_output_partitioned_otherwise_is_refused(spark: Any, tmp_path: Path) 
 
 
 def _two_owners(
-    spark: Any, members: dict[str, Any], tmp_path: Path, files: int
+    spark: Any, members: SqliteMembers, tmp_path: Path, files: int
 ) -> tuple[Any, Member, Member, FileShareSource, DeltaOutput, set[str]]:
     ids = _landing(tmp_path / "landing", "d0", files=files)
     source = FileShareSource((tmp_path / "landing").as_uri() + "/")
-    output = DeltaOutput(spark, str(tmp_path / "out"), members["group"])
-    a = _member(members, "a", resources=["d0"])
+    output = DeltaOutput(spark, str(tmp_path / "out"), members.group)
+    a = members.start("a", resources=["d0"])
     src_a = assigned_source(a, "d0", source, output)
-    b = _member(members, "b")
+    b = members.start("b")
     return src_a, a, b, source, output, ids
 
 
@@ -205,7 +182,7 @@ def _run_all(spark: Any, src: Any) -> list[str]:
 
 
 def test_a_stale_owner_paused_before_its_write_is_refused_by_the_table(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     src_a, a, b, source, output, ids = _two_owners(spark, members, tmp_path, files=4)
     batch_a = src_a.next_batch(spark)  # planned, not read yet
@@ -223,7 +200,7 @@ def test_a_stale_owner_paused_before_its_write_is_refused_by_the_table(
 
 
 def test_a_stale_owner_paused_during_its_write_cannot_commit_after_the_successor(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     src_a, a, b, source, output, ids = _two_owners(spark, members, tmp_path, files=4)
     batch_a = src_a.next_batch(spark)
@@ -247,7 +224,7 @@ def test_a_stale_owner_paused_during_its_write_cannot_commit_after_the_successor
 
 
 def test_a_kill_between_the_delta_commit_and_the_progress_commit_is_recovered_exactly(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     src_a, a, b, source, output, ids = _two_owners(spark, members, tmp_path, files=4)
     batch_a = src_a.next_batch(spark)
@@ -264,7 +241,7 @@ def test_a_kill_between_the_delta_commit_and_the_progress_commit_is_recovered_ex
 
 
 def test_a_stale_owner_cannot_plan_or_commit_its_progress(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     src_a, a, b, source, output, _ = _two_owners(spark, members, tmp_path, files=4)
     batch_a = src_a.next_batch(spark)
@@ -281,12 +258,12 @@ def test_a_stale_owner_cannot_plan_or_commit_its_progress(
 
 
 def test_the_parquet_output_replaces_a_batch_directory(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     ids = _landing(tmp_path / "landing", "d0", files=3)
     source = FileShareSource((tmp_path / "landing").as_uri() + "/")
     output = ParquetOutput(str(tmp_path / "out"))
-    a = _member(members, "a", resources=["d0"])
+    a = members.start("a", resources=["d0"])
     src = assigned_source(a, "d0", source, output)
     assert _run_all(spark, src) == ["written", "written"]
     got = spark.read.parquet(str(tmp_path / "out"))
@@ -295,9 +272,9 @@ def test_the_parquet_output_replaces_a_batch_directory(
 
 
 def test_a_catalog_table_name_is_an_output(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
-    name = f"bronze_{members['group'].replace('-', '_')}"[:60]
+    name = f"bronze_{members.group.replace('-', '_')}"[:60]
     spark.sql(
         f"CREATE TABLE {name} (id STRING, value INT, _file STRING, _batch BIGINT, "
         f"_resource STRING) USING delta PARTITIONED BY (_resource) "
@@ -305,11 +282,11 @@ def test_a_catalog_table_name_is_an_output(
     )
     ids = _landing(tmp_path / "landing", "d0", files=2)
     source = FileShareSource((tmp_path / "landing").as_uri() + "/")
-    output = DeltaOutput(spark, name, members["group"])
-    a = _member(members, "a", resources=["d0"])
+    output = DeltaOutput(spark, name, members.group)
+    a = members.start("a", resources=["d0"])
     src = assigned_source(a, "d0", source, output)
     assert _run_all(spark, src) == ["written"]
     assert sorted(r["id"] for r in spark.table(name).collect()) == sorted(ids)
     txn = json.dumps(_history(tmp_path / "catalog")[-1])
-    assert app_id(members["group"], "d0") not in txn  # the txn is an action, not commitInfo
+    assert app_id(members.group, "d0") not in txn  # the txn is an action, not commitInfo
     assert output.committer.mark("d0") == Mark(src.epoch, 1)

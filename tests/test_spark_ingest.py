@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark import FencedError, MemberConfig
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.core.errors import ConfigurationError, RebalancerError, SourceError
 from rebalancer_spark.sources import open_source
@@ -19,7 +18,7 @@ from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.session import assigned_sources, start
 from rebalancer_spark.spark.source import AssignedSource
-from tests.helpers import assigned_source, read_delta, wait_for
+from tests.helpers import SqliteMembers, assigned_source, read_delta, wait_for
 
 # Spark's collect() leaves its local socket to the garbage collector.
 pytestmark = pytest.mark.filterwarnings(
@@ -120,39 +119,14 @@ def test_a_directory_that_cannot_be_a_resource_is_skipped_with_a_warning(
 # -- batches, fenced -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def members(tmp_path: Path, group: str) -> Iterator[dict[str, Any]]:
-    ctx: dict[str, Any] = {
-        "url": f"sqlite://{tmp_path}/groups.db?poll=0.005",
-        "group": group,
-        "started": [],
-    }
-    yield ctx
-    for m in ctx["started"]:
-        m.stop(drain=False)
-
-
-def _member(ctx: dict[str, Any], name: str, **kw: Any) -> Member:
-    config = MemberConfig(
-        group=ctx["group"],
-        backend=ctx["url"],
-        member_id=name,
-        session_timeout=2.0,
-        stability_window=0.02,
-    )
-    m = Member(config, **kw).start()
-    ctx["started"].append(m)
-    return m
-
-
 def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     landing = tmp_path / "landing"
     _landing(landing, dirs=1, files=5)
     source = FileShareSource(landing.as_uri() + "/")
     output = ParquetOutput(str(tmp_path / "out"))
-    a = _member(members, "a", resources=["d00"])
+    a = members.start("a", resources=["d00"])
     src_a = assigned_source(a, "d00", source, output)
     batch = src_a.next_batch(spark)
     assert batch is not None
@@ -160,10 +134,10 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     assert first.files == ("part-000.csv", "part-001.csv")
     df = batch.read()
     description = spark.sparkContext.getLocalProperty("spark.job.description")
-    assert f"group={members['group']} resource=d00 epoch={src_a.epoch} batch=1" in description
+    assert f"group={members.group} resource=d00 epoch={src_a.epoch} batch=1" in description
     df.drop("_resource", "_batch").write.mode("overwrite").parquet(output.path("d00", 1))
     # a dies between writing and committing; b takes over.
-    b = _member(members, "b")
+    b = members.start("b")
     a.stop(drain=False)
     src_b = assigned_source(b, "d00", source, output)
     assert src_b.epoch > src_a.epoch
@@ -181,7 +155,7 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
 
 
 def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
-    spark: Any, members: dict[str, Any], tmp_path: Path
+    spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
     landing = tmp_path / "landing"
     resource = "a b%20ü"
@@ -192,7 +166,7 @@ def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
         path.write_text(f"row-{i},{i}\n", encoding="utf-8")
     source = FileShareSource(landing.as_uri() + "/")
     assert [r.id for r in source.discover()] == [resource]
-    a = _member(members, "a", resources=[resource])
+    a = members.start("a", resources=[resource])
     output = ParquetOutput(str(tmp_path / "out"))
     src = assigned_source(a, resource, source, output)
     batches = 0
@@ -212,8 +186,8 @@ def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
     assert whole.count() == len(names)
 
 
-def test_reading_without_a_file_source_says_what_to_do(members: dict[str, Any]) -> None:
-    a = _member(members, "a", resources=["q1"])
+def test_reading_without_a_file_source_says_what_to_do(members: SqliteMembers) -> None:
+    a = members.start("a", resources=["q1"])
     owned = wait_for(lambda: a.owns("q1"), timeout=10, what="q1 owned")
     assert owned is not None
     src = AssignedSource(

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rebalancer_spark import FencedError, Member, MemberConfig
+from rebalancer_spark import FencedError, Member
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.s3_read import s3a_available, s3a_paths
 from rebalancer_spark.spark.source import AssignedSource, FileBatch
-from tests.helpers import assigned_source
+from tests.helpers import SqliteMembers, assigned_source
 from tests.servers.cloud import SECRET_KEY, MotoServer, S3Bucket
 
 
@@ -50,26 +49,9 @@ def _landing(bucket: S3Bucket, resource: str, files: int, rows: int = 3) -> set[
     return ids
 
 
-@pytest.fixture
-def members(tmp_path: Path, group: str) -> Iterator[dict[str, Any]]:
-    ctx: dict[str, Any] = {"url": f"sqlite://{tmp_path}/groups.db?poll=0.005", "group": group}
-    ctx["started"] = []
-    yield ctx
-    for m in ctx["started"]:
-        m.stop(drain=False)
-
-
-def _member(ctx: dict[str, Any], name: str, resources: list[str] | None = None) -> Member:
-    config = MemberConfig(
-        group=ctx["group"],
-        backend=ctx["url"],
-        member_id=name,
-        session_timeout=15.0,  # Spark on a shared 2-core machine: no lapse mid-test
-        stability_window=0.02,
-    )
-    m = Member(config, resources=resources).start()
-    ctx["started"].append(m)
-    return m
+def _member(members: SqliteMembers, name: str, resources: list[str] | None = None) -> Member:
+    # Spark on a shared 2-core machine: no lapse mid-test.
+    return members.start(name, resources=resources, session_timeout=15.0)
 
 
 def _source(bucket: S3Bucket, reader: str = "auto", *more: str) -> S3Source:
@@ -94,7 +76,7 @@ def test_s3a_paths_name_each_key_as_written(spark: Any) -> None:
 
 
 def test_reader_s3a_without_hadoop_aws_says_what_to_do(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    spark: Any, s3_bucket: S3Bucket, members: SqliteMembers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a Spark without hadoop-aws, as a plain `pip install pyspark` is
     monkeypatch.setattr("rebalancer_spark.spark.s3_read.s3a_available", lambda spark: False)
@@ -107,7 +89,7 @@ def test_reader_s3a_without_hadoop_aws_says_what_to_do(
 
 
 def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any]
+    spark: Any, s3_bucket: S3Bucket, members: SqliteMembers
 ) -> None:
     ids = _landing(s3_bucket, "r1", files=3)
     source = _source(s3_bucket, reader="auto")
@@ -133,7 +115,7 @@ def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
 
 
 def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], tmp_path: Path
+    spark: Any, s3_bucket: S3Bucket, members: SqliteMembers, tmp_path: Path
 ) -> None:
     ids = _landing(s3_bucket, "r1", files=5)
     source = _source(s3_bucket)
@@ -174,7 +156,7 @@ def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
 
 @pytest.mark.parametrize("reader", ["s3a", "arrow"])
 def test_other_formats_through_either_reader(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], reader: str
+    spark: Any, s3_bucket: S3Bucket, members: SqliteMembers, reader: str
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -218,7 +200,7 @@ def test_other_formats_through_either_reader(
 
 @pytest.mark.parametrize("reader", ["s3a", "arrow"])
 def test_keys_with_odd_characters_are_read_and_named_as_written(
-    spark: Any, s3_bucket: S3Bucket, members: dict[str, Any], reader: str
+    spark: Any, s3_bucket: S3Bucket, members: SqliteMembers, reader: str
 ) -> None:
     names = ["x y.csv", "p%41.csv", "ü.csv", "a+b=c&d.csv", "g[1]{2}.csv"]
     for n, name in enumerate(names):
@@ -237,7 +219,7 @@ def test_each_bucket_gets_its_own_s3a_endpoint_and_credentials(
     spark: Any,
     s3_bucket: S3Bucket,
     moto_server: MotoServer,
-    members: dict[str, Any],
+    members: SqliteMembers,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
