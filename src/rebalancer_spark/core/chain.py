@@ -166,133 +166,173 @@ def _check_resource(
     faults: list[ChainFault],
     unrecorded: list[ChainFault],
 ) -> tuple[int, int]:
-    acquired: dict[int, list[Row]] = defaultdict(list)
-    closing: dict[tuple[str, int], list[Row]] = defaultdict(list)
-    of_epoch: dict[int, list[Row]] = defaultdict(list)
-    for e in trail:
-        epoch = _int(e["epoch"])
-        of_epoch[epoch].append(e)
-        if str(e["kind"]) == "acquired":
-            acquired[epoch].append(e)
-        else:
-            closing[(str(e["session_id"]), epoch)].append(e)
-    if not acquired:
+    check = _ResourceCheck(resource, trail, sessions, tol, faults, unrecorded)
+    if not check.acquired:
         return 0, 0
-    if not any(is_chained(r) for found in acquired.values() for r in found):
+    if not any(is_chained(r) for found in check.acquired.values() for r in found):
         # A resource whose rows all predate the chain columns: nothing here to check.
-        return 0, sum(len({str(r["session_id"]) for r in found}) for found in acquired.values())
-    first = min(acquired)
-
-    def fault(epoch: int, kind: str, message: str, around: Iterable[Row]) -> None:
-        faults.append(ChainFault(resource, epoch, kind, f"{resource}: {message}", tuple(around)))
-
-    # One grant per epoch; epochs acquired in time order.
-    grants: dict[int, Row] = {}
-    for epoch, found in sorted(acquired.items()):
-        owners = {str(r["session_id"]) for r in found}
-        ordered = sorted(found, key=_at)
-        grants[epoch] = ordered[0]
-        if len(owners) > 1:
-            who = "; ".join(f"{_who(r)} at {_when(_at(r))}" for r in ordered)
-            fault(epoch, "duplicate-epoch", f"epoch {epoch} was acquired twice: {who}", ordered)
-    latest: Row | None = None
-    for e in sorted((r for found in acquired.values() for r in found), key=_at):
-        stale = latest is not None and _int(e["epoch"]) < _int(latest["epoch"])
-        if stale and latest is not None and _at(e) - _at(latest) > tol:
-            fault(
-                _int(e["epoch"]),
-                "stale-epoch",
-                f"{_who(e)} acquired epoch {e['epoch']} at {_when(_at(e))}, after epoch "
-                f"{latest['epoch']} had been acquired by {_who(latest)} at "
-                f"{_when(_at(latest))}: a grant at a stale epoch",
-                [latest, e],
-            )
-        if latest is None or _int(e["epoch"]) > _int(latest["epoch"]):
-            latest = e
-
+        found = check.acquired.values()
+        return 0, sum(len({str(r["session_id"]) for r in rows}) for rows in found)
+    grants = check.grants()
+    check.stale_grants()
     checked = unchained = 0
     for epoch, g in sorted(grants.items()):
-        if not is_chained(g):
+        if is_chained(g):
+            checked += 1
+            check.link(epoch, g)
+        else:
             unchained += 1
-            continue
-        checked += 1
+    return checked, unchained
+
+
+class _ResourceCheck:
+    """The chain check of one resource's rows."""
+
+    def __init__(
+        self,
+        resource: str,
+        trail: Sequence[Row],
+        sessions: _Sessions,
+        tol: float,
+        faults: list[ChainFault],
+        unrecorded: list[ChainFault],
+    ) -> None:
+        self.resource = resource
+        self.sessions = sessions
+        self.tol = tol
+        self.faults = faults
+        self.unrecorded = unrecorded
+        self.acquired: dict[int, list[Row]] = defaultdict(list)
+        self.closing: dict[tuple[str, int], list[Row]] = defaultdict(list)
+        self.of_epoch: dict[int, list[Row]] = defaultdict(list)
+        for e in trail:
+            epoch = _int(e["epoch"])
+            self.of_epoch[epoch].append(e)
+            if str(e["kind"]) == "acquired":
+                self.acquired[epoch].append(e)
+            else:
+                self.closing[(str(e["session_id"]), epoch)].append(e)
+
+    def fault(self, epoch: int, kind: str, message: str, around: Iterable[Row]) -> None:
+        text = f"{self.resource}: {message}"
+        self.faults.append(ChainFault(self.resource, epoch, kind, text, tuple(around)))
+
+    def excuse(self, epoch: int, kind: str, message: str, around: Iterable[Row]) -> None:
+        """A link missing for a reason the table shows: listed, not a fault."""
+        self.unrecorded.append(ChainFault(self.resource, epoch, kind, message, tuple(around)))
+
+    def grants(self) -> dict[int, Row]:
+        """One grant per epoch (the earliest); an epoch acquired by two sessions is a fault."""
+        grants: dict[int, Row] = {}
+        for epoch, found in sorted(self.acquired.items()):
+            ordered = sorted(found, key=_at)
+            grants[epoch] = ordered[0]
+            if len({str(r["session_id"]) for r in found}) > 1:
+                who = "; ".join(f"{_who(r)} at {_when(_at(r))}" for r in ordered)
+                message = f"epoch {epoch} was acquired twice: {who}"
+                self.fault(epoch, "duplicate-epoch", message, ordered)
+        return grants
+
+    def stale_grants(self) -> None:
+        """Epochs must be acquired in time order (beyond the tolerance)."""
+        latest: Row | None = None
+        for e in sorted((r for found in self.acquired.values() for r in found), key=_at):
+            older = latest is not None and _int(e["epoch"]) < _int(latest["epoch"])
+            if older and latest is not None and _at(e) - _at(latest) > self.tol:
+                self.fault(
+                    _int(e["epoch"]),
+                    "stale-epoch",
+                    f"{_who(e)} acquired epoch {e['epoch']} at {_when(_at(e))}, after epoch "
+                    f"{latest['epoch']} had been acquired by {_who(latest)} at "
+                    f"{_when(_at(latest))}: a grant at a stale epoch",
+                    [latest, e],
+                )
+            if latest is None or _int(e["epoch"]) > _int(latest["epoch"]):
+                latest = e
+
+    def link(self, epoch: int, g: Row) -> None:
+        """Check grant ``g`` of ``epoch`` against the epoch it names as superseded."""
         freed, prev = str(g["freed"]), g.get("prev_epoch")
         if prev is None:
             if freed != "expired":
-                fault(epoch, "broken-link", f"{_who(g)} acquired epoch {epoch} naming no "
-                      f"previous epoch but freed={freed!r}", [g])  # fmt: skip
-            _check_time(g, tol, fault)
-            continue  # the store lost its records: a new start of the chain
+                message = f"{_who(g)} acquired epoch {epoch} naming no previous epoch but "
+                self.fault(epoch, "broken-link", message + f"freed={freed!r}", [g])
+            _check_time(g, self.tol, self.fault)
+            return  # the store lost its records: a new start of the chain
         p = _int(prev)
         if freed == "new":
             if epoch != 1 or p != 0:
-                fault(epoch, "broken-link", f"{_who(g)} acquired epoch {epoch} as never owned "
-                      "(freed='new'), but only epoch 1 can be a first grant", [g])  # fmt: skip
-            continue
+                message = f"{_who(g)} acquired epoch {epoch} as never owned (freed='new'), "
+                message += "but only epoch 1 can be a first grant"
+                self.fault(epoch, "broken-link", message, [g])
+            return
         if p != epoch - 1:
-            fault(
-                epoch,
-                "broken-link",
-                f"{_who(g)} acquired epoch {epoch} superseding epoch {p}: epochs must grow by "
-                f"exactly one (expected {epoch - 1})",
-                [g, *of_epoch.get(p, [])],
-            )
-            continue
-        _check_time(g, tol, fault)
-        sid = str(g.get("prev_session_id") or "")
-        pred = acquired.get(p)
-        around = [*of_epoch.get(p - 1, []), *of_epoch.get(p, []), g]
+            message = f"{_who(g)} acquired epoch {epoch} superseding epoch {p}: epochs must "
+            message += f"grow by exactly one (expected {epoch - 1})"
+            self.fault(epoch, "broken-link", message, [g, *self.of_epoch.get(p, [])])
+            return
+        _check_time(g, self.tol, self.fault)
+        pred = self.acquired.get(p)
         if not pred:
-            since = max((_at(r) for r in of_epoch.get(p - 1, [])), default=-math.inf)
-            message = (
-                f"epoch {p} ({g.get('prev_member_id')} session {sid}), superseded by "
-                f"{_who(g)} at epoch {epoch}, has no acquired row"
-            )
-            if p < first:
-                unrecorded.append(ChainFault(resource, p, "before-table", message +
-                                             " (it predates the table's rows)", (g,)))  # fmt: skip
-            elif not of_epoch.get(p) and sessions.gapless.get(sid):
-                unrecorded.append(ChainFault(resource, p, "crash", message + " (that "
-                    "session's rows are all there up to its last one: it was among the rows "
-                    "its process had not flushed when it ended)", tuple(around)))  # fmt: skip
-            elif (
-                not of_epoch.get(p)
-                and sid not in sessions.gapless
-                and sessions.last_seen.get(sid, -math.inf) <= since + tol
-            ):
-                unrecorded.append(ChainFault(resource, p, "crash", message + " (nothing of "
-                    "that session was written after it: its process ended before its audit "
-                    "writer flushed)", tuple(around)))  # fmt: skip
-            else:
-                fault(p, "missing-link", message + ": a missing link of the chain", around)
-            continue
-        owner = pred[0]
+            self.missing(epoch, g)
+            return
+        owner, sid = pred[0], str(g.get("prev_session_id") or "")
         if str(owner["session_id"]) != sid or str(owner["member_id"]) != str(
             g.get("prev_member_id")
         ):
-            fault(
+            self.fault(
                 epoch,
                 "wrong-predecessor",
                 f"{_who(g)} acquired epoch {epoch} superseding {g.get('prev_member_id')} "
                 f"(session {sid}), but epoch {p} was acquired by {_who(owner)}",
-                around,
+                self.around(p, g),
             )
-            continue
-        if freed == "released" and not closing.get((sid, p)):
-            freed_at = _opt(g.get("freed_at"))
-            message = (
-                f"{_who(g)} acquired epoch {epoch} after {_who(owner)} released epoch {p} (the "
-                f"store says at {_when(freed_at)}), but the table has no released row of it"
-            )
-            after = freed_at if freed_at is not None else _at(g)
-            if sessions.last_seen.get(sid, -math.inf) <= after + tol:
-                unrecorded.append(ChainFault(resource, p, "crash", message + " (nothing of "
-                    "that session was written after the release: its process ended before "
-                    "its audit writer flushed)", tuple(around)))  # fmt: skip
-            else:
-                fault(epoch, "unreleased", message + " although that session wrote later rows",
-                      around)  # fmt: skip
-    return checked, unchained
+        elif freed == "released" and not self.closing.get((sid, p)):
+            self.unreleased(epoch, g, owner)
+
+    def around(self, p: int, g: Row) -> list[Row]:
+        return [*self.of_epoch.get(p - 1, []), *self.of_epoch.get(p, []), g]
+
+    def missing(self, epoch: int, g: Row) -> None:
+        """Epoch ``epoch - 1``, which ``g`` supersedes, has no acquired row."""
+        p, sid = epoch - 1, str(g.get("prev_session_id") or "")
+        message = (
+            f"epoch {p} ({g.get('prev_member_id')} session {sid}), superseded by "
+            f"{_who(g)} at epoch {epoch}, has no acquired row"
+        )
+        around = self.around(p, g)
+        since = max((_at(r) for r in self.of_epoch.get(p - 1, [])), default=-math.inf)
+        last_seen = self.sessions.last_seen.get(sid, -math.inf)
+        if p < min(self.acquired):
+            self.excuse(p, "before-table", message + " (it predates the table's rows)", (g,))
+        elif self.of_epoch.get(p):
+            self.fault(p, "missing-link", message + ": a missing link of the chain", around)
+        elif self.sessions.gapless.get(sid):
+            message += " (that session's rows are all there up to its last one: it was among "
+            self.excuse(p, "crash", message + "the rows its process had not flushed when it "
+                        "ended)", around)  # fmt: skip
+        elif sid not in self.sessions.gapless and last_seen <= since + self.tol:
+            message += " (nothing of that session was written after it: its process ended "
+            self.excuse(p, "crash", message + "before its audit writer flushed)", around)
+        else:
+            self.fault(p, "missing-link", message + ": a missing link of the chain", around)
+
+    def unreleased(self, epoch: int, g: Row, owner: Row) -> None:
+        """The store says the predecessor released epoch ``epoch - 1``; no row says so."""
+        p, sid = epoch - 1, str(owner["session_id"])
+        freed_at = _opt(g.get("freed_at"))
+        message = (
+            f"{_who(g)} acquired epoch {epoch} after {_who(owner)} released epoch {p} (the "
+            f"store says at {_when(freed_at)}), but the table has no released row of it"
+        )
+        after = freed_at if freed_at is not None else _at(g)
+        if self.sessions.last_seen.get(sid, -math.inf) <= after + self.tol:
+            message += " (nothing of that session was written after the release: its process "
+            self.excuse(p, "crash", message + "ended before its audit writer flushed)",
+                        self.around(p, g))  # fmt: skip
+        else:
+            message += " although that session wrote later rows"
+            self.fault(epoch, "unreleased", message, self.around(p, g))
 
 
 def _check_time(g: Row, tol: float, fault: _Fault) -> None:
