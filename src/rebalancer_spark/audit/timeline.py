@@ -153,37 +153,9 @@ def _draw(
     colours = member_colours(i.member_id for i in every)
     mode, chosen = choose_lanes(by_resource, colours, lanes=lanes, max_lanes=max_lanes)
     marks = _marks(events, t0, end)
-    strip = _STRIP_INCHES if marks else 0.0
-    height = 1.6 + strip + _LANE_INCHES * len(chosen)
-    # Up to 20 members: a legend beside the lanes; more: in rows of 10 below them.
     legend_rows = 0 if len(colours) <= _SIDE_LEGEND else math.ceil(len(colours) / 10)
-    height += legend_rows * _LEGEND_ROW_INCHES
-    constrained = bool(marks) or legend_rows > 0
-    figure = Figure(
-        figsize=(_WIDTH_INCHES, height), dpi=dpi, layout="constrained" if constrained else None
-    )
-    FigureCanvasAgg(figure)
-    if marks:
-        lanes_inches = height - strip - 1.2 - legend_rows * _LEGEND_ROW_INCHES
-        grid = figure.add_gridspec(2, 1, height_ratios=[strip, lanes_inches])
-        axes = figure.add_subplot(grid[1])
-        _draw_marks(figure.add_subplot(grid[0], sharex=axes), axes, marks, t0)
-    else:
-        axes = figure.add_subplot()
-    if mode == "resource":
-        label_epochs = len(every) <= _MAX_LABELLED_EPOCHS
-        for lane, spec in enumerate(chosen):
-            (resource,) = spec.resources
-            _draw_lane(axes, lane, by_resource[resource], t0, end, colours, label_epochs)
-    else:
-        shares = [_share(spec, by_resource, t0, end) for spec in chosen]
-        # Member lanes share one scale (the most any member owned); a resource lane group
-        # is full when all its resources are owned.
-        peak = max(share.peak for share in shares)
-        for lane, (spec, share) in enumerate(zip(chosen, shares, strict=True)):
-            _draw_share(axes, lane, share, peak if spec.member else len(spec.resources), colours)
-        if mode == "member":
-            title = title or _title(mode, len(by_resource), len(colours), peak)
+    figure, axes = _canvas(len(chosen), marks, legend_rows, dpi, t0)
+    title = _draw_lanes(axes, mode, chosen, by_resource, t0, end, colours) or title
     labels = [spec.label for spec in chosen]
     axes.set_yticks(range(len(chosen)), labels=labels, fontsize=8 if len(chosen) > 30 else 9)
     axes.set_ylim(len(chosen) - 0.5, -0.5)
@@ -199,9 +171,57 @@ def _draw(
         )
     else:
         axes.legend(handles=handles, title="member", loc="upper left", bbox_to_anchor=(1.01, 1))
-    if not constrained:
+    if not (marks or legend_rows):
         figure.tight_layout()
     return figure, mode, len(chosen), len(marks)
+
+
+def _canvas(
+    lanes: int, marks: Sequence[_Mark], legend_rows: int, dpi: int, t0: float
+) -> tuple[Figure, Axes]:
+    """The figure sized for ``lanes`` lanes, the rebalance strip above them if there are
+    ``marks``, and the legend rows below (up to 20 members: a legend beside the lanes)."""
+    strip = _STRIP_INCHES if marks else 0.0
+    height = 1.6 + strip + _LANE_INCHES * lanes + legend_rows * _LEGEND_ROW_INCHES
+    constrained = bool(marks) or legend_rows > 0
+    figure = Figure(
+        figsize=(_WIDTH_INCHES, height), dpi=dpi, layout="constrained" if constrained else None
+    )
+    FigureCanvasAgg(figure)
+    if not marks:
+        return figure, figure.add_subplot()
+    lanes_inches = height - strip - 1.2 - legend_rows * _LEGEND_ROW_INCHES
+    grid = figure.add_gridspec(2, 1, height_ratios=[strip, lanes_inches])
+    axes = figure.add_subplot(grid[1])
+    _draw_marks(figure.add_subplot(grid[0], sharex=axes), axes, marks, t0)
+    return figure, axes
+
+
+def _draw_lanes(
+    axes: Axes,
+    mode: str,
+    chosen: Sequence[Lane],
+    by_resource: Mapping[str, list[Interval]],
+    t0: float,
+    end: float,
+    colours: Mapping[str, str],
+) -> str | None:
+    """Draw each chosen lane; return the title member lanes call for (else None)."""
+    if mode == "resource":
+        label_epochs = sum(len(items) for items in by_resource.values()) <= _MAX_LABELLED_EPOCHS
+        for lane, spec in enumerate(chosen):
+            (resource,) = spec.resources
+            _draw_lane(axes, lane, by_resource[resource], t0, end, colours, label_epochs)
+        return None
+    shares = [_share(spec, by_resource, t0, end) for spec in chosen]
+    # Member lanes share one scale (the most any member owned); a resource lane group is
+    # full when all its resources are owned.
+    peak = max(share.peak for share in shares)
+    for lane, (spec, share) in enumerate(zip(chosen, shares, strict=True)):
+        _draw_share(axes, lane, share, peak if spec.member else len(spec.resources), colours)
+    if mode == "member":
+        return _title(mode, len(by_resource), len(colours), peak)
+    return None
 
 
 def _title(mode: str, resources: int, members: int, lanes: int) -> str:
