@@ -19,6 +19,7 @@ resource spent without an owner between two owners.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -72,80 +73,102 @@ class Gap:
 def intervals(events: Iterable[Mapping[str, object]]) -> dict[str, list[Interval]]:
     """Group events (as dicts with kind, resource, member_id, session_id, epoch, at, and the
     chain columns where present) into intervals per resource, sorted by epoch then start."""
-    opened: dict[tuple[str, str, int], tuple[str, float]] = {}
-    closed: dict[tuple[str, str, int], tuple[float, str]] = {}
-    named: dict[tuple[str, str, int], tuple[float, str]] = {}
-    ended: dict[str, dict[int, float]] = defaultdict(dict)
-    """Per resource: epoch -> when it ended, as a chained successor names it."""
-    resets: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    chained: dict[tuple[str, int], bool] = {}
+    trail = _Trail()
     for e in events:
+        trail.add(e)
+    by_resource: dict[str, list[Interval]] = defaultdict(list)
+    for key, (member, start) in trail.opened.items():
+        end, how = trail.end_of(key)
+        resource, session, epoch = key
+        by_resource[resource].append(Interval(resource, member, session, epoch, start, end, how))
+    return {r: trail.superseded(r, items) for r, items in by_resource.items()}
+
+
+_Key = tuple[str, str, int]
+"""(resource, session, epoch): one ownership."""
+
+
+class _Trail:
+    """What the events say about each ownership: its start, its end row, and the ends the
+    chained grants of its successors name."""
+
+    def __init__(self) -> None:
+        self.opened: dict[_Key, tuple[str, float]] = {}
+        self.closed: dict[_Key, tuple[float, str]] = {}
+        self.named: dict[_Key, tuple[float, str]] = {}
+        self.ended: dict[str, dict[int, float]] = defaultdict(dict)
+        """Per resource: epoch -> when it ended, as a chained successor names it."""
+        self.resets: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.chained: dict[tuple[str, int], bool] = {}
+        self._epochs: dict[str, list[int]] | None = None
+
+    def add(self, e: Mapping[str, object]) -> None:
         kind = str(e["kind"])
         key = (str(e["resource"]), str(e["session_id"]), _int(e["epoch"]))
-        at = _float(e["at"])
-        if kind == _OPENING:
-            opened.setdefault(key, (str(e["member_id"]), at))
-            link = _link(e)
-            chained[(key[0], key[2])] = chained.get((key[0], key[2]), False) or link is not None
-            if link is not None:
-                prev_session, prev_epoch, freed, freed_at = link
-                if prev_epoch is None and freed_at is not None:
-                    resets[key[0]].append((key[2], freed_at))
-                elif prev_session and prev_epoch is not None and freed_at is not None:
-                    how = "expired" if freed == "expired" else "released-in-store"
-                    named.setdefault((key[0], prev_session, prev_epoch), (freed_at, how))
-                    ended[key[0]].setdefault(prev_epoch, freed_at)
-        elif kind in _CLOSING:
-            closed.setdefault(key, (at, kind))
-    epochs_of: dict[str, list[int]] = defaultdict(list)
-    for resource, _, epoch in opened:
-        epochs_of[resource].append(epoch)
-    for found in epochs_of.values():
-        found.sort()
-    by_resource: dict[str, list[Interval]] = defaultdict(list)
-    for (resource, session, epoch), (member, start) in opened.items():
-        end, how = closed.get((resource, session, epoch)) or named.get(
-            (resource, session, epoch), (math.inf, "open")
-        )
-        if how == "open":
-            later = [t for e, t in resets.get(resource, []) if e > epoch]
-            # Every epoch the store granted after this one, up to one whose end a successor
-            # names, left no row (lost with a killed process): the store granted the first
-            # of them only once this one had ended, so it ended by then too.
-            known = epochs_of[resource]
-            after = bisect.bisect_right(known, epoch)
-            upto = known[after] if after < len(known) else math.inf
-            unrecorded = [t for p, t in ended.get(resource, {}).items() if epoch < p < upto]
-            if later or unrecorded:
-                end, how = min([*later, *unrecorded]), "expired"
-        by_resource[resource].append(Interval(resource, member, session, epoch, start, end, how))
-    out: dict[str, list[Interval]] = {}
-    for resource, items in by_resource.items():
+        if kind in _CLOSING:
+            self.closed.setdefault(key, (_float(e["at"]), kind))
+        if kind != _OPENING:
+            return
+        self.opened.setdefault(key, (str(e["member_id"]), _float(e["at"])))
+        link = _link(e)
+        resource, epoch = key[0], key[2]
+        self.chained[(resource, epoch)] = self.chained.get((resource, epoch), False) or bool(link)
+        if link is None:
+            return
+        prev_session, prev_epoch, freed, freed_at = link
+        if prev_epoch is None and freed_at is not None:
+            self.resets[resource].append((epoch, freed_at))
+        elif prev_session and prev_epoch is not None and freed_at is not None:
+            how = "expired" if freed == "expired" else "released-in-store"
+            self.named.setdefault((resource, prev_session, prev_epoch), (freed_at, how))
+            self.ended[resource].setdefault(prev_epoch, freed_at)
+
+    def epochs(self, resource: str) -> list[int]:
+        """The epochs acquired of ``resource``, sorted."""
+        if self._epochs is None:
+            self._epochs = defaultdict(list)
+            for r, _, epoch in self.opened:
+                self._epochs[r].append(epoch)
+            for found in self._epochs.values():
+                found.sort()
+        return self._epochs[resource]
+
+    def end_of(self, key: _Key) -> tuple[float, str]:
+        """When and how the ownership ``key`` ended: its own row, the end a successor names,
+        or, for one left open, the earliest end the store's later grants imply."""
+        end, how = self.closed.get(key) or self.named.get(key, (math.inf, "open"))
+        if how != "open":
+            return end, how
+        resource, _, epoch = key
+        later = [t for e, t in self.resets.get(resource, []) if e > epoch]
+        # Every epoch the store granted after this one, up to one whose end a successor
+        # names, left no row (lost with a killed process): the store granted the first of
+        # them only once this one had ended, so it ended by then too.
+        known = self.epochs(resource)
+        after = bisect.bisect_right(known, epoch)
+        upto = known[after] if after < len(known) else math.inf
+        unrecorded = [t for p, t in self.ended.get(resource, {}).items() if epoch < p < upto]
+        if later or unrecorded:
+            return min([*later, *unrecorded]), "expired"
+        return end, how
+
+    def superseded(self, resource: str, items: list[Interval]) -> list[Interval]:
+        """``items`` sorted by epoch then start; one still open before an unchained grant of a
+        higher epoch ends there (the store granted a higher epoch, so this session's claim had
+        ended by then: all a table without the chain can say)."""
         items.sort(key=lambda i: (i.epoch, i.start))
         fixed: list[Interval] = []
-        for i, original in enumerate(items):
-            item = original
-            later_item = items[i + 1] if i + 1 < len(items) else None
+        for item, later in zip(items, [*items[1:], None], strict=True):
             if (
                 item.closed_by == "open"
-                and later_item is not None
-                and later_item.epoch > item.epoch
-                and not chained.get((resource, later_item.epoch), False)
+                and later is not None
+                and later.epoch > item.epoch
+                and not self.chained.get((resource, later.epoch), False)
             ):
-                # A grant without the chain: the store granted a higher epoch, so this
-                # session's claim had ended by then (all a table without the chain can say).
-                item = Interval(
-                    item.resource,
-                    item.member_id,
-                    item.session_id,
-                    item.epoch,
-                    item.start,
-                    later_item.start,
-                    "superseded",
-                )
-            fixed.append(item)
-        out[resource] = fixed
-    return out
+                fixed.append(dataclasses.replace(item, end=later.start, closed_by="superseded"))
+            else:
+                fixed.append(item)
+        return fixed
 
 
 def _link(e: Mapping[str, object]) -> tuple[str, int | None, str, float | None] | None:
