@@ -36,8 +36,10 @@ from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 __all__ = [
     "HISTORY_LENGTH",
     "MAX_CONTROL_ENTRIES",
+    "BalanceScope",
     "Control",
     "ControlMode",
+    "balance_scope",
     "control_changes",
     "imbalance",
     "keep_assignment",
@@ -253,6 +255,38 @@ def imbalance(
     return max(loads) - min(loads) if loads else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class BalanceScope:
+    """What the balance covers under a control record: the one rule that both the coordinator
+    (:func:`plan_target`) and the operator's ``status`` apply.
+
+    ``eligible``: the present members that may own (not drained), sorted. ``pinned``: the pins
+    in force, those of a current resource to an eligible member; any other pin is ignored and
+    its resource balanced like the rest. ``free``: the weights of the resources the assignor
+    balances (every current resource but the pinned ones).
+    """
+
+    eligible: tuple[str, ...]
+    pinned: Mapping[str, str]
+    free: Mapping[str, float]
+
+    def imbalance(self, assignment: Mapping[str, AbstractSet[str]]) -> float:
+        """The :func:`imbalance` the threshold is compared with: of the unpinned resources
+        ``assignment`` gives each eligible member (pinned ones and unknown ones weigh 0)."""
+        return imbalance(assignment, self.free, self.eligible)
+
+
+def balance_scope(
+    members: Collection[str], weights: Mapping[str, float], control: Control
+) -> BalanceScope:
+    """The :class:`BalanceScope` of the present ``members`` and the current resources
+    (``weights``) under ``control``."""
+    eligible = tuple(m for m in sorted(set(members)) if m not in control.drain)
+    pinned = {r: m for r, m in control.pins.items() if r in weights and m in eligible}
+    free = {r: w for r, w in weights.items() if r not in pinned}
+    return BalanceScope(eligible, MappingProxyType(pinned), MappingProxyType(free))
+
+
 def _held(
     members: list[str], weights: Mapping[str, float], previous: Mapping[str, AbstractSet[str]]
 ) -> dict[str, set[str]]:
@@ -319,8 +353,8 @@ def plan_target(
     present = sorted(set(members))
     if not present:
         return {}
-    eligible = [m for m in present if m not in control.drain]
-    pinned = {r: m for r, m in control.pins.items() if r in weights and m in eligible}
+    scope = balance_scope(present, weights, control)
+    eligible, pinned, free = list(scope.eligible), scope.pinned, scope.free
     result: dict[str, set[str]] = {m: set() for m in present}
     if control.mode is ControlMode.PAUSED:
         held = _held(present, weights, previous)
@@ -337,12 +371,11 @@ def plan_target(
             for member, got in placed.items():
                 result[member].update(got)
         return {m: frozenset(rs) for m, rs in result.items()}
-    free = {r: w for r, w in weights.items() if r not in pinned}
     prev = {m: frozenset(previous.get(m, frozenset())) - pinned.keys() for m in eligible}
     base: Mapping[str, AbstractSet[str]]
     kept = keep_assignment(eligible, free, prev)
     threshold = control.imbalance_threshold
-    if not forced and threshold > 0 and imbalance(kept, free, eligible) <= threshold:
+    if not forced and threshold > 0 and scope.imbalance(kept) <= threshold:
         base = kept
     else:
         base = assignor(eligible, free, prev)

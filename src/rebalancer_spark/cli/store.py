@@ -1,0 +1,48 @@
+"""The store a command names: which one, whether it exists, and one read of a group in it."""
+
+from __future__ import annotations
+
+import os
+
+from rebalancer_spark.backends import check_backend_url, open_backend
+from rebalancer_spark.core.model import GroupState, Progress
+from rebalancer_spark.member import default_backend_url
+
+__all__ = ["backend_url", "missing_store", "read_group", "shown"]
+
+
+def backend_url(given: str | None) -> str:
+    """``--backend``, or the SQLite file in ``$REBALANCER_HOME`` that jobs use by default."""
+    return given or default_backend_url()
+
+
+def missing_store(url: str) -> str | None:
+    """``"store URL does not exist"`` (redacted) when ``url`` names a store that only members
+    create and it does not exist yet, else None (it exists, or it is a server, whose absence
+    shows when connecting). Raises a ``ConfigurationError`` for a bad URL.
+
+    The one place that knows which schemes name a file: a backend's plug-in descriptor is to
+    own this rule."""
+    parsed = check_backend_url(url)
+    if parsed.scheme == "sqlite" and not os.path.exists(parsed.path):
+        return f"store {parsed.redacted()} does not exist"
+    return None
+
+
+def shown(url: str) -> str:
+    """``url`` as commands print it: checked, passwords as ``***``."""
+    return check_backend_url(url).redacted()
+
+
+def read_group(
+    url: str, group: str, *, progress: bool = False
+) -> tuple[GroupState, dict[str, Progress]]:
+    """(group state, resource -> last progress if ``progress``) without writing anything: a
+    store that does not exist is an empty group, and is not created."""
+    if missing_store(url) is not None:
+        return GroupState(group, {}, None, {}, 0, None, {}), {}
+    with open_backend(url) as backend:
+        state = backend.state(group)
+        names = sorted(set(state.resources) | set(state.claims))
+        done = backend.progress(group, names) if progress else {}
+    return state, done

@@ -1,0 +1,230 @@
+"""A group's status as an operator reads it: typed, read from one :class:`GroupState`.
+
+Use case: ``rebalancer-spark status | members | assignments`` render these values (as text or
+JSON); a dashboard or a test can build the same from a state it read. The imbalance shown is
+the one the coordinator compares with the threshold (:func:`~.control.balance_scope`, shared
+with :func:`~.control.plan_target`): over the members that may own (present: not leaving;
+not drained), of the unpinned resources they hold now. Pure values and functions: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rebalancer_spark.core.control import Control, ControlMode, balance_scope
+from rebalancer_spark.core.model import GroupState, Phase, Progress
+
+__all__ = [
+    "AssignmentStatus",
+    "ControlStatus",
+    "CoordinatorStatus",
+    "DrainStatus",
+    "GroupStatus",
+    "HeldResource",
+    "MemberStatus",
+    "PinStatus",
+    "TargetStatus",
+    "assignment_statuses",
+    "control_status",
+    "group_status",
+    "member_statuses",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """A live member, what it says about itself and how many resources it owns now."""
+
+    member_id: str
+    host: str | None
+    pid: str | None
+    spark_app_id: str | None
+    leaving: bool
+    static: bool
+    acked_generation: int
+    coordinator: bool
+    owned: int
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentStatus:
+    """One resource: its owner now, its owner in the target, and its last progress."""
+
+    resource: str
+    owner: str | None
+    epoch: int | None
+    target_owner: str | None
+    progress_epoch: int | None
+    progress_member: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatus:
+    member_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TargetStatus:
+    generation: int
+    phase: Phase
+    coordinator_epoch: int
+    resources_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeldResource:
+    """A resource a member owns, under the epoch it was granted with."""
+
+    resource: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStatus:
+    """A drained member: whether it is still in the group and how much it still owns."""
+
+    member_id: str
+    present: bool
+    owned: int
+
+
+@dataclass(frozen=True, slots=True)
+class PinStatus:
+    """A pin of ``resource`` to ``member_id``, and who owns the resource now."""
+
+    resource: str
+    member_id: str
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlStatus:
+    """The control record as ``status`` shows it; ``history`` as (version, wall-clock
+    seconds, what), oldest first."""
+
+    mode: ControlMode
+    version: int
+    rebalance_requests: int
+    imbalance_threshold: float
+    drain: tuple[DrainStatus, ...]
+    pins: tuple[PinStatus, ...]
+    history: tuple[tuple[int, float, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """Members, coordinator, target, who owns what, the imbalance, stability and control.
+
+    ``owners`` maps every live member (and any other claim holder) to what it owns, sorted by
+    resource; ``unowned`` lists the current resources nobody owns."""
+
+    group: str
+    members: tuple[MemberStatus, ...]
+    coordinator: CoordinatorStatus | None
+    target: TargetStatus | None
+    resource_count: int
+    resources_version: int
+    owners: Mapping[str, tuple[HeldResource, ...]]
+    unowned: tuple[str, ...]
+    imbalance: float
+    stable: bool
+    control: ControlStatus
+
+
+def member_statuses(state: GroupState) -> tuple[MemberStatus, ...]:
+    """The live members, by member id."""
+    owned = Counter(claim.member_id for claim in state.claims.values())
+    coordinator = state.coordinator
+    return tuple(
+        MemberStatus(
+            member_id=m.member_id,
+            host=m.info.get("host"),
+            pid=m.info.get("pid"),
+            spark_app_id=m.info.get("spark_app_id"),
+            leaving=m.leaving,
+            static=m.static,
+            acked_generation=m.acked_generation,
+            coordinator=coordinator is not None and coordinator.session_id == m.session_id,
+            owned=owned[m.member_id],
+        )
+        for m in sorted(state.members.values(), key=lambda rec: rec.member_id)
+    )
+
+
+def assignment_statuses(
+    state: GroupState, progress: Mapping[str, Progress]
+) -> tuple[AssignmentStatus, ...]:
+    """Every resource listed, claimed or in the target, by id; ``progress`` as read from the
+    store (resources missing from it have none)."""
+    targets = state.target.owner_of() if state.target else {}
+    claims = state.claims
+    return tuple(
+        AssignmentStatus(
+            resource=r,
+            owner=claims[r].member_id if r in claims else None,
+            epoch=claims[r].epoch if r in claims else None,
+            target_owner=targets.get(r),
+            progress_epoch=progress[r].epoch if r in progress else None,
+            progress_member=progress[r].member_id if r in progress else None,
+        )
+        for r in sorted(set(state.resources) | set(claims) | set(targets))
+    )
+
+
+def control_status(state: GroupState) -> ControlStatus:
+    """The group's control record, with what its drained and pinned names own now."""
+    c: Control = state.control
+    owned = Counter(claim.member_id for claim in state.claims.values())
+    return ControlStatus(
+        mode=c.mode,
+        version=c.version,
+        rebalance_requests=c.rebalance_requests,
+        imbalance_threshold=c.imbalance_threshold,
+        drain=tuple(DrainStatus(m, m in state.members, owned[m]) for m in sorted(c.drain)),
+        pins=tuple(
+            PinStatus(r, m, state.claims[r].member_id if r in state.claims else None)
+            for r, m in sorted(c.pins.items())
+        ),
+        history=c.history,
+    )
+
+
+def group_status(state: GroupState) -> GroupStatus:
+    """The whole status of the group ``state`` describes."""
+    coord, target = state.coordinator, state.target
+    return GroupStatus(
+        group=state.group,
+        members=member_statuses(state),
+        coordinator=CoordinatorStatus(coord.member_id, coord.epoch) if coord else None,
+        target=None
+        if target is None
+        else TargetStatus(
+            target.generation, target.phase, target.coordinator_epoch, target.resources_version
+        ),
+        resource_count=len(state.resources),
+        resources_version=state.resources_version,
+        owners=_owners(state),
+        unowned=tuple(sorted(set(state.resources) - set(state.claims))),
+        imbalance=_imbalance(state),
+        stable=state.is_stable(),
+        control=control_status(state),
+    )
+
+
+def _owners(state: GroupState) -> dict[str, tuple[HeldResource, ...]]:
+    owners: dict[str, list[HeldResource]] = {m: [] for m in sorted(state.members)}
+    for name, claim in sorted(state.claims.items()):
+        owners.setdefault(claim.member_id, []).append(HeldResource(name, claim.epoch))
+    return {m: tuple(held) for m, held in owners.items()}
+
+
+def _imbalance(state: GroupState) -> float:
+    present = [m for m, rec in state.members.items() if not rec.leaving]
+    weights = {name: res.weight for name, res in state.resources.items()}
+    held: dict[str, set[str]] = {}
+    for name, claim in state.claims.items():
+        held.setdefault(claim.member_id, set()).add(name)
+    return balance_scope(present, weights, state.control).imbalance(held)
