@@ -43,11 +43,11 @@ class Plugin:
     name: str
     schemes: tuple[str, ...]
     implementation: str
-    examples: Mapping[str, str]
+    examples: Mapping[str, str] = field(hash=False)
     grammar: str = ""
     extra: str = ""
     tls_schemes: tuple[str, ...] = ()
-    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     def __post_init__(self) -> None:
         module, colon, cls = self.implementation.partition(":")
