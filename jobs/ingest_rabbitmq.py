@@ -16,6 +16,7 @@ import sys
 
 from rebalancer_spark.shutdown import exit_process
 from rebalancer_spark.sources.rabbitmq import RabbitMqSource
+from rebalancer_spark.sources.registry import plugin_named
 from rebalancer_spark.spark.queues import queue_job_main
 
 if __name__ == "__main__":
@@ -24,6 +25,6 @@ if __name__ == "__main__":
             sys.argv[1:],
             "ingest_rabbitmq.py",
             RabbitMqSource,
-            schemes=("rabbitmq", "rabbitmqs", "amqp", "amqps"),
+            schemes=plugin_named("rabbitmq").schemes,
         )
     )

@@ -29,11 +29,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rebalancer_spark.backends import Backend, Session, open_backend
+from rebalancer_spark.backends import SCHEMES, Backend, Session, open_backend
 from rebalancer_spark.core.config import CONFIG_KEYS, MemberConfig
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError, FencedError
 from rebalancer_spark.core.model import Phase, Resource
-from rebalancer_spark.core.urls import SCHEMES, parse_backend_url
+from rebalancer_spark.core.urls import parse_backend_url
 from rebalancer_spark.member import Member
 from rebalancer_spark.spark.layers import spark_conf_options
 from rebalancer_spark.spark.options import resolve

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from rebalancer_spark.backends import SCHEMES
 from rebalancer_spark.core import config as config_module
 from rebalancer_spark.core import urls as urls_module
 from rebalancer_spark.core.config import (
@@ -21,7 +22,6 @@ from rebalancer_spark.core.config import (
 )
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.core.urls import (
-    SCHEMES,
     BackendUrl,
     default_sqlite_url,
     parse_backend_url,
@@ -34,11 +34,15 @@ REDIS_OPTIONS = {"redis": ["health_check_interval", "socket_timeout"]}
 
 def test_public_surface_is_pinned() -> None:
     assert urls_module.__all__ == [
-        "SCHEMES",
         "BackendUrl",
+        "SplitUrl",
         "default_sqlite_url",
+        "did_you_mean",
         "parse_backend_url",
         "redact_url",
+        "set_backend_parser",
+        "show",
+        "split_url",
     ]
     assert config_module.__all__ == [
         "ASSIGNOR_NAMES",

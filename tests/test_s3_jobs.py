@@ -14,7 +14,7 @@ import pytest
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.sources.s3 import S3Source
-from rebalancer_spark.spark.s3_read import configure_s3a
+from rebalancer_spark.sources.s3.spark_read import configure_s3a
 from tests.helpers import read_delta, wait_for
 from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
 from tests.spark_jobs import REPO, SparkJobs

@@ -14,8 +14,8 @@ import pytest
 from rebalancer_spark import FencedError, Member
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.s3 import S3Source
+from rebalancer_spark.sources.s3.spark_read import s3a_available, s3a_paths
 from rebalancer_spark.spark.outputs import ParquetOutput
-from rebalancer_spark.spark.s3_read import s3a_available, s3a_paths
 from rebalancer_spark.spark.source import AssignedSource, FileBatch
 from tests.helpers import SqliteMembers, assigned_source
 from tests.servers.cloud import SECRET_KEY, MotoServer, S3Bucket
@@ -79,7 +79,7 @@ def test_reader_s3a_without_hadoop_aws_says_what_to_do(
     spark: Any, s3_bucket: S3Bucket, members: SqliteMembers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a Spark without hadoop-aws, as a plain `pip install pyspark` is
-    monkeypatch.setattr("rebalancer_spark.spark.s3_read.s3a_available", lambda spark: False)
+    monkeypatch.setattr("rebalancer_spark.sources.s3.spark_read.s3a_available", lambda spark: False)
     s3_bucket.put("landing/r1/a.csv", "x,1\n")
     src = assigned_source(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
     with pytest.raises(

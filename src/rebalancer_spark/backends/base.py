@@ -98,7 +98,9 @@ class Backend(abc.ABC):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     options: ClassVar[Mapping[str, str]] = {}
-    """The URL query options this backend accepts, each with a one-line description."""
+    """The URL query options this backend accepts, each with a one-line description: the
+    table of its grammar (``backends/<name>/url.py``), against which the registry checks URLs
+    without importing the backend."""
 
     def __init__(self, url: BackendUrl) -> None:
         self.url = url

@@ -1,17 +1,20 @@
-"""Backend URLs: turn the ``--backend`` a user gave into a checked :class:`BackendUrl` value.
+"""URLs, generically: split a ``--backend`` URL into its parts, check what every backend URL
+shares, and keep secrets out of everything shown.
 
-The backend plug-in is chosen by the URL's scheme; this module only parses and checks, it
-opens nothing::
+Each backend plug-in owns its own grammar (hosts, default port, what the path means, its
+options) in its folder (``backends/<name>/url.py``); this module knows no scheme. The shape
+shared by every backend URL::
 
-    sqlite:///abs/path/groups.db[?name=value&...]
-    zookeeper://[user:password@]host[:port][,host[:port]...][/chroot][?name=value&...]
-    redis://[[user]:password@]host[:port][/db][?name=value&...]     (rediss:// for TLS)
+    scheme://[user[:password]@]authority[/path][?name=value&...]
 
-Ports default to 2181 (ZooKeeper) and 6379 (Redis); the Redis database defaults to 0. User
-names, passwords, paths and option values are percent-decoded. Backend URLs have no fragment:
-``/``, ``?``, ``#``, ``@`` and ``%`` in a password, path or option value are written
-percent-encoded (``%2F``, ``%3F``, ``%23``, ``%40``, ``%25``); a raw ``#``, ``:`` or ``@`` in
-a password is tolerated. Anything ambiguous is refused rather than guessed.
+User names, passwords, paths and option values are percent-decoded. Backend URLs have no
+fragment: ``/``, ``?``, ``#``, ``@`` and ``%`` in a password, path or option value are
+written percent-encoded (``%2F``, ``%3F``, ``%23``, ``%40``, ``%25``); a raw ``#``, ``:`` or
+``@`` in a password is tolerated. Anything ambiguous is refused rather than guessed.
+
+:func:`parse_backend_url` parses with the grammar of the URL's scheme; the backend registry
+(:mod:`rebalancer_spark.backends.registry`) provides it when it is imported, which
+``import rebalancer_spark`` does, so the core never imports a plug-in.
 
 Every error is a :class:`ConfigurationError` naming the URL, the bad part and the fix. Secrets
 never appear in a message or a repr: URLs are shown through :meth:`BackendUrl.redacted` (or,
@@ -32,22 +35,20 @@ from urllib.parse import quote, unquote
 
 from rebalancer_spark.core.errors import ConfigurationError
 
-__all__ = ["SCHEMES", "BackendUrl", "default_sqlite_url", "parse_backend_url", "redact_url"]
-
-SCHEMES = ("sqlite", "zookeeper", "redis", "rediss")
-"""The backend URL schemes, one plug-in each (``rediss`` is Redis over TLS)."""
-
-_DEFAULT_PORTS = {"zookeeper": 2181, "redis": 6379, "rediss": 6379}
-_REDIS_MAX_DB = 15
-_EXAMPLES = {
-    "sqlite": "sqlite:///var/lib/rebalancer/groups.db",
-    "zookeeper": "zookeeper://zk1:2181,zk2:2181/rebalancer",
-    "redis": "redis://:PASSWORD@redis-host:6379/0",
-    "rediss": "rediss://USER:PASSWORD@redis-host:6380/0",
-}
-_ALIASES = {"zk": "zookeeper", "sqlite3": "sqlite", "file": "sqlite", "redis+tls": "rediss"}
+__all__ = [
+    "BackendUrl",
+    "SplitUrl",
+    "default_sqlite_url",
+    "did_you_mean",
+    "parse_backend_url",
+    "redact_url",
+    "set_backend_parser",
+    "show",
+    "split_url",
+]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
+_SCHEME_WORD = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
 _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]*[A-Za-z0-9_])?\Z")
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.\-]+)?\Z")
 _SECRET_NAME = re.compile(r"pass|pwd|secret|token|credential|api_?key", re.IGNORECASE)
@@ -67,11 +68,12 @@ _T = TypeVar("_T")
 class BackendUrl:
     """A checked backend URL; build one with :func:`parse_backend_url`.
 
-    ``hosts`` is ``()`` for sqlite, every ``(host, port)`` of the comma list for zookeeper and
-    exactly one for redis. ``path`` is the absolute file path for sqlite, the normalised chroot
-    for zookeeper (``"/"`` if none, never a trailing slash) and ``""`` for redis. ``database``
-    is the Redis database number (0 otherwise). ``options`` holds the query-string options,
-    each name at most once. The repr is :meth:`redacted`, so the password never shows.
+    ``hosts`` holds every ``(host, port)`` the URL names (``()`` for a local file), ``path``
+    what the plug-in made of the URL's path (a file path, a chroot, ``""``), ``database`` a
+    database number (0 where the store has none). ``options`` holds the query-string
+    options, each name at most once. ``shown_path`` is the path as the canonical URL writes
+    it (``/0`` for a Redis database, ``""`` for a ZooKeeper URL without chroot); it does not
+    take part in equality. The repr is :meth:`redacted`, so the password never shows.
     """
 
     scheme: str
@@ -81,6 +83,7 @@ class BackendUrl:
     username: str | None
     password: str | None = field(repr=False)
     options: Mapping[str, str] = field(hash=False)
+    shown_path: str = field(default="", compare=False)
 
     def __repr__(self) -> str:  # kept by @dataclass, which never overwrites a defined __repr__
         return f"BackendUrl({self.redacted()!r})"
@@ -92,17 +95,11 @@ class BackendUrl:
             secret = ":***" if self.password is not None else ""
             userinfo = f"{quote(self.username or '', safe='')}{secret}@"
         hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
-        if self.scheme == "sqlite":
-            path = quote(self.path, safe="/:@")
-        elif self.scheme == "zookeeper":
-            path = "" if self.path == "/" else quote(self.path, safe="/:")
-        else:
-            path = f"/{self.database}"
         query = "&".join(
             f"{quote(k, safe='')}={'***' if _is_secret(k) else quote(v, safe='')}"
             for k, v in self.options.items()
         )
-        return f"{self.scheme}://{userinfo}{hosts}{path}{'?' if query else ''}{query}"
+        return f"{self.scheme}://{userinfo}{hosts}{self.shown_path}{'?' if query else ''}{query}"
 
     def option(self, name: str, parse: Callable[[str], _T], default: _T) -> _T:
         """The option ``name`` converted by ``parse`` (``int``, ``float``, ``bool``, ...), or
@@ -119,31 +116,70 @@ class BackendUrl:
             secret = _is_secret(name)
             what = getattr(parse, "__name__", "value")
             raise ConfigurationError(
-                f"option {name} = {'***' if secret else _show(raw)} in backend URL "
+                f"option {name} = {'***' if secret else show(raw)} in backend URL "
                 f"{self.redacted()!r} is not a valid {what}"
                 f"{'' if secret else f' ({exc})'}: correct the value after '{name}=' in the "
                 "URL's query string, or remove the option to use its default"
             ) from None
 
 
-def parse_backend_url(
-    url: str, *, allowed_options: Mapping[str, Collection[str]] | None = None
-) -> BackendUrl:
-    """Parse and check a backend URL (see the module docstring for the syntax).
+@dataclass(frozen=True, slots=True)
+class SplitUrl:
+    """A backend URL cut into its generic parts by :func:`split_url`, not yet interpreted.
 
-    ``allowed_options`` maps a scheme to the option names its plug-in understands; a scheme
-    missing from it accepts no options. ``None`` accepts any option. Surrounding whitespace
-    is ignored. Raises :class:`ConfigurationError` naming the (redacted) URL, the bad part
-    and the fix.
+    ``shown`` is the URL as it may be shown (secrets cut out); ``authority`` (user
+    information and hosts), ``path`` and ``query`` are still percent-encoded.
     """
-    given: object = url
-    if not isinstance(given, str):
+
+    shown: str
+    scheme: str
+    authority: str
+    path: str
+    query: str
+
+    def credentials(self) -> tuple[tuple[str | None, str | None], str]:
+        """((user name, password), the host part of the authority), decoded."""
+        if "@" not in self.authority:
+            return (None, None), self.authority
+        userinfo, _, hostpart = self.authority.rpartition("@")
+        return _credentials(userinfo, self.shown), hostpart
+
+    def host_port(self, entry: str, default_port: int) -> tuple[str, int]:
+        """One ``host[:port]`` or ``[ipv6][:port]`` entry, checked; ``default_port`` if none."""
+        return _host_port(entry, default_port, self.shown)
+
+    def options(self, allowed: Collection[str] | None) -> Mapping[str, str]:
+        """The query options, decoded and checked; names outside ``allowed`` are refused
+        (``None``: any name)."""
+        return _options(self.query, self.scheme, self.shown, allowed)
+
+    def fail(self, problem: str) -> ConfigurationError:
+        """An error about this URL: ``backend URL '<shown>' <problem>``."""
+        return ConfigurationError(f"backend URL {self.shown!r} {problem}")
+
+
+def split_url(
+    url: object,
+    *,
+    examples: Collection[str],
+    check_scheme: Callable[[str, str], None] = lambda scheme, shown: None,
+    local_path: Callable[[str], bool] = lambda scheme: False,
+    no_slashes: Callable[[str, str, str], str | None] = lambda scheme, text, shown: None,
+) -> SplitUrl:
+    """``url`` cut into scheme, authority, path and query, with the checks every backend URL
+    shares: a string, no control characters, ``scheme://``, no fragment, no ``@`` after the
+    host. ``examples`` are shown when the URL is not of the form ``scheme://...``;
+    ``check_scheme(scheme, shown)`` may refuse the scheme before anything else is checked.
+    ``local_path(scheme)`` says whether the scheme's URLs name a local file (no authority; an
+    ``@`` may belong to the path); ``no_slashes(scheme, text, shown)`` may give a better
+    message for ``scheme:rest`` written without ``//``."""
+    if not isinstance(url, str):
         raise ConfigurationError(
-            f"backend URL must be a string, got {type(given).__name__}: give a URL such as "
-            f"{_EXAMPLES['sqlite']!r}"
+            f"backend URL must be a string, got {type(url).__name__}: give a URL such as "
+            f"{next(iter(examples), 'scheme://host')!r}"
         )
-    text = given.strip()
-    shown = _display(text)
+    text = url.strip()
+    shown = _display(text, local_path)
     if not text.isprintable():
         raise ConfigurationError(
             f"backend URL {shown!r} contains a control character (such as NUL, a tab or a "
@@ -151,20 +187,20 @@ def parse_backend_url(
         )
     match = _SCHEME.match(text)
     if match is None:
-        raise ConfigurationError(_not_a_url(text, shown))
-    scheme = match.group(1).lower()
-    if scheme not in SCHEMES:
-        hint = _ALIASES.get(scheme)
-        hint_text = f" (did you mean {hint!r}?)" if hint else _did_you_mean(scheme, SCHEMES)
+        word = _SCHEME_WORD.match(text)
+        better = no_slashes(word.group(1).lower(), text, shown) if word else None
         raise ConfigurationError(
-            f"backend URL {shown!r} has the unknown scheme {_show(scheme)}{hint_text}: use one "
-            f"of {', '.join(f'{s} ({e})' for s, e in _EXAMPLES.items())}"
+            better
+            or f"backend URL {shown!r} is not of the form scheme://...: use one of "
+            f"{', '.join(examples)}"
         )
+    scheme = match.group(1).lower()
+    check_scheme(scheme, shown)
     rest = text[match.end() :]
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
-    path_part, _, query = tail.partition("?")
-    if "@" in tail and (authority or scheme != "sqlite"):
+    path, _, query = tail.partition("?")
+    if "@" in tail and (authority or not local_path(scheme)):
         raise ConfigurationError(
             f"backend URL {shown!r} has an '@' after the host: if it belongs to the user name "
             f"or password, {_ENCODE_HINT} in them; an '@' in a path or option value is "
@@ -175,33 +211,35 @@ def parse_backend_url(
             f"backend URL {shown!r} has a '#' in its path or options: backend URLs have no "
             "fragment; write a '#' that belongs to a path or option value as %23"
         )
-    if scheme == "sqlite":
-        return _sqlite(authority, path_part, query, shown, allowed_options)
-    username: str | None = None
-    password: str | None = None
-    hostpart = authority
-    if "@" in authority:
-        userinfo, _, hostpart = authority.rpartition("@")
-        username, password = _credentials(userinfo, shown)
-    if not hostpart:
+    return SplitUrl(shown, scheme, authority, path, query)
+
+
+BackendParser = Callable[[str, Mapping[str, Collection[str]] | None], BackendUrl]
+_parser: list[BackendParser] = []
+
+
+def set_backend_parser(parser: BackendParser) -> None:
+    """Install the function behind :func:`parse_backend_url`; the backend registry does, when
+    imported (the core knows no plug-in, so it is handed the registry's parser)."""
+    _parser[:] = [parser]
+
+
+def parse_backend_url(
+    url: str, *, allowed_options: Mapping[str, Collection[str]] | None = None
+) -> BackendUrl:
+    """Parse and check a backend URL with the grammar of its scheme's plug-in.
+
+    ``allowed_options`` maps a scheme to the option names its plug-in understands; a scheme
+    missing from it accepts no options. ``None`` accepts any option. Surrounding whitespace
+    is ignored. Raises :class:`ConfigurationError` naming the (redacted) URL, the bad part
+    and the fix.
+    """
+    if not _parser:  # pragma: no cover - `import rebalancer_spark` installs it
         raise ConfigurationError(
-            f"backend URL {shown!r} names no host: write the host after '//', "
-            f"e.g. {_EXAMPLES[scheme]}"
+            "no backend registry is loaded, so backend URLs cannot be parsed: import "
+            "rebalancer_spark.backends first"
         )
-    port = _DEFAULT_PORTS[scheme]
-    if scheme == "zookeeper":
-        hosts = tuple(_host_port(entry, port, shown) for entry in hostpart.split(","))
-        path, database = _chroot(path_part, shown), 0
-    else:
-        if "," in hostpart:
-            raise ConfigurationError(
-                f"backend URL {shown!r} lists several hosts ({_show(hostpart)}): {scheme} takes "
-                f"exactly one host, e.g. {_EXAMPLES[scheme]}"
-            )
-        hosts = (_host_port(hostpart, port, shown),)
-        path, database = "", _redis_db(path_part, shown)
-    options = _options(query, scheme, shown, allowed_options)
-    return BackendUrl(scheme, hosts, path, database, username, password, options)
+    return _parser[0](url, allowed_options)
 
 
 def redact_url(text: str) -> str:
@@ -221,57 +259,21 @@ def default_sqlite_url(state_dir: str) -> str:
     :func:`parse_backend_url` gives back exactly that path."""
     if not state_dir.startswith("/"):
         raise ConfigurationError(
-            f"state directory {_show(state_dir)} is not an absolute path: give the full path "
+            f"state directory {show(state_dir)} is not an absolute path: give the full path "
             "from the root, e.g. /var/lib/rebalancer"
         )
     return "sqlite://" + quote(state_dir.rstrip("/") + "/groups.db", safe="/:@")
 
 
-def _sqlite(
-    authority: str,
-    path_part: str,
-    query: str,
-    shown: str,
-    allowed_options: Mapping[str, Collection[str]] | None,
-) -> BackendUrl:
-    if authority:
-        host = authority.rpartition("@")[2]
-        if host.lower() == "localhost" and path_part:
-            example = f"sqlite://{path_part}"
-        else:
-            example = f"sqlite:///full/path/to/{(host + path_part).lstrip('./') or 'groups.db'}"
-        raise ConfigurationError(
-            f"backend URL {shown!r}: sqlite takes no host, but the URL has "
-            f"{_show(host) if host else 'credentials'} between '//' and the path; the file "
-            f"is local to this machine: write three slashes then the absolute path, "
-            f"e.g. {example}"
-        )
-    path = unquote(path_part)
-    if not path:
-        raise ConfigurationError(
-            f"backend URL {shown!r} has an empty path: write three slashes then the absolute "
-            "path of the database file, e.g. sqlite:///full/path/to/groups.db"
-        )
-    if not path.isprintable():
-        raise ConfigurationError(
-            f"backend URL {shown!r}: the path {_show(path)} contains a NUL or control "
-            "character: give a plain absolute file path"
-        )
-    path = "/" + path.lstrip("/")
-    relative = path[1:]
-    if relative in (".", "..", "~") or relative.startswith(("./", "../", "~")):
-        raise ConfigurationError(
-            f"backend URL {shown!r}: the path {_show(relative)} is relative (and '~' is not "
-            f"expanded): sqlite needs an absolute path, three slashes then the path from the "
-            f"root, e.g. sqlite:///full/path/to/{relative.lstrip('./~') or 'groups.db'}"
-        )
-    if path.endswith("/"):
-        raise ConfigurationError(
-            f"backend URL {shown!r}: the path {_show(path)} names a directory: add the file "
-            f"name, e.g. sqlite://{quote(path, safe='/:@')}groups.db"
-        )
-    options = _options(query, "sqlite", shown, allowed_options)
-    return BackendUrl("sqlite", (), path, 0, None, None, options)
+def did_you_mean(word: str, choices: Collection[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def show(value: str, limit: int = 80) -> str:
+    """``value`` quoted for a message, cut to ``limit`` characters."""
+    return repr(value if len(value) <= limit else value[: limit - 3] + "...")
 
 
 def _credentials(userinfo: str, shown: str) -> tuple[str | None, str | None]:
@@ -297,7 +299,7 @@ def _host_port(entry: str, default_port: int, shown: str) -> tuple[str, int]:
         host, after = (entry[1:end], entry[end + 1 :]) if end > 0 else ("", "")
         if not _IPV6.match(host) or (after and not after.startswith(":")):
             raise ConfigurationError(
-                f"backend URL {shown!r}: {_show(entry)} is not a bracketed IPv6 address: "
+                f"backend URL {shown!r}: {show(entry)} is not a bracketed IPv6 address: "
                 f"write it as [::1]:{default_port}"
             )
         port_text = after[1:] if after else None
@@ -309,14 +311,14 @@ def _host_port(entry: str, default_port: int, shown: str) -> tuple[str, int]:
             )
         if entry.count(":") > 1:
             raise ConfigurationError(
-                f"backend URL {shown!r}: {_show(entry)} has several ':'; an IPv6 address goes "
+                f"backend URL {shown!r}: {show(entry)} has several ':'; an IPv6 address goes "
                 f"in brackets, e.g. [::1]:{default_port}"
             )
         host, colon, port_given = entry.partition(":")
         port_text = port_given if colon else None
         if not _HOST.match(host):
             raise ConfigurationError(
-                f"backend URL {shown!r}: the host {_show(host)} is not a valid host name: use "
+                f"backend URL {shown!r}: the host {show(host)} is not a valid host name: use "
                 f"letters, digits, '.', '-' and '_' (ASCII; punycode for others), e.g. {example}"
             )
     if port_text is None:
@@ -326,57 +328,15 @@ def _host_port(entry: str, default_port: int, shown: str) -> tuple[str, int]:
         or not 1 <= int(port_text) <= 65535
     ):
         raise ConfigurationError(
-            f"backend URL {shown!r}: the port {_show(port_text)} of host {_show(host)} is not "
+            f"backend URL {shown!r}: the port {show(port_text)} of host {show(host)} is not "
             f"a number from 1 to 65535: write host:port, e.g. {host}:{default_port}, or leave "
             f"out ':port' for the default {default_port}"
         )
     return host, int(port_text)
 
 
-def _chroot(path_part: str, shown: str) -> str:
-    path = unquote(path_part)
-    if path in ("", "/"):
-        return "/"
-    fix = "write the chroot as /name/sub, e.g. zookeeper://zk1:2181/rebalancer/orders"
-    if not path.isprintable() or any("\ud800" <= c <= "\udfff" for c in path):
-        raise ConfigurationError(
-            f"backend URL {shown!r}: the ZooKeeper chroot {_show(path)} contains a NUL, "
-            f"control or unpaired surrogate character, which ZooKeeper refuses: {fix}"
-        )
-    segments = path[1:].removesuffix("/").split("/")
-    for segment in segments:
-        if segment in ("", ".", ".."):
-            raise ConfigurationError(
-                f"backend URL {shown!r}: the ZooKeeper chroot {_show(path)} has "
-                f"{'an empty segment' if not segment else f'the segment {segment!r}'}; ZooKeeper "
-                f"paths have no empty, '.' or '..' parts: {fix}"
-            )
-    if segments[0] == "zookeeper":
-        raise ConfigurationError(
-            f"backend URL {shown!r}: the chroot {_show(path)} is inside /zookeeper, which "
-            f"ZooKeeper reserves for itself: {fix}"
-        )
-    return "/" + "/".join(segments)
-
-
-def _redis_db(path_part: str, shown: str) -> int:
-    if path_part in ("", "/"):
-        return 0
-    text = unquote(path_part[1:])
-    if not (text.isascii() and text.isdigit() and len(text) <= 5) or int(text) > _REDIS_MAX_DB:
-        raise ConfigurationError(
-            f"backend URL {shown!r}: the Redis database {_show(text)} after the host is not a "
-            f"number from 0 to {_REDIS_MAX_DB}: write e.g. redis://host:6379/0, or leave the "
-            "path out for database 0"
-        )
-    return int(text)
-
-
 def _options(
-    query: str,
-    scheme: str,
-    shown: str,
-    allowed_options: Mapping[str, Collection[str]] | None,
+    query: str, scheme: str, shown: str, allowed_names: Collection[str] | None
 ) -> Mapping[str, str]:
     found: dict[str, str] = {}
     for piece in query.split("&"):
@@ -384,7 +344,7 @@ def _options(
             continue
         raw_key, equals, raw_value = piece.partition("=")
         key, value = unquote(raw_key), unquote(raw_value)
-        seen = "***" if _is_secret(key) else _show(value)
+        seen = "***" if _is_secret(key) else show(value)
         if not key:
             raise ConfigurationError(
                 f"backend URL {shown!r} has an option value with no name before '=': write "
@@ -392,53 +352,35 @@ def _options(
             )
         if not equals:
             raise ConfigurationError(
-                f"backend URL {shown!r}: the option {_show(key)} has no value: write "
+                f"backend URL {shown!r}: the option {show(key)} has no value: write "
                 f"{key}=VALUE, or remove it"
             )
         if not (key.isprintable() and value.isprintable()):
             raise ConfigurationError(
-                f"backend URL {shown!r}: the option {_show(key)} contains a control "
+                f"backend URL {shown!r}: the option {show(key)} contains a control "
                 "character in its name or value: remove it"
             )
         if key in found:
-            before = "***" if _is_secret(key) else _show(found[key])
+            before = "***" if _is_secret(key) else show(found[key])
             raise ConfigurationError(
-                f"backend URL {shown!r} gives the option {_show(key)} twice ({before} and "
+                f"backend URL {shown!r} gives the option {show(key)} twice ({before} and "
                 f"{seen}): keep only one"
             )
         found[key] = value
-    if allowed_options is not None:
-        allowed = sorted(allowed_options.get(scheme, ()))
+    if allowed_names is not None:
+        allowed = sorted(allowed_names)
         for key in found:
             if key not in allowed:
                 accepted = ", ".join(allowed) if allowed else "none"
                 raise ConfigurationError(
-                    f"backend URL {shown!r} has the unknown option {_show(key)}"
-                    f"{_did_you_mean(key, allowed)}: {scheme} URLs accept these options: "
+                    f"backend URL {shown!r} has the unknown option {show(key)}"
+                    f"{did_you_mean(key, allowed)}: {scheme} URLs accept these options: "
                     f"{accepted}. Correct or remove it"
                 )
     return MappingProxyType(found)
 
 
-def _not_a_url(text: str, shown: str) -> str:
-    if text.lower().startswith("sqlite:") and "@" not in text:
-        path = text[len("sqlite:") :]
-        if path.startswith("/"):
-            return (
-                f"backend URL {shown!r} needs three slashes after 'sqlite:': write sqlite://{path}"
-            )
-        return (
-            f"backend URL {shown!r} has the relative path {_show(path)}: sqlite needs an "
-            f"absolute path, three slashes then the path from the root, e.g. "
-            f"sqlite:///full/path/to/{path.lstrip('./~') or 'groups.db'}"
-        )
-    return (
-        f"backend URL {shown!r} is not of the form scheme://...: use one of "
-        f"{', '.join(_EXAMPLES.values())}"
-    )
-
-
-def _display(text: str) -> str:
+def _display(text: str, local_path: Callable[[str], bool]) -> str:
     """``text`` made safe to show although it may not parse: the password is cut out by the
     rules the parser uses; where an ``@`` makes those rules ambiguous, all after the scheme."""
     text = _SECRET_QUERY.sub(r"\g<head>***", text)
@@ -449,7 +391,7 @@ def _display(text: str) -> str:
         prefix = re.match(r"[A-Za-z][A-Za-z0-9+.\-]*:", text)
         return (prefix.group() if prefix else "") + "***"
     head, rest = text[: match.end()], text[match.end() :]
-    if match.group(1).lower() == "sqlite" and rest.startswith("/"):
+    if local_path(match.group(1).lower()) and rest.startswith("/"):
         return text  # no authority: an "@" belongs to the file path
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
@@ -471,12 +413,3 @@ def _parse_bool(text: str) -> bool:
 
 def _is_secret(name: str) -> bool:
     return _SECRET_NAME.search(name) is not None
-
-
-def _did_you_mean(word: str, choices: Collection[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _show(value: str, limit: int = 80) -> str:
-    return repr(value if len(value) <= limit else value[: limit - 3] + "...")

@@ -2,13 +2,14 @@
 
 =================================  ===========================================================
 ``file:///mount/dir/``             each sub-directory of a share is a resource (files.py)
-``s3://bucket/prefix/``            each sub-prefix of a prefix is a resource (s3.py; boto3)
+``s3://bucket/prefix/``            each sub-prefix of a prefix is a resource (s3/; boto3)
 ``static://a,b,c``                 a fixed list, the same as ``--resources a,b,c`` (static.py)
 ``rabbitmq://…``, ``amqp://…``     each queue is a resource (rabbitmq.py; pika)
 ``sqs://…``                        each queue is a resource (sqs.py; boto3)
 =================================  ===========================================================
 
-Every plug-in class takes the URL as its one argument and implements
+The schemes and where each plug-in lives are one line each in :mod:`.registry`. Every
+plug-in class takes the URL as its one argument, parses it itself and implements
 :class:`~rebalancer_spark.sources.base.ResourceSource`.
 """
 
@@ -20,29 +21,12 @@ from urllib.parse import urlsplit
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
+from rebalancer_spark.sources.registry import PLUGINS, plugin
 
-__all__ = ["SOURCES", "FileEntry", "FileSource", "ResourceSource", "open_source"]
+__all__ = ["PLUGINS", "SOURCES", "FileEntry", "FileSource", "ResourceSource", "open_source"]
 
-SOURCES: dict[str, str] = {
-    "amqp": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
-    "amqps": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
-    "file": "rebalancer_spark.sources.files:FileShareSource",
-    "rabbitmq": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
-    "rabbitmqs": "rebalancer_spark.sources.rabbitmq:RabbitMqSource",
-    "s3": "rebalancer_spark.sources.s3:S3Source",
-    "sqs": "rebalancer_spark.sources.sqs:SqsSource",
-    "static": "rebalancer_spark.sources.static:StaticSource",
-}
-"""Scheme → ``module:Class`` of the plug-in that reads it."""
-
-_EXTRAS = {
-    "s3": "s3",
-    "sqs": "sqs",
-    "rabbitmq": "rabbitmq",
-    "rabbitmqs": "rabbitmq",
-    "amqp": "rabbitmq",
-    "amqps": "rabbitmq",
-}
+SOURCES: dict[str, str] = {s: p.implementation for p in PLUGINS for s in sorted(p.schemes)}
+"""Scheme → ``module:Class`` of the plug-in that reads it (derived from :data:`PLUGINS`)."""
 
 
 def open_source(url: str) -> ResourceSource:
@@ -53,8 +37,8 @@ def open_source(url: str) -> ResourceSource:
     if target is None:
         raise ConfigurationError(
             f"source {redact_url(url)!r} has the unknown scheme {scheme!r}: the known schemes "
-            f"are {', '.join(sorted(SOURCES))} (e.g. s3://bucket/prefix/, file:///abs/dir/, "
-            "static://a,b,c)"
+            f"are {', '.join(sorted(SOURCES))} (e.g. "
+            f"{', '.join(p.example() for p in PLUGINS if p.name in ('s3', 'files', 'static'))})"
         )
     module_name, _, class_name = target.partition(":")
     try:
@@ -65,10 +49,11 @@ def open_source(url: str) -> ResourceSource:
                 f"source scheme {scheme!r} is not available in this installation (module "
                 f"{module_name} is missing): upgrade rebalancer-spark or use another source"
             ) from None
-        extra = _EXTRAS.get(scheme, "all")
+        found = plugin(scheme)
+        hint = found.install_hint() if found else "pip install 'rebalancer-spark[all]'"
         raise ConfigurationError(
             f"source {redact_url(url)!r} needs the Python package {exc.name!r}, which is not "
-            f"installed: pip install 'rebalancer-spark[{extra}]'"
+            f"installed: {hint}"
         ) from None
     cls = getattr(module, class_name)
     source = cls(url)

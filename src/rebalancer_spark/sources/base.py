@@ -8,15 +8,23 @@ result, so a new directory is picked up and a vanished one released. A failed li
 the listing failed.
 
 File-like sources also implement :class:`FileSource`: the files of one resource, so that a
-job reads only what the previous owner did not commit.
+job reads only what the previous owner did not commit. A file source may bring its own
+Spark-side loading (:meth:`FileSource.load`, :meth:`FileSource.prepare_spark`: S3 does, for
+reading with or without hadoop-aws); the Spark glue calls only these hooks, so it knows no
+concrete source.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rebalancer_spark.core.model import Resource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["FileEntry", "FileSource", "ResourceSource"]
 
@@ -50,3 +58,23 @@ class FileSource(ResourceSource):
     @abc.abstractmethod
     def location(self, resource: str) -> str:
         """Where Spark reads the resource's files from (a path or URL ending in '/')."""
+
+    def load(
+        self,
+        spark: SparkSession,
+        resource: str,
+        names: Sequence[str],
+        *,
+        format: str,
+        schema: str | None,
+        options: Mapping[str, str],
+    ) -> DataFrame | None:
+        """The files ``names`` of ``resource`` as one DataFrame with a ``_file`` column (the
+        path or URL each row came from), loaded the source's own way; or None (the default)
+        for Spark's reader on the paths under :meth:`location`."""
+        return None
+
+    def prepare_spark(self, spark: SparkSession) -> None:
+        """Set what ``spark`` needs to write next to this source (S3: the bucket's endpoint
+        and credentials), before an output opens; the default sets nothing."""
+        return None

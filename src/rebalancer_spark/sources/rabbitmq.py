@@ -63,12 +63,13 @@ from rebalancer_spark.sources.queues import (
     parse_query,
     split_names,
 )
+from rebalancer_spark.sources.registry import plugin_named
 
 __all__ = ["RabbitMqSource"]
 
 log = logging.getLogger("rebalancer_spark.sources.rabbitmq")
 
-_SCHEMES = {"rabbitmq": False, "amqp": False, "rabbitmqs": True, "amqps": True}
+_PLUGIN = plugin_named("rabbitmq")  # its schemes, and which of them mean TLS
 _OPTIONS = ("batch", "dedupe", "heartbeat", "management", "password_file", "pattern", "queues")
 PASSWORD_ENV = "RABBITMQ_PASSWORD"  # noqa: S105 - a variable name, not a password
 """The environment variable a user's password is read from when the URL has none."""
@@ -93,7 +94,7 @@ class RabbitMqSource(QueueSource):
         shown = redact_url(url)
         where = f"source {shown!r}"
         parts = urlsplit(url)
-        if parts.scheme not in _SCHEMES:
+        if parts.scheme not in _PLUGIN.schemes:
             raise ConfigurationError(
                 f"{where} is not a RabbitMQ URL: write rabbitmq://USER:PASSWORD@HOST:5672/"
                 "VHOST?queues=a,b"
@@ -108,7 +109,7 @@ class RabbitMqSource(QueueSource):
             raise ConfigurationError(
                 f"{where} names no host: write rabbitmq://USER:PASSWORD@HOST:5672/VHOST?queues=a"
             )
-        self.tls = _SCHEMES[parts.scheme]
+        self.tls = parts.scheme in _PLUGIN.tls_schemes
         self.host = host
         self.port = port or (5671 if self.tls else 5672)
         path = parts.path

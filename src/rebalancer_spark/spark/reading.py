@@ -1,10 +1,11 @@
 """DataFrames of file resources: the files of one batch of one resource.
 
 :func:`load_files` reads named files of one resource of any
-:class:`~rebalancer_spark.sources.base.FileSource`: Spark's own reader on the source's paths
-(local disks, NFS/SMB mounts, ``hdfs://``), or :mod:`.s3_read` for S3. Every row gets
-``_file``, the path or URL it came from. :meth:`~.batch.Batch.read` adds ``_resource`` (the
-resource id) and ``_batch`` (the batch id).
+:class:`~rebalancer_spark.sources.base.FileSource`: the source's own loading where it has one
+(:meth:`~rebalancer_spark.sources.base.FileSource.load`; S3's, with or without hadoop-aws),
+else Spark's own reader on the source's paths (local disks, NFS/SMB mounts, ``hdfs://``).
+Every row gets ``_file``, the path or URL it came from. :meth:`~.batch.Batch.read` adds
+``_resource`` (the resource id) and ``_batch`` (the batch id).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.sources.base import FileSource
-from rebalancer_spark.sources.s3 import S3Source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -38,12 +38,9 @@ def load_files(
     options: Mapping[str, str],
 ) -> DataFrame:
     """The files ``names`` (relative to ``resource``) as one DataFrame with ``_file``."""
-    if isinstance(source, S3Source):
-        from rebalancer_spark.spark.s3_read import load_s3
-
-        return load_s3(
-            spark, source, resource, names, format=format, schema=schema, options=options
-        )
+    own = source.load(spark, resource, names, format=format, schema=schema, options=options)
+    if own is not None:
+        return own
     from pyspark.sql import functions as sf
 
     base = source.location(resource)

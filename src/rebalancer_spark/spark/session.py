@@ -28,7 +28,7 @@ from rebalancer_spark.core.events import EventSink
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
-from rebalancer_spark.sources import ResourceSource, open_source
+from rebalancer_spark.sources import FileSource, ResourceSource, open_source
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.outputs import Output, open_output
 from rebalancer_spark.spark.source import AssignedSource, ReadSettings
@@ -170,13 +170,10 @@ class RebalancerNode:
         return self._output
 
     def _configure_s3a(self) -> None:
-        """An output in the bucket of an S3 source is written with that source's endpoint
-        and credentials: set them before the output reads its settings from Spark's conf."""
-        from rebalancer_spark.sources.s3 import S3Source
-        from rebalancer_spark.spark.s3_read import configure_s3a, s3a_available
-
-        if isinstance(self.source, S3Source) and s3a_available(self.spark):
-            configure_s3a(self.spark, self.source)
+        """An output next to a file source is written with what Spark needs to reach it (an
+        S3 source's endpoint and credentials): set it before the output reads Spark's conf."""
+        if isinstance(self.source, FileSource):
+            self.source.prepare_spark(self.spark)
 
     def owns(self, resource: str, epoch: int) -> bool:
         """Whether this job owns ``resource`` at ``epoch`` now, from memory (False once the

@@ -29,8 +29,10 @@ from rebalancer_spark.audit import DeltaAuditLog
 from rebalancer_spark.core.config import MemberConfig
 from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
 from rebalancer_spark.core.events import EventSink
+from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.member import Member, default_backend_url
 from rebalancer_spark.shutdown import exit_process
+from rebalancer_spark.sources import open_source
 from rebalancer_spark.sources.queues import QueueSource
 from rebalancer_spark.spark.outputs import DeltaOutput
 from rebalancer_spark.spark.queue_loop import QueueLoop
@@ -43,17 +45,15 @@ __all__ = ["main", "open_queue_source"]
 
 
 def open_queue_source(url: str) -> QueueSource:
-    """The queue source of ``url`` (rabbitmq://, amqp://, rabbitmqs://, amqps:// or sqs://)."""
-    scheme = url.partition("://")[0].lower()
-    if scheme in ("rabbitmq", "amqp", "rabbitmqs", "amqps"):
-        from rebalancer_spark.sources.rabbitmq import RabbitMqSource
-
-        return RabbitMqSource(url)
-    if scheme == "sqs":
-        from rebalancer_spark.sources.sqs import SqsSource
-
-        return SqsSource(url)
-    raise ConfigurationError(f"unknown queue source scheme {scheme!r}: use rabbitmq:// or sqs://")
+    """The queue source of ``url`` (a queue plug-in's URL: rabbitmq://, amqp://, sqs:// ...),
+    opened through the source registry."""
+    source = open_source(url)
+    if not isinstance(source, QueueSource):
+        raise ConfigurationError(
+            f"source {redact_url(url)!r} is a {type(source).__name__}, not a queue source: "
+            "give a queue URL such as rabbitmq://USER@HOST/VHOST?queues=a or sqs://REGION/PREFIX"
+        )
+    return source
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:

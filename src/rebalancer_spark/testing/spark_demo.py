@@ -24,7 +24,7 @@ from typing import TypeVar
 from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.core.model import GroupState
-from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.sources import FileSource, open_source
 from rebalancer_spark.spark.packages import spark_submit_command
 
 __all__ = ["DemoReport", "run_demo"]
@@ -204,7 +204,8 @@ def run_demo(
         for member, resources in sorted(report.split_after.items()):
             say(f"  {member}: {', '.join(resources)}")
 
-        source = FileShareSource(landing.resolve().as_uri() + "/")
+        source = open_source(landing.resolve().as_uri() + "/")
+        assert isinstance(source, FileSource)
         _wait(lambda: _all_committed(store, group, source), timeout, "every file to be committed")
         say("\nevery file committed; stopping the jobs gracefully (SIGTERM)")
         for name, job in running.items():
@@ -246,7 +247,7 @@ def _committed_batches(store: Backend, group: str, member: str) -> int:
     return sum(int(p.value.get("next", 1)) - 1 for p in progress.values() if p.value)
 
 
-def _all_committed(store: Backend, group: str, source: FileShareSource) -> bool:
+def _all_committed(store: Backend, group: str, source: FileSource) -> bool:
     resources = [r.id for r in source.discover()]
     progress = store.progress(group, resources)
     for resource in resources:

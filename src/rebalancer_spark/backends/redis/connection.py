@@ -14,34 +14,18 @@ it may be running. Every script is safe to run twice (see ``docs/backends/redis.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from rebalancer_spark.backends.redis.url import OPTIONS, TLS_OPTIONS
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["OPTIONS", "TLS_OPTIONS", "open_client"]
-
-TLS_OPTIONS: Mapping[str, str] = {
-    "ca_file": "rediss:// only: PEM file of the CA certificates that signed the server's "
-    "certificate (default: the system's trusted CAs)",
-    "cert_file": "rediss:// only: PEM client certificate, for servers started with "
-    "tls-auth-clients yes",
-    "key_file": "rediss:// only: PEM private key of cert_file",
-    "key_password": "rediss:// only: the password of an encrypted key_file",
-    "check_hostname": "rediss:// only: check that the certificate names the host "
-    "(default true; the certificate chain is verified either way)",
-}
-
-OPTIONS: Mapping[str, str] = {
-    "timeout": "seconds one command may take before the store counts as unreachable (default 5)",
-    "connect_timeout": "seconds to wait for a new connection (default 5)",
-    **TLS_OPTIONS,
-}
 
 
 def _seconds(name: str) -> Callable[[str], float]:

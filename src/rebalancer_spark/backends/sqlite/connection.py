@@ -1,6 +1,6 @@
 """Opening the database file and turning :mod:`sqlite3` errors into the library's errors.
 
-The URL options (``poll``, ``busy_timeout``) are declared here with their parser; every
+The parser of the URL options (``poll``, ``busy_timeout``, declared in :mod:`.url`); every
 connection is in autocommit mode (``isolation_level=None``) so that transactions are begun
 explicitly, and may be used from any thread (callers serialise their use).
 """
@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
+from rebalancer_spark.backends.sqlite.url import OPTIONS
 from rebalancer_spark.core.errors import BackendUnavailable, CorruptStateError
 
 __all__ = ["OPTIONS", "connect", "open_database", "positive", "translate"]
-
-OPTIONS: Mapping[str, str] = {
-    "poll": "seconds between checks for changes (default 0.02)",
-    "busy_timeout": "seconds to wait for the write lock (default 10)",
-}
 
 
 def positive(name: str) -> Callable[[str], float]:

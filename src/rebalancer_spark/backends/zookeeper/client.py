@@ -31,6 +31,7 @@ from kazoo.protocol.serialization import Connect
 from kazoo.retry import KazooRetry
 from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl, make_digest_acl_credential
 
+from rebalancer_spark.backends.zookeeper.url import OPTIONS
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError
 from rebalancer_spark.core.urls import BackendUrl
 
@@ -43,16 +44,6 @@ __all__ = [
     "stop_client",
     "wait",
 ]
-
-OPTIONS: Mapping[str, str] = {
-    "connect_timeout": "seconds to wait for a connection to the ensemble (default 10)",
-    "request_timeout": "seconds to wait for the answer to one request (default 10)",
-    "use_ssl": "connect with TLS to the servers' secureClientPort (default false)",
-    "ca": "TLS: file of the CA certificates that signed the servers' certificates",
-    "certfile": "TLS: this client's certificate file (for servers that require one)",
-    "keyfile": "TLS: the private key of certfile",
-    "verify_certs": "TLS: check the servers' certificates (default true)",
-}
 
 
 class _Redact(logging.Filter):

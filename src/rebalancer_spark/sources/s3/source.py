@@ -14,7 +14,7 @@ URL options (query string), each at most once; anything else is refused:
                     ``objects`` or ``bytes`` (lists every object on each discovery)
 ``page_size``       keys per listing request, 1 to 1000 (default 1000)
 ``reader``          how Spark reads: ``auto`` (default), ``s3a`` or ``arrow``
-                    (see :mod:`rebalancer_spark.spark.s3_read`)
+                    (see :mod:`.spark_read`)
 ``connect_timeout`` seconds per connection attempt (default 5)
 ``retries``         attempts per request, standard boto3 retry mode (default 3)
 ==================  ======================================================================
@@ -51,7 +51,9 @@ from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.sources.base import FileEntry, FileSource
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping, Sequence
+
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["S3Source"]
 
@@ -314,3 +316,27 @@ class S3Source(FileSource):
 
     def location(self, resource: str) -> str:
         return f"s3://{self.bucket}/{self.key_prefix(resource)}"
+
+    def load(
+        self,
+        spark: SparkSession,
+        resource: str,
+        names: Sequence[str],
+        *,
+        format: str,
+        schema: str | None,
+        options: Mapping[str, str],
+    ) -> DataFrame:
+        """The objects ``names`` of ``resource``, read by Spark's ``s3a://`` reader or the
+        Arrow fallback (the ``reader`` option; :mod:`.spark_read`)."""
+        from rebalancer_spark.sources.s3.spark_read import load_s3
+
+        return load_s3(spark, self, resource, names, format=format, schema=schema, options=options)
+
+    def prepare_spark(self, spark: SparkSession) -> None:
+        """An output in this source's bucket is written with its endpoint and credentials:
+        set them as per-bucket S3A keys where Spark has hadoop-aws."""
+        from rebalancer_spark.sources.s3.spark_read import configure_s3a, s3a_available
+
+        if s3a_available(spark):
+            configure_s3a(spark, self)

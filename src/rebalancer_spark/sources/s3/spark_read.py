@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
-from rebalancer_spark.sources.s3 import S3Source
+from rebalancer_spark.sources.s3.source import S3Source
 from rebalancer_spark.spark.packages import HADOOP_AWS
 
 if TYPE_CHECKING:
