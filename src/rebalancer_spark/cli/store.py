@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-from rebalancer_spark.backends import check_backend_url, open_backend
+from rebalancer_spark.backends import check_backend_url, open_backend, store_missing
 from rebalancer_spark.core.model import GroupState, Progress
 from rebalancer_spark.member import default_backend_url
 
@@ -19,12 +17,10 @@ def backend_url(given: str | None) -> str:
 def missing_store(url: str) -> str | None:
     """``"store URL does not exist"`` (redacted) when ``url`` names a store that only members
     create and it does not exist yet, else None (it exists, or it is a server, whose absence
-    shows when connecting). Raises a ``ConfigurationError`` for a bad URL.
-
-    The one place that knows which schemes name a file: a backend's plug-in descriptor is to
-    own this rule."""
+    shows when connecting); the backend's plug-in says which (``store_missing``). Raises a
+    ``ConfigurationError`` for a bad URL."""
     parsed = check_backend_url(url)
-    if parsed.scheme == "sqlite" and not os.path.exists(parsed.path):
+    if store_missing(parsed):
         return f"store {parsed.redacted()} does not exist"
     return None
 
