@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 __all__ = [
     "COMMIT_TIME_RESOLUTION",
@@ -115,32 +116,17 @@ def grants(events: Iterable[Mapping[str, object]]) -> dict[tuple[str, str, int],
             prev, at = e.get("prev_epoch"), e.get("freed_at")
             if prev is not None and at is not None:
                 how = "expired" if e.get("freed") == "expired" else "released"
-                key = (group, resource, _int(prev))
-                if key not in freed or _float(at) < freed[key][0]:
-                    freed[key] = (_float(at), how)
+                _keep_earliest(freed, (group, resource, _int(prev)), (_float(at), how))
         elif kind in ("released", "lost"):
-            ending = (_float(e["at"]), kind)
             key4 = (group, resource, str(e["session_id"]), epoch)
-            if key4 not in closed or ending[0] < closed[key4][0]:
-                closed[key4] = ending
-    # Per resource: its epochs in order, and the earliest start of any later epoch.
-    starts: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    for (group, resource, epoch), rows in opened.items():
-        starts[(group, resource)].append((epoch, min(_float(r["at"]) for r in rows)))
-    next_start: dict[tuple[str, str, int], float] = {}
-    for (group, resource), items in starts.items():
-        items.sort()
-        earliest = math.inf
-        for epoch, start in reversed(items):
-            next_start[(group, resource, epoch)] = earliest
-            earliest = min(earliest, start)
+            _keep_earliest(closed, key4, (_float(e["at"]), kind))
+    later = _next_starts(opened)
     out: dict[tuple[str, str, int], list[Grant]] = {}
     for (group, resource, epoch), rows in opened.items():
-        later = next_start[(group, resource, epoch)]
         found: list[Grant] = []
         for row in rows:
             session = str(row["session_id"])
-            ends = [(math.inf, "open"), (later, "superseded")]
+            ends = [(math.inf, "open"), (later[(group, resource, epoch)], "superseded")]
             if (group, resource, epoch) in freed:
                 ends.append(freed[(group, resource, epoch)])
             if (group, resource, session, epoch) in closed:
@@ -152,6 +138,31 @@ def grants(events: Iterable[Mapping[str, object]]) -> dict[tuple[str, str, int],
             )
         out[(group, resource, epoch)] = sorted(found, key=lambda g: g.start)
     return out
+
+
+_K = TypeVar("_K")
+
+
+def _keep_earliest(ends: dict[_K, tuple[float, str]], key: _K, end: tuple[float, str]) -> None:
+    if key not in ends or end[0] < ends[key][0]:
+        ends[key] = end
+
+
+def _next_starts(
+    opened: Mapping[tuple[str, str, int], Sequence[Mapping[str, object]]],
+) -> dict[tuple[str, str, int], float]:
+    """Per (group, resource, epoch): the earliest start of any later epoch (inf: none)."""
+    starts: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for (group, resource, epoch), rows in opened.items():
+        starts[(group, resource)].append((epoch, min(_float(r["at"]) for r in rows)))
+    next_start: dict[tuple[str, str, int], float] = {}
+    for (group, resource), items in starts.items():
+        items.sort()
+        earliest = math.inf
+        for epoch, start in reversed(items):
+            next_start[(group, resource, epoch)] = earliest
+            earliest = min(earliest, start)
+    return next_start
 
 
 def check_commits(
