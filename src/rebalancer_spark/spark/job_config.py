@@ -134,22 +134,17 @@ class JobConfig:
 
     def _shown(self, name: str) -> str:
         member = self.member
-        if name == "backend":
-            return member.backend_url.redacted()
-        if name == "heartbeat_interval" and member.heartbeat_interval is None:
-            return f"{member.effective_heartbeat_interval:g}s (session_timeout / 5)"
-        if name == "safety_margin" and member.safety_margin is None:
-            return f"{member.effective_safety_margin:g}s (the default margin)"
+        derived = {
+            "backend": lambda: member.backend_url.redacted(),
+            "heartbeat_interval": lambda: (
+                f"{member.effective_heartbeat_interval:g}s (session_timeout / 5)"
+            ),
+            "safety_margin": lambda: f"{member.effective_safety_margin:g}s (the default margin)",
+        }
         value = getattr(member if name in CONFIG_KEYS else self, name)
-        if value is None:
-            return "-"
-        kind = BY_NAME[name].kind
-        if kind == "duration":
-            return f"{value:g}s"
-        if kind == "list":
-            more = f", ... ({len(value)} in all)" if len(value) > 10 else ""
-            return redact_url(", ".join(value[:10]) + more)
-        return redact_url(str(value))
+        if name in derived and (name == "backend" or value is None):
+            return derived[name]()
+        return _shown_value(BY_NAME[name].kind, value)
 
     def __repr__(self) -> str:  # kept by @dataclass; shows URLs and secret options redacted
         shown: dict[str, object] = {}
@@ -163,6 +158,19 @@ class JobConfig:
                 value = tuple(redact_url(r) for r in value)
             shown[f.name] = value
         return f"JobConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+def _shown_value(kind: str, value: object) -> str:
+    """An option's value as the options table shows it: durations in seconds, long lists cut
+    at ten, URLs redacted, ``-`` for none."""
+    if value is None:
+        return "-"
+    if kind == "duration":
+        return f"{value:g}s"
+    if kind == "list" and isinstance(value, list | tuple):
+        more = f", ... ({len(value)} in all)" if len(value) > 10 else ""
+        return redact_url(", ".join(str(v) for v in value[:10]) + more)
+    return redact_url(str(value))
 
 
 # --- checks ---------------------------------------------------------------------------------------
