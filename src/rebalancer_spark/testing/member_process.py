@@ -132,6 +132,58 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class _Counters:
+    """The member's work: one counter per (resource, epoch), started from the progress handed
+    over and committed, fenced, every ``work_interval``; every step written to the trail."""
+
+    def __init__(self, trail: Trail) -> None:
+        self.trail = trail
+        self.counters: dict[tuple[str, int], int] = {}
+        self.lock = threading.Lock()
+
+    def assigned(self, owned: Sequence[OwnedResource]) -> None:
+        with self.lock:
+            for o in owned:
+                start = o.progress if isinstance(o.progress, int) else 0
+                self.counters.setdefault((o.resource, o.epoch), start)  # the loop may be ahead
+                self.trail.write(
+                    {
+                        "kind": "handed",
+                        "resource": o.resource,
+                        "epoch": o.epoch,
+                        "progress": o.progress,
+                        "at": time.time(),
+                    }
+                )
+
+    def commit(self, member: Member, owned: OwnedResource) -> None:
+        key = (owned.resource, owned.epoch)
+        with self.lock:
+            # assigned() may list a resource a moment before on_assigned for it ran: the
+            # progress handed over travels with the OwnedResource itself.
+            handed = owned.progress if isinstance(owned.progress, int) else 0
+            value = self.counters.get(key, handed) + 1
+        record: dict[str, object] = {
+            "kind": "commit",
+            "resource": owned.resource,
+            "epoch": owned.epoch,
+            "value": value,
+            "started_at": time.time(),
+        }
+        try:
+            member.commit(owned.resource, value, epoch=owned.epoch)
+        except FencedError as exc:
+            self.trail.write(record | {"ok": False, "at": time.time(), "error": str(exc)[:200]})
+            return
+        except RebalancerError as exc:
+            error = {"kind": "commit_error", "resource": owned.resource, "error": str(exc)[:200]}
+            self.trail.write(error | {"at": time.time()})
+            return
+        with self.lock:
+            self.counters[key] = value
+        self.trail.write(record | {"ok": True, "at": time.time()})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     options: dict[str, object] = dict(o.split("=", 1) for o in args.option)
@@ -141,24 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with open(args.log, "a", encoding="utf-8") as stream:
         trail = Trail(stream)
-        counters: dict[tuple[str, int], int] = {}
-        lock = threading.Lock()
-
-        def assigned(owned: Sequence[OwnedResource]) -> None:
-            with lock:
-                for o in owned:
-                    start = o.progress if isinstance(o.progress, int) else 0
-                    counters.setdefault((o.resource, o.epoch), start)  # the loop may be ahead
-                    trail.write(
-                        {
-                            "kind": "handed",
-                            "resource": o.resource,
-                            "epoch": o.epoch,
-                            "progress": o.progress,
-                            "at": time.time(),
-                        }
-                    )
-
+        work = _Counters(trail)
         resources = None if args.resources is None else args.resources.split(",")
         sinks: list[EventSink] = [trail.event]
         audit = None
@@ -167,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             audit = DeltaAuditLog(args.audit)
             sinks.append(audit)
-        member = Member(config, resources=resources, on_assigned=assigned, event_sinks=sinks)
+        member = Member(config, resources=resources, on_assigned=work.assigned, event_sinks=sinks)
         try:
             member.start()
         except RebalancerError as exc:
@@ -177,52 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ready", flush=True)
         while not stop.wait(args.work_interval):
             for owned in member.assigned():
-                key = (owned.resource, owned.epoch)
-                with lock:
-                    # assigned() may list a resource a moment before on_assigned for it ran:
-                    # the progress handed over travels with the OwnedResource itself.
-                    handed = owned.progress if isinstance(owned.progress, int) else 0
-                    value = counters.get(key, handed) + 1
-                started = time.time()
-                try:
-                    member.commit(owned.resource, value, epoch=owned.epoch)
-                except FencedError as exc:
-                    trail.write(
-                        {
-                            "kind": "commit",
-                            "resource": owned.resource,
-                            "epoch": owned.epoch,
-                            "value": value,
-                            "ok": False,
-                            "started_at": started,
-                            "at": time.time(),
-                            "error": str(exc)[:200],
-                        }
-                    )
-                    continue
-                except RebalancerError as exc:
-                    trail.write(
-                        {
-                            "kind": "commit_error",
-                            "resource": owned.resource,
-                            "error": str(exc)[:200],
-                            "at": time.time(),
-                        }
-                    )
-                    continue
-                with lock:
-                    counters[key] = value
-                trail.write(
-                    {
-                        "kind": "commit",
-                        "resource": owned.resource,
-                        "epoch": owned.epoch,
-                        "value": value,
-                        "ok": True,
-                        "started_at": started,
-                        "at": time.time(),
-                    }
-                )
+                work.commit(member, owned)
         member.stop()
         if audit is not None:
             audit.close()
