@@ -124,32 +124,61 @@ def run_demo(
     timeout: float = 600.0,
 ) -> DemoReport:
     """Run the scenario in ``workdir`` (created fresh); see the module docstring."""
-    from rebalancer_spark.audit import history, load_events, verify_events
-
     report = DemoReport()
     workdir.mkdir(parents=True, exist_ok=True)
-    landing, output, audit = workdir / "landing", workdir / "output", workdir / "audit"
-    logs = workdir / "logs"
-    logs.mkdir(exist_ok=True)
+    landing = workdir / "landing"
+    (workdir / "logs").mkdir(exist_ok=True)
     backend = backend or f"sqlite://{workdir.resolve()}/groups.db"
-    group = "demo"
     ids = generate_landing(landing, dirs, files, rows)
     report.files, report.rows = dirs * files, len(ids)
     say(f"generated {dirs} directories x {files} files x {rows} rows in {landing}")
-
-    repo = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    running: dict[str, _Job] = {}
-    store = open_backend(backend)
+    demo = _Demo(workdir, backend, report, say, timeout)
     try:
+        demo.start_jobs(jobs, session_timeout, master)
+        demo.kill_one(jobs, session_timeout)
+        demo.finish()
+    finally:
+        demo.close()
+    _judge(report, workdir, ids, say)
+    return report
+
+
+class _Demo:
+    """The running jobs of the scenario and the store they share."""
+
+    group = "demo"
+
+    def __init__(
+        self,
+        workdir: Path,
+        backend: str,
+        report: DemoReport,
+        say: Callable[[str], None],
+        timeout: float,
+    ) -> None:
+        self.workdir = workdir
+        self.backend = backend
+        self.report = report
+        self.say = say
+        self.timeout = timeout
+        self.running: dict[str, _Job] = {}
+        self.source_url = (workdir / "landing").resolve().as_uri() + "/"
+        self.store = open_backend(backend)
+
+    def start_jobs(self, jobs: int, session_timeout: float, master: str) -> None:
+        repo = Path(__file__).resolve().parents[3]
+        env = {
+            **os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable
+        }  # fmt: skip
         for i in range(1, jobs + 1):
             name = f"job-{i}"
             cmd = spark_submit_command(
                 repo / "jobs" / "ingest_files.py",
-                "--group", group, "--backend", backend, "--member-id", name,
-                "--source", landing.resolve().as_uri() + "/", "--output", str(output),
-                "--audit", str(audit), "--schema", SCHEMA, "--max-files-per-batch", "2",
-                "--poll-interval", "0.5s", "--discovery-interval", "5s",
+                "--group", self.group, "--backend", self.backend, "--member-id", name,
+                "--source", self.source_url, "--output", str(self.workdir / "output"),
+                "--audit", str(self.workdir / "audit"), "--schema", SCHEMA,
+                "--max-files-per-batch", "2", "--poll-interval", "0.5s",
+                "--discovery-interval", "5s",
                 master=master,
                 conf={
                     "spark.ui.enabled": "false", "spark.driver.memory": "512m",
@@ -157,76 +186,91 @@ def run_demo(
                     "spark.rebalancer.session-timeout": f"{session_timeout}s",
                 },
             )  # fmt: skip
-            running[name] = _Job(name, cmd, logs / f"{name}.log", env)
-            say(f"started {name}: spark-submit jobs/ingest_files.py --group {group} ...")
+            self.running[name] = _Job(name, cmd, self.workdir / "logs" / f"{name}.log", env)
+            self.say(f"started {name}: spark-submit jobs/ingest_files.py --group {self.group} ...")
+        state = _wait(
+            lambda: self.live(jobs), self.timeout, f"{jobs} jobs to join and split the work"
+        )
+        self.report.split = _split(state)
+        self.say(f"\nthe split ({len(state.resources)} directories, {jobs} jobs):")
+        for member, resources in sorted(self.report.split.items()):
+            self.say(f"  {member}: {', '.join(resources)}")
 
-        def live(count: int) -> GroupState | None:
-            for job in running.values():
-                if job.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{job.name} exited with {job.proc.returncode}:\n{job.tail()}"
-                    )
-            state = store.state(group)
-            active = [m for m in state.members.values() if not m.leaving]
-            return state if len(active) == count and state.is_stable() else None
+    def live(self, count: int) -> GroupState | None:
+        """The group once ``count`` jobs are in it and it is stable; a job that exited fails."""
+        for job in self.running.values():
+            if job.proc.poll() is not None:
+                raise RuntimeError(f"{job.name} exited with {job.proc.returncode}:\n{job.tail()}")
+        state = self.store.state(self.group)
+        active = [m for m in state.members.values() if not m.leaving]
+        return state if len(active) == count and state.is_stable() else None
 
-        state = _wait(lambda: live(jobs), timeout, f"{jobs} jobs to join and split the work")
-        report.split = _split(state)
-        say(f"\nthe split ({len(state.resources)} directories, {jobs} jobs):")
-        for member, resources in sorted(report.split.items()):
-            say(f"  {member}: {', '.join(resources)}")
-
-        victim = f"job-{min(2, jobs)}"
+    def kill_one(self, jobs: int, session_timeout: float) -> None:
+        """kill -9 a job's driver once it committed some batches; time the others' takeover."""
+        report, victim = self.report, f"job-{min(2, jobs)}"
         _wait(
-            lambda: _committed_batches(store, group, victim) >= 2,
-            timeout,
+            lambda: _committed_batches(self.store, self.group, victim) >= 2,
+            self.timeout,
             f"{victim} to commit some batches",
         )
         report.killed = victim
         report.killed_resources = report.split.get(victim, [])
-        pid = int(store.state(group).members[victim].info["pid"])
+        pid = int(self.store.state(self.group).members[victim].info["pid"])
         os.kill(pid, signal.SIGKILL)  # the Python driver, where the member lives
         killed_at = time.monotonic()
-        victim_job = running.pop(victim)
+        victim_job = self.running.pop(victim)
         victim_job.proc.kill()  # and its spark-submit JVM
         victim_job.proc.wait(60)
-        say(
-            f"\nkill -9 {victim} (driver pid {pid}), which owned {len(report.killed_resources)} "
-            "directories"
+        self.say(
+            f"\nkill -9 {victim} (driver pid {pid}), which owned "
+            f"{len(report.killed_resources)} directories"
         )
-        state = _wait(lambda: live(jobs - 1), timeout, "the others to take over")
+        state = _wait(lambda: self.live(jobs - 1), self.timeout, "the others to take over")
         report.takeover_seconds = time.monotonic() - killed_at
         report.split_after = _split(state)
-        say(
+        self.say(
             f"taken over in {report.takeover_seconds:.1f} s (session timeout "
             f"{session_timeout:g} s):"
         )
         for member, resources in sorted(report.split_after.items()):
-            say(f"  {member}: {', '.join(resources)}")
+            self.say(f"  {member}: {', '.join(resources)}")
 
-        source = open_source(landing.resolve().as_uri() + "/")
+    def finish(self) -> None:
+        """Wait until every file is committed, then stop the jobs gracefully."""
+        source = open_source(self.source_url)
         assert isinstance(source, FileSource)
-        _wait(lambda: _all_committed(store, group, source), timeout, "every file to be committed")
-        say("\nevery file committed; stopping the jobs gracefully (SIGTERM)")
-        for name, job in running.items():
-            record = store.state(group).members.get(name)
+        _wait(
+            lambda: _all_committed(self.store, self.group, source),
+            self.timeout,
+            "every file to be committed",
+        )
+        self.say("\nevery file committed; stopping the jobs gracefully (SIGTERM)")
+        for name, job in self.running.items():
+            record = self.store.state(self.group).members.get(name)
             if record is not None:
                 os.kill(int(record.info["pid"]), signal.SIGTERM)
-            report.exit_codes[name] = job.proc.wait(timeout=120)
-        running.clear()
-    finally:
-        for job in running.values():
+            self.report.exit_codes[name] = job.proc.wait(timeout=120)
+        self.running.clear()
+
+    def close(self) -> None:
+        for job in self.running.values():
             job.proc.kill()
             job.proc.wait(30)
-        store.close()
+        self.store.close()
 
-    events = load_events(str(audit), group=group)
+
+def _judge(report: DemoReport, workdir: Path, ids: set[str], say: Callable[[str], None]) -> None:
+    """Read the audit and output tables: the history, both verdicts, exactly once."""
+    from rebalancer_spark.audit import history, load_events, verify_events
+
+    audit, output = workdir / "audit", workdir / "output"
+    events = load_events(str(audit), group=_Demo.group)
     report.history = history(events)
     verdict = verify_events(events)
-    checked = verify_output(str(audit), str(output), group=group)
+    checked = verify_output(str(audit), str(output), group=_Demo.group)
     report.audit_ok = verdict.ok and checked.ok
     report.audit_report = f"{verdict.report()}\n{checked.report()}"
-    _check_output(report, output, ids, landing)
+    _check_output(report, output, ids, workdir / "landing")
     say("\nownership history (Delta audit table):")
     for line in report.history:
         say(f"  {line}")
@@ -237,7 +281,6 @@ def run_demo(
         f"{report.files_in_several_batches}, missing {report.files_missing} -> "
         f"{'OK' if report.exactly_once else 'FAILED'}"
     )
-    return report
 
 
 def _committed_batches(store: Backend, group: str, member: str) -> int:
