@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,14 @@ from rebalancer_spark.backends import Backend, open_backend
 from tests.helpers import SqliteMembers
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# The tests' default store and audit outboxes live in a directory of this run, not in the
+# user's ~/.local/state/rebalancer-spark (member processes and Spark jobs inherit it).
+_HOME = tempfile.mkdtemp(prefix="rebalancer-home-")
+os.environ["REBALANCER_HOME"] = _HOME
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_HOME, ignore_errors=True)
 
 # Each server backend's fixtures (real servers on free ports) live in their own plugin module.
 pytest_plugins = ["tests.servers.zookeeper", "tests.servers.redis", "tests.servers.cloud"]

@@ -33,12 +33,15 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 try:
     import pyarrow as pa
@@ -51,6 +54,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "pip install 'rebalancer-spark[spark]'"
     ) from exc
 
+from rebalancer_spark.audit.outbox import (
+    Orphan,
+    Outbox,
+    default_outbox_root,
+    orphans,
+    pending_batches,
+    table_dir,
+)
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 from rebalancer_spark.core.events import OwnershipEvent
 from rebalancer_spark.core.urls import redact_url
@@ -152,6 +163,13 @@ class DeltaAuditLog:
     (:class:`CorruptStateError`, nothing written). Events are batched for up to
     ``flush_interval`` seconds. A failed write is logged, kept in :attr:`last_error` and
     retried with a capped backoff; it never reaches the member calling the sink.
+
+    Every accepted event is first kept in a local *outbox* file (:mod:`.outbox`; ``outbox``
+    is its root directory, default ``$REBALANCER_HOME/audit-outbox``; ``False``: none), so
+    that events not yet in the table when the process is killed, or when :meth:`close` gives
+    up on a table that cannot be written, are written, in order, by the next audit log opened
+    on the same table from this host (it does so first, in its writer thread). The events
+    waiting to be written are :attr:`backlog`.
     """
 
     def __init__(
@@ -160,6 +178,7 @@ class DeltaAuditLog:
         *,
         flush_interval: float = 0.2,
         storage_options: Mapping[str, str] | None = None,
+        outbox: str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
         if not math.isfinite(flush_interval) or flush_interval < 0:
             raise ConfigurationError(
@@ -171,8 +190,23 @@ class DeltaAuditLog:
         self._evolve = _create_or_check(path, self._options)
         """The table lacks the chain columns: the next append merges them into its schema."""
         self._writer_id = f"rebalancer-spark-audit-{uuid.uuid4().hex}"
+        self._outbox_dir: Path | None = None
+        self._outbox: Outbox | None = None
+        if outbox is not False:
+            root = default_outbox_root() if outbox is None else Path(outbox)
+            self._outbox_dir = table_dir(root, path)
+            try:
+                self._outbox = Outbox(self._outbox_dir, self._writer_id)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot keep the audit outbox in {self._outbox_dir}: {exc}; set "
+                    "$REBALANCER_HOME (or DeltaAuditLog's outbox=) to a writable directory"
+                ) from exc
+        self._kept = 0
+        """The highest row number kept in the outbox."""
         self._cond = threading.Condition()
-        self._pending: deque[tuple[float, _Row]] = deque()
+        self._pending: deque[tuple[float, int, _Row]] = deque()
+        """(accepted at, row number, row) of the rows not in the table yet."""
         self._seqs: dict[str, int] = {}
         """The last ``seq`` given to each session's rows."""
         self._accepted = 0
@@ -199,6 +233,17 @@ class DeltaAuditLog:
             return self._last_error
 
     @property
+    def backlog(self) -> int:
+        """How many accepted events are not in the table yet."""
+        with self._cond:
+            return self._accepted - self._written
+
+    @property
+    def outbox(self) -> Path | None:
+        """This log's outbox file (None without an outbox)."""
+        return None if self._outbox is None else self._outbox.path
+
+    @property
     def written(self) -> int:
         """How many events are durably in the table."""
         with self._cond:
@@ -218,8 +263,8 @@ class DeltaAuditLog:
                 log.error("audit event dropped, it cannot be stored: %s (%r)", exc, event)
                 return
             self._seqs[event.session_id] = seq
-            self._pending.append((time.monotonic(), row))
             self._accepted += 1
+            self._pending.append((time.monotonic(), self._accepted, row))
             self._cond.notify_all()
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -235,25 +280,34 @@ class DeltaAuditLog:
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush (for up to ``timeout`` seconds), then stop the writer thread. Idempotent.
-        Events still unwritten after ``timeout`` are dropped, and the count is logged."""
+        Events still unwritten after ``timeout`` stay in the outbox (without one they are
+        dropped), and the count is logged."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             self._stopping = True
             self._cond.notify_all()
-        if not self.flush(timeout):
+        flushed = self.flush(timeout)
+        if not flushed:
             with self._cond:
                 lost = self._accepted - self._written
                 self._abandon = True
                 self._cond.notify_all()
+            kept = self._kept >= self._accepted and self._outbox is not None
             log.error(
-                "audit log %s closed with %d events not written (last error: %s)",
+                "audit log %s closed with %d events not written (last error: %s); %s",
                 _shown(self._path),
                 lost,
                 self.last_error,
+                f"they are kept in {self.outbox} and written by the next audit log opened on "
+                "this table from this host"
+                if kept
+                else "they are lost",
             )
         self._thread.join(_JOIN_TIMEOUT)
+        if self._outbox is not None and not self._thread.is_alive():
+            self._outbox.close(delete=flushed)
 
     def __enter__(self) -> DeltaAuditLog:
         return self
@@ -272,19 +326,28 @@ class DeltaAuditLog:
     # -- the writer thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        self._replay()
         failures = 0
         uncertain = False  # the last attempt failed: its commit may have landed all the same
         in_doubt = 0  # the size of that attempt: a retry must carry exactly the same rows
         while True:
             with self._cond:
-                if not self._next_batch_due():
+                due = self._next_batch_due()
+                if due is None:
                     return
+                fresh = [(i, row) for _, i, row in self._pending if i > self._kept]
                 size = in_doubt if uncertain else _MAX_BATCH
-                batch = [row for _, row in itertools.islice(self._pending, size)]
+                batch = list(itertools.islice(self._pending, size)) if due else []
                 number = self._batches + 1
+            self._keep(fresh)
+            if not batch:
+                continue
+            rows = [row for _, _, row in batch]
             try:
-                if not (uncertain and self._committed(number)):
-                    self._append(batch, number)
+                if self._outbox is not None:
+                    self._outbox.begin(number, batch[-1][1])
+                if not (uncertain and self._committed(self._writer_id, number)):
+                    self._append(rows, number)
             except BaseException as exc:  # also a delta-rs panic (pyo3's PanicException)
                 failures += 1
                 uncertain, in_doubt = True, len(batch)
@@ -311,23 +374,84 @@ class DeltaAuditLog:
                 self._last_error = None
                 self._cond.notify_all()
 
-    def _next_batch_due(self) -> bool:
-        """Wait (holding the condition) until a batch is due: True, or False when stopped."""
+    def _keep(self, fresh: Sequence[tuple[int, _Row]]) -> None:
+        """Keep newly accepted rows in the outbox (a failing disk: go on without it)."""
+        if not fresh or self._outbox is None:
+            return
+        try:
+            self._outbox.keep(fresh)
+        except OSError as exc:
+            log.error(
+                "audit outbox %s cannot be written (%s): events not yet in the table are "
+                "now lost if this process ends",
+                self._outbox.path,
+                exc,
+            )
+            self._outbox.close(delete=False)
+            self._outbox = None
+            return
+        with self._cond:
+            self._kept = fresh[-1][0]
+
+    def _replay(self) -> None:
+        """Write the rows of outboxes whose writers are gone (killed, or closed while the
+        table could not be written), each under its own writer's application transaction."""
+        if self._outbox_dir is None:
+            return
+        for orphan in orphans(self._outbox_dir):
+            try:
+                self._replay_one(orphan)
+            except Exception as exc:
+                log.warning(
+                    "audit outbox %s of a writer that is gone could not be written to %s (%s); "
+                    "the next audit log opened on this table tries again",
+                    orphan.path,
+                    _shown(self._path),
+                    _reason(exc, self._options),
+                )
+                orphan.close(delete=False)
+
+    def _replay_one(self, orphan: Orphan) -> None:
+        table = DeltaTable(self._path, storage_options=self._options or None)
+        committed = table.transaction_version(orphan.writer_id) or 0
+        written = 0
+        for number, rows in pending_batches(orphan, committed):
+            orphan.note(number, max(i for i, _ in orphan.rows))
+            full = [(*row, *[None] * (len(AUDIT_COLUMNS) - len(row))) for row in rows]
+            self._append(full, number, writer_id=orphan.writer_id)
+            written += len(rows)
+        orphan.close(delete=True)
+        if written:
+            log.warning(
+                "audit table %s: wrote %d events that writer %s (a process that ended) had "
+                "kept in its outbox",
+                _shown(self._path),
+                written,
+                orphan.writer_id,
+            )
+
+    def _next_batch_due(self) -> bool | None:
+        """Wait (holding the condition) until a batch is due (True), rows are to be kept in
+        the outbox (False), or the writer stops (None)."""
         while True:
             if self._abandon:
-                return False
+                return None
             if self._pending:
                 due = self._pending[0][0] + self._interval
                 now = time.monotonic()
                 if self._stopping or self._flush_target > self._written or now >= due:
                     return True
+                if self._outbox is not None and self._pending[-1][1] > self._kept:
+                    return False
                 self._cond.wait(due - now)
             elif self._stopping:
-                return False
+                return None
             else:
                 self._cond.wait()
 
-    def _append(self, rows: Sequence[_Row], number: int) -> None:
+    def _append(
+        self, rows: Sequence[Sequence[object]], number: int, *, writer_id: str | None = None
+    ) -> None:
         data = pa.Table.from_pylist(
             [dict(zip(AUDIT_COLUMNS, row, strict=True)) for row in rows], schema=audit_schema()
         )
@@ -338,14 +462,14 @@ class DeltaAuditLog:
             schema_mode="merge" if self._evolve else None,
             storage_options=self._options or None,
             commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=self._writer_id, version=number)]
+                app_transactions=[Transaction(app_id=writer_id or self._writer_id, version=number)]
             ),
         )
         self._evolve = False
 
-    def _committed(self, number: int) -> bool:
+    def _committed(self, writer_id: str, number: int) -> bool:
         table = DeltaTable(self._path, storage_options=self._options or None)
-        done = table.transaction_version(self._writer_id)
+        done = table.transaction_version(writer_id)
         return done is not None and done >= number
 
 

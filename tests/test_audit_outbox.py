@@ -1,0 +1,154 @@
+"""The audit log's outbox: events of a killed process, or of a log closed while its table could
+not be written, reach the table through the next log opened on it, in order, never twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rebalancer_spark.audit import DeltaAuditLog, load_events, verify_table
+from rebalancer_spark.audit.outbox import Outbox, orphans, pending_batches, table_dir
+from tests.helpers import wait_for
+
+T0 = 1_790_000_000.0
+
+# A writer that commits ``flushed`` events, keeps ``kept`` more in its outbox only (its flush
+# interval is an hour), says so, and waits to be killed.
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from rebalancer_spark.audit import DeltaAuditLog
+    from rebalancer_spark.core.events import EventKind, OwnershipEvent
+
+    table, outbox, flushed, kept = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    log = DeltaAuditLog(table, flush_interval=3600, outbox=outbox)
+
+    def event(i):
+        kind = EventKind.ACQUIRED if i % 2 == 0 else EventKind.RELEASED
+        return OwnershipEvent(kind, "g", f"r{i // 2}", "m1", "s1", 1, 1790000000.0 + i,
+                              1790000000.0 + i, "test")
+
+    for i in range(flushed):
+        log(event(i))
+    assert log.flush(60), log.last_error
+    for i in range(flushed, flushed + kept):
+        log(event(i))
+    deadline = time.monotonic() + 60
+    while sum(1 for line in open(log.outbox) if '"row"' in line) < flushed + kept:
+        assert time.monotonic() < deadline, "rows not kept in the outbox"
+        time.sleep(0.01)
+    print("kept", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def run_killed_writer(table: Path, outbox: Path, flushed: int, kept: int) -> None:
+    """Run WRITER until its rows are kept, then kill -9 it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(table), str(outbox), str(flushed), str(kept)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "kept", f"the writer said {line!r}, exit {proc.poll()}"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flushed", "kept"), [(0, 4), (3, 4)])
+def test_the_rows_of_a_killed_writer_are_written_by_the_next_log_once(
+    tmp_path: Path, flushed: int, kept: int
+) -> None:
+    table, outbox = tmp_path / "audit", tmp_path / "outbox"
+    run_killed_writer(table, outbox, flushed, kept)
+    assert len(load_events(str(table))) == flushed  # the kept rows died with the process
+    (left,) = list(table_dir(outbox, str(table)).glob("*.jsonl"))
+
+    with DeltaAuditLog(str(table), outbox=outbox) as log:
+        wait_for(lambda: not left.exists(), timeout=60, what="the orphan outbox replayed")
+        assert log.flush(30)
+    rows = load_events(str(table))
+    # Every row once, in its session's order: seq 1..n without a gap or a repeat.
+    assert sorted(int(str(r["seq"])) for r in rows) == list(range(1, flushed + kept + 1))
+    assert verify_table(str(table)).chain_faults == ()
+    assert list(table_dir(outbox, str(table)).glob("*.jsonl")) == []
+
+
+def test_a_log_closed_before_its_rows_were_written_leaves_them_to_the_next(
+    tmp_path: Path,
+) -> None:
+    from tests.test_audit_delta import clean_trail
+
+    table, outbox = tmp_path / "audit", tmp_path / "outbox"
+    log = DeltaAuditLog(str(table), flush_interval=3600, outbox=outbox)
+    events = clean_trail()
+    for e in events:
+        log(e)
+    kept = log.outbox
+    assert kept is not None
+    wait_for(lambda: kept.read_text().count('"row"') == len(events), timeout=30, what="kept")
+    log.close(timeout=0)  # gives up at once: nothing in the table yet
+    assert load_events(str(table)) == [] and kept.exists()
+
+    with DeltaAuditLog(str(table), outbox=outbox) as again:
+        wait_for(lambda: not kept.exists(), timeout=60, what="the outbox replayed")
+        assert again.backlog == 0
+    assert len(load_events(str(table))) == len(events)
+
+
+def test_a_clean_close_leaves_no_outbox_and_outbox_false_keeps_none(tmp_path: Path) -> None:
+    from tests.test_audit_delta import clean_trail
+
+    table, outbox = tmp_path / "audit", tmp_path / "outbox"
+    with DeltaAuditLog(str(table), outbox=outbox) as log:
+        for e in clean_trail():
+            log(e)
+        assert log.flush(30)
+        assert log.outbox is not None and log.outbox.exists()
+        assert log.backlog == 0
+    assert list(table_dir(outbox, str(table)).glob("*")) == []
+    with DeltaAuditLog(str(tmp_path / "other"), outbox=False) as log:
+        assert log.outbox is None
+
+
+def test_a_live_writer_s_outbox_is_not_taken_and_a_torn_line_is_skipped(tmp_path: Path) -> None:
+    directory = tmp_path / "box"
+    live = Outbox(directory, "live")
+    live.keep([(1, ["row"])])
+    dead = Outbox(directory, "dead")
+    dead.keep([(1, ["a"]), (2, ["b"])])
+    dead.begin(1, 1)
+    dead.keep([(3, ["c"])])
+    dead.close(delete=False)
+    with open(directory / "dead.jsonl", "a", encoding="utf-8") as torn:
+        torn.write('{"i": 4, "row": ["d"')  # the process died while writing this line
+
+    (orphan,) = list(orphans(directory))  # "live" is held by its writer
+    assert orphan.writer_id == "dead"
+    assert pending_batches(orphan, committed=0) == [(1, [["a"], ["b"], ["c"]])]
+    assert pending_batches(orphan, committed=1) == [(2, [["b"], ["c"]])]
+    orphan.close(delete=True)
+    live.close(delete=True)
+    assert list(directory.iterdir()) == []
+
+
+def test_an_unwritable_outbox_is_a_configuration_error(tmp_path: Path) -> None:
+    from rebalancer_spark.core.errors import ConfigurationError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigurationError, match="cannot keep the audit outbox in"):
+        DeltaAuditLog(str(tmp_path / "audit"), outbox=blocker)
