@@ -12,11 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from rebalancer_spark.backends import Backend, open_backend
 from tests.helpers import SqliteMembers
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# Hypothesis' per-example deadline (200 ms) measures the machine's load, not the code: CI shares
+# two cores with servers and Spark, so no example is judged by its time.
+settings.register_profile("rebalancer", deadline=None)
+settings.load_profile("rebalancer")
+
 # The tests' default store and audit outboxes live in a directory of this run, not in the
 # user's ~/.local/state/rebalancer-spark (member processes and Spark jobs inherit it).
 _HOME = tempfile.mkdtemp(prefix="rebalancer-home-")
@@ -25,6 +31,7 @@ os.environ["REBALANCER_HOME"] = _HOME
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_HOME, ignore_errors=True)
+
 
 # Each server backend's fixtures (real servers on free ports) live in their own plugin module.
 pytest_plugins = ["tests.servers.zookeeper", "tests.servers.redis", "tests.servers.cloud"]

@@ -540,6 +540,7 @@ def test_config_keys_are_the_sorted_fields() -> None:
         "assignor",
         "backend",
         "barrier_timeout",
+        "callback_timeout",
         "drain_timeout",
         "group",
         "heartbeat_interval",

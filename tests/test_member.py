@@ -704,3 +704,75 @@ def test_bad_options_are_refused_before_anything_starts(grp: Group) -> None:
         MemberConfig(group="../escape", backend=grp.url)
     with pytest.raises(ConfigurationError):
         Member(grp.config(), resources=["ok", "bad\x00id"])
+
+
+# -- bounded callbacks ---------------------------------------------------------------------
+
+
+def test_a_hung_on_revoked_gives_its_resources_up_so_that_they_move(grp: Group) -> None:
+    in_callback, may_return = threading.Event(), threading.Event()
+
+    def hang(owned: Sequence[OwnedResource]) -> None:
+        in_callback.set()
+        may_return.wait(60)
+
+    rec = Recorder()
+    a = Member(
+        grp.config(member_id="a", callback_timeout=0.5),
+        resources=RESOURCES,
+        on_revoked=hang,
+        event_sinks=[rec.sink],
+    )
+    grp.members.append(a.start())
+    wait_for(lambda: len(a.assigned()) == len(RESOURCES), timeout=10, what="a to own all")
+    try:
+        grp.start("b")
+        assert in_callback.wait(10), "on_revoked never ran"
+        state = grp.wait_settled(2, timeout=20)  # while a's callback still hangs
+        assert Counter(c.member_id for c in state.claims.values()) == {"a": 6, "b": 6}
+        given_up = [e for e in rec.events if e.kind is EventKind.LOST]
+        assert len(given_up) == 6
+        assert {e.reason for e in given_up} == {
+            "on_revoked did not return within callback_timeout = 0.5 s"
+        }
+        began = time.monotonic()
+        a.stop()  # its member thread is not stuck in the callback
+        assert time.monotonic() - began < 10
+    finally:
+        may_return.set()
+
+
+def test_a_hung_on_assigned_drains_its_member_and_the_others_take_the_work(grp: Group) -> None:
+    may_return = threading.Event()
+    calls: list[int] = []
+
+    def hang(owned: Sequence[OwnedResource]) -> None:
+        calls.append(len(owned))
+        may_return.wait(60)
+
+    grp.start("b", RESOURCES)
+    grp.wait_stable(1)
+    a = Member(
+        grp.config(member_id="a", callback_timeout=0.5), resources=RESOURCES, on_assigned=hang
+    )
+    grp.members.append(a.start())
+    try:
+        wait_for(lambda: calls, timeout=20, what="a's on_assigned to be called")
+        wait_for(
+            lambda: grp.state().members.get("a") is not None and grp.state().members["a"].leaving,
+            timeout=20,
+            what="a to drain",
+        )
+        state = grp.wait_stable(1, timeout=20)
+        assert {c.member_id for c in state.claims.values()} == {"b"}
+        assert len(state.claims) == len(RESOURCES)
+        assert a.assigned() == [] and len(calls) == 1  # a takes nothing more while it hangs
+    finally:
+        may_return.set()
+
+
+def test_callback_timeout_must_be_a_positive_duration(grp: Group) -> None:
+    with pytest.raises(ConfigurationError, match="callback_timeout = 0 s is out of range"):
+        grp.config(callback_timeout=0)
+    assert grp.config().effective_callback_timeout == 1.0  # session_timeout / 2
+    assert grp.config(callback_timeout="250ms").effective_callback_timeout == 0.25

@@ -65,8 +65,9 @@ _DURATIONS = (
     "rejoin_grace",
     "barrier_timeout",
     "drain_timeout",
+    "callback_timeout",
 )
-_OPTIONAL_DURATIONS = ("heartbeat_interval", "safety_margin")
+_OPTIONAL_DURATIONS = ("heartbeat_interval", "safety_margin", "callback_timeout")
 
 
 def parse_duration(name: str, value: object) -> float:
@@ -122,6 +123,10 @@ class MemberConfig:
     rejoin_grace: float = 0.0
     barrier_timeout: float = 10.0
     drain_timeout: float = 30.0
+    callback_timeout: float | None = None
+    """The longest ``on_assigned`` / ``on_revoked`` / ``on_lost`` may run: past it the member
+    gives the resources concerned up as lost so that they move (None: ``session_timeout / 2``,
+    see :attr:`effective_callback_timeout`)."""
     metrics_port: int = 0
     """Serve this member's Prometheus metrics over HTTP on this port; 0 (default) = off."""
 
@@ -180,6 +185,15 @@ class MemberConfig:
             )
         _within("barrier_timeout", self.barrier_timeout, 0, 3600, "wait for acks", open_low=True)
         _within("drain_timeout", self.drain_timeout, 0, 3600, "wait to move resources away")
+        if self.callback_timeout is not None:
+            _within(
+                "callback_timeout",
+                self.callback_timeout,
+                0,
+                3600,
+                "the longest a user callback may run",
+                open_low=True,
+            )
 
     @property
     def effective_heartbeat_interval(self) -> float:
@@ -195,6 +209,14 @@ class MemberConfig:
         if self.safety_margin is not None:
             return self.safety_margin
         return _default_margin(self.session_timeout)
+
+    @property
+    def effective_callback_timeout(self) -> float:
+        """The longest a user callback may run: ``callback_timeout``, or
+        ``session_timeout / 2``."""
+        if self.callback_timeout is not None:
+            return self.callback_timeout
+        return self.session_timeout / 2
 
     @property
     def backend_url(self) -> BackendUrl:

@@ -123,6 +123,7 @@ class Member:
             on_revoked=on_revoked,
             on_lost=on_lost,
             event_sinks=event_sinks,
+            callback_timeout=config.effective_callback_timeout,
         )
         self._reconciler = Reconciler(
             config,

@@ -12,6 +12,11 @@ matching callback with every resource concerned: ``on_assigned`` after they are 
 ``on_revoked`` *before* they are removed (the claims are given back right after it returns, so
 it must return only once work on them has stopped), ``on_lost`` after they are forgotten. A
 callback or a sink that raises is logged and the member carries on.
+
+Callbacks are *bounded*: each runs on a thread of its own and the member waits for it at most
+``callback_timeout`` seconds. One that overruns is left running, logged, and the resources it
+was called with are given up as ``lost`` (the reason names the callback): :meth:`release` and
+:meth:`add` return them so that the member gives their claims back and they move.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Ownership:
         on_revoked: Callback | None = None,
         on_lost: Callback | None = None,
         event_sinks: Sequence[EventSink] = (),
+        callback_timeout: float = 5.0,
     ) -> None:
         self._group = group
         self._member_id = member_id
@@ -76,7 +82,10 @@ class Ownership:
         self._on_revoked = on_revoked
         self._on_lost = on_lost
         self._sinks = list(event_sinks)
+        self._callback_timeout = callback_timeout
         self._held: dict[str, OwnedResource] = {}
+        self.overruns: dict[str, int] = {}
+        """Per callback name: how many of its calls overran ``callback_timeout``."""
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -116,15 +125,21 @@ class Ownership:
 
     # -- changes ---------------------------------------------------------------------------------
 
-    def add(self, session: Session, owned: Sequence[OwnedResource]) -> None:
-        """Hold ``owned`` (granted by the store), then emit and call ``on_assigned``."""
+    def add(self, session: Session, owned: Sequence[OwnedResource]) -> list[OwnedResource]:
+        """Hold ``owned`` (granted by the store), then emit and call ``on_assigned``; return
+        what was given up because the callback overran (its claims are the caller's to give
+        back), else nothing."""
         with self._changed:
             for o in owned:
                 self._held[o.resource] = o
             self._changed.notify_all()
         for o in owned:
             self.emit_acquired(session, o, "granted by the target")
-        self._call(self._on_assigned, owned, "on_assigned")
+        if self._call(self._on_assigned, owned, "on_assigned"):
+            return []
+        given_up = self.forget([o.resource for o in owned])
+        self.lost(session, given_up, self._overran("on_assigned"), EventKind.LOST)
+        return given_up
 
     def emit_acquired(
         self, session: Session, o: OwnedResource, reason: str, *, at: float | None = None
@@ -162,36 +177,30 @@ class Ownership:
         None for a leave or drain without one."""
         with self._changed:
             owned = [self._held[r] for r in sorted(resources) if r in self._held]
-        self._call(self._on_revoked, owned, "on_revoked")
+        returned = self._call(self._on_revoked, owned, "on_revoked")
         ended = lapsed_at()
         now = self._clock.wall()
         with self._changed:  # forgotten meanwhile (the member abandoned): reported already
             # By resource and epoch: a commit replaces the held record (its progress).
             owned = [o for o in owned if (h := self._held.get(o.resource)) and h.epoch == o.epoch]
         generation, coordinator_epoch = target if target is not None else (None, None)
+        if ended is not None:
+            kind, reason, at = EventKind.LOST, "lease lapsed while on_revoked ran", ended
+        elif not returned:
+            kind, reason, at = EventKind.LOST, self._overran("on_revoked"), now
+        else:
+            kind, reason, at = EventKind.RELEASED, why, now
         for o in owned:
-            if ended is None:
-                self.emit(
-                    EventKind.RELEASED,
-                    session,
-                    o.resource,
-                    o.epoch,
-                    why,
-                    at=now,
-                    generation=generation,
-                    coordinator_epoch=coordinator_epoch,
-                )
-            else:
-                self.emit(
-                    EventKind.LOST,
-                    session,
-                    o.resource,
-                    o.epoch,
-                    "lease lapsed while on_revoked ran",
-                    at=ended,
-                    generation=generation,
-                    coordinator_epoch=coordinator_epoch,
-                )
+            self.emit(
+                kind,
+                session,
+                o.resource,
+                o.epoch,
+                reason,
+                at=at,
+                generation=generation,
+                coordinator_epoch=coordinator_epoch,
+            )
         with self._changed:
             for o in owned:
                 self._held.pop(o.resource, None)
@@ -278,10 +287,38 @@ class Ownership:
             except Exception:
                 log.exception("event sink failed for %s", event)
 
-    def _call(self, callback: Callback | None, owned: Sequence[OwnedResource], name: str) -> None:
+    def _call(self, callback: Callback | None, owned: Sequence[OwnedResource], name: str) -> bool:
+        """Run ``callback(owned)`` on a thread of its own; return whether it ended (returned
+        or raised) within ``callback_timeout`` seconds. One that overruns is left running."""
         if callback is None or not owned:
-            return
-        try:
-            callback(owned)
-        except Exception:
-            log.exception("%s callback of member %s raised; continuing", name, self._member_id)
+            return True
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                callback(owned)
+            except Exception:
+                log.exception("%s callback of member %s raised; continuing", name, self._member_id)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"rebalancer-{name}", daemon=True).start()
+        if done.wait(self._callback_timeout):
+            return True
+        with self._changed:
+            self.overruns[name] = self.overruns.get(name, 0) + 1
+        shown = ", ".join(o.resource for o in owned[:5]) + (", ..." if len(owned) > 5 else "")
+        log.error(
+            "member %s: %s did not return within callback_timeout = %g s (called with %d "
+            "resources: %s); they are given up as lost so that they move. The callback is "
+            "still running: fix it so that it returns, or raise callback_timeout",
+            self._member_id,
+            name,
+            self._callback_timeout,
+            len(owned),
+            shown,
+        )
+        return False
+
+    def _overran(self, name: str) -> str:
+        return f"{name} did not return within callback_timeout = {self._callback_timeout:g} s"

@@ -316,7 +316,19 @@ class Reconciler:
                 self._ownership.emit_acquired(session, o, why, at=at)
                 self._ownership.emit(EventKind.LOST, session, o.resource, o.epoch, why, at=at)
             return
-        self._ownership.add(session, owned)
+        given_up = self._ownership.add(session, owned)
+        if given_up:
+            # on_assigned hangs: give the claims back so that they move, and take no more
+            # work while the user's code does not answer (the member drains).
+            backend.release(session, {o.resource: o.epoch for o in given_up})
+            if not self._draining.is_set():
+                log.error(
+                    "member %s drains: its on_assigned callback hangs (see above); restart "
+                    "it once the callback is fixed",
+                    self._member_id,
+                )
+                backend.set_leaving(session)
+                self._draining.set()
 
     def revoke(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -134,12 +134,15 @@ class JobConfig:
 
     def _shown(self, name: str) -> str:
         member = self.member
-        derived = {
-            "backend": lambda: member.backend_url.redacted(),
+        derived: dict[str, Callable[[], str]] = {
+            "backend": member.backend_url.redacted,
             "heartbeat_interval": lambda: (
                 f"{member.effective_heartbeat_interval:g}s (session_timeout / 5)"
             ),
             "safety_margin": lambda: f"{member.effective_safety_margin:g}s (the default margin)",
+            "callback_timeout": lambda: (
+                f"{member.effective_callback_timeout:g}s (session_timeout / 2)"
+            ),
         }
         value = getattr(member if name in CONFIG_KEYS else self, name)
         if name in derived and (name == "backend" or value is None):
