@@ -57,6 +57,7 @@ from rebalancer_spark.core.model import (
     Progress,
     Resource,
     Target,
+    validate_group,
 )
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.core.urls import BackendUrl
@@ -110,6 +111,7 @@ class ZookeeperBackend(Backend):
         """The group's paths; its skeleton is created (and checked) once per backend object.
         With ``create=False`` a group that does not exist yet is None."""
         self._check_open()
+        validate_group(group)  # also for a session's group: a path must never leave the chroot
         with self._lock:
             known = self._groups.get(group)
         if known is not None:
