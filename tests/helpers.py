@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -15,7 +16,6 @@ from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
     GroupState,
-    JsonValue,
     Phase,
     Progress,
     Resource,
@@ -67,40 +67,43 @@ class FlakyStore(Backend):
             raise BackendUnavailable("the store is cut off by the test")
         return self.inner
 
-    def renew(self, session: Session) -> None:
+    # The front (Backend's public methods) validates; each protected method passes the call
+    # on to the inner store's public method (which validates again: harmless).
+
+    def _renew(self, session: Session) -> None:
         self._reach().renew(session)
 
-    def join(
-        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    def _join(
+        self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
     ) -> Session:
         return self._reach().join(group, member_id, info=info, ttl=ttl, static=static)
 
-    def set_leaving(self, session: Session) -> None:
+    def _set_leaving(self, session: Session) -> None:
         self._reach().set_leaving(session)
 
-    def leave(self, session: Session) -> None:
+    def _leave(self, session: Session) -> None:
         self._reach().leave(session)
 
-    def state(self, group: str) -> GroupState:
+    def _state(self, group: str) -> GroupState:
         return self._reach().state(group)
 
-    def member_view(self, session: Session) -> MemberView:
+    def _member_view(self, session: Session) -> MemberView:
         return self._reach().member_view(session)
 
-    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+    def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         return self._reach().progress(group, resources)
 
-    def watch(self, group: str) -> Watch:
+    def _watch(self, group: str) -> Watch:
         return self.inner.watch(group)
 
-    def elect(self, session: Session) -> CoordinatorRecord | None:
+    def _elect(self, session: Session) -> CoordinatorRecord | None:
         return self._reach().elect(session)
 
-    def publish(
+    def _publish(
         self,
         session: Session,
         epoch: int,
-        assignment: Mapping[str, Collection[str]],
+        assignment: dict[str, list[str]],
         *,
         phase: Phase,
         resources_version: int,
@@ -109,35 +112,33 @@ class FlakyStore(Backend):
             session, epoch, assignment, phase=phase, resources_version=resources_version
         )
 
-    def resign(self, session: Session, epoch: int) -> None:
+    def _resign(self, session: Session, epoch: int) -> None:
         self._reach().resign(session, epoch)
 
-    def update_resources(
+    def _update_resources(
         self,
         group: str,
         *,
-        replace: Collection[Resource] | None = None,
-        add: Collection[Resource] = (),
-        remove: Collection[str] = (),
+        replace: Collection[Resource] | None,
+        add: Collection[Resource],
+        remove: list[str],
     ) -> int:
         return self._reach().update_resources(group, replace=replace, add=add, remove=remove)
 
-    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+    def _update_control(self, group: str, expected_version: int, control: Control) -> Control:
         return self._reach().update_control(group, expected_version, control)
 
-    def claim(
-        self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, Grant]:
+    def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
         return self._reach().claim(session, resources, generation)
 
-    def release(self, session: Session, claims: Mapping[str, int]) -> None:
+    def _release(self, session: Session, claims: dict[str, int]) -> None:
         self._reach().release(session, claims)
 
-    def acknowledge(self, session: Session, generation: int) -> None:
+    def _acknowledge(self, session: Session, generation: int) -> None:
         self._reach().acknowledge(session, generation)
 
-    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
-        self._reach().commit(session, resource, epoch, progress)
+    def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
+        self._reach().commit(session, resource, epoch, json.loads(text))
 
     def close(self) -> None:
         self.inner.close()

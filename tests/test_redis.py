@@ -32,7 +32,6 @@ from rebalancer_spark.core.errors import (
     ConfigurationError,
     CorruptStateError,
     FencedError,
-    MemberIdInUse,
     SessionExpired,
 )
 from rebalancer_spark.core.model import (
@@ -210,12 +209,6 @@ def test_resource_ids_stay_inside_the_group_key_space(
         store.client.flushdb()
 
 
-@pytest.mark.parametrize("name", ["a{b}", "a:b", "", "a b", "x" * 129, "*"])
-def test_group_names_that_could_escape_the_key_space_are_refused(store: Backend, name: str) -> None:
-    with pytest.raises(ConfigurationError, match="group name"):
-        store.state(name)
-
-
 def test_a_foreign_key_in_the_group_space_is_reported_as_corrupt(store: RedisBackend) -> None:
     group = _group()
     _join(store, group, "m1")
@@ -232,19 +225,6 @@ def test_forged_session_ids_are_refused(store: Backend) -> None:
 
 
 # -- notifications -------------------------------------------------------------------------------
-
-
-def test_a_watch_does_not_wake_by_itself(store: Backend) -> None:
-    group = _group()
-    lives = _join(store, group, "lives", ttl=1.0)
-    watch = store.watch(group)
-    try:
-        started = time.monotonic()
-        while time.monotonic() - started < 1.5:
-            store.renew(lives)  # renewals publish nothing and are not expiries
-            assert watch.wait(0.1) is False
-    finally:
-        watch.close()
 
 
 def test_an_expiry_is_reported_even_when_a_write_comes_after_it(store: Backend) -> None:
@@ -725,33 +705,6 @@ def test_redis_paused_past_the_lease(procs: MemberProcesses, redis_server: Redis
     procs.assert_trail_is_clean()
 
 
-def test_concurrent_handles_claim_each_resource_once(redis_backend_url: str) -> None:
-    group = _group()
-    with open_backend(redis_backend_url) as a, open_backend(redis_backend_url) as b:
-        s1, s2 = _join(a, group, "m1"), _join(b, group, "m2")
-        epoch = _lead(a, s1)
-        gen = a.publish(
-            s1, epoch, {"m1": ["x"], "m2": ["x"]}, phase=Phase.RUNNING, resources_version=0
-        ).generation  # a broken target giving x to both: the store still grants it once
-        results: list[dict[str, int]] = []
-        threads = [
-            threading.Thread(target=lambda h=h, s=s: results.append(h.claim(s, ["x"], gen)))
-            for h, s in ((a, s1), (b, s2))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert sorted(len(r) for r in results) == [0, 1]
-
-
-def test_a_duplicate_member_id_names_the_holder(store: Backend) -> None:
-    group = _group()
-    store.join(group, "m1", info={"host": "h1", "pid": "42"}, ttl=TTL, static=True)
-    with pytest.raises(MemberIdInUse, match=r"'m1'.*host h1, pid 42"):
-        _join(store, group, "m1")
-
-
 def test_an_evicting_server_is_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
@@ -767,14 +720,6 @@ def test_an_evicting_server_is_warned_about(
 def test_an_unreachable_server_is_a_clear_error() -> None:
     with pytest.raises(BackendUnavailable, match=r"redis://127\.0\.0\.1:1/0.*cannot be reached"):
         open_backend("redis://127.0.0.1:1/0?connect_timeout=1")
-
-
-def test_closed_backend_refuses_calls(redis_backend_url: str) -> None:
-    store = open_backend(redis_backend_url)
-    store.close()
-    store.close()
-    with pytest.raises(BackendUnavailable, match="closed"):
-        store.state(_group())
 
 
 def test_raw_keys_are_only_under_the_prefix(store: RedisBackend) -> None:

@@ -197,43 +197,6 @@ def test_a_lease_not_renewed_ends_the_zookeeper_session(
             store.renew(session)
 
 
-def test_progress_read_right_behind_a_claim_is_never_stale(
-    zookeeper_backend_url: str, group: str
-) -> None:
-    def target(store: Backend, session: Session, epoch: int, owner: str) -> int:
-        other = "m2" if owner == "m1" else "m1"
-        assignment = {owner: ["r"], other: []}
-        published = store.publish(
-            session, epoch, assignment, phase=Phase.RUNNING, resources_version=1
-        )
-        return published.generation
-
-    with open_backend(zookeeper_backend_url) as a, open_backend(zookeeper_backend_url) as b:
-        s1, epoch, generation = _lead_and_publish(a, group, {"m1": ["r"], "m2": []})
-        s2 = b.join(group, "m2", info={}, ttl=10, static=False)
-        assert grant_epochs(a.claim(s1, ["r"], generation)) == {
-            "r": 1
-        }  # progress read behind it: none
-        a.commit(s1, "r", 1, 5)
-        assert a.progress(group, ["r"])["r"].value == 5  # the commit outdated that read
-        a.release(s1, {"r": 1})
-        assert grant_epochs(a.claim(s1, ["r"], generation)) == {"r": 2}  # read behind it: 5
-        a.release(s1, {"r": 2})
-        assert grant_epochs(b.claim(s2, ["r"], target(a, s1, epoch, "m2"))) == {"r": 3}
-        b.commit(s2, "r", 3, 6)
-        assert a.progress(group, ["r"])["r"].value == 6  # released: a's read no longer counts
-        b.release(s2, {"r": 3})
-        assert grant_epochs(a.claim(s1, ["r"], target(a, s1, epoch, "m1"))) == {
-            "r": 4
-        }  # read behind: 6
-        a.leave(s1)
-        record = b.elect(s2)
-        assert record is not None and record.session_id == s2.session_id
-        assert grant_epochs(b.claim(s2, ["r"], target(b, s2, record.epoch, "m2"))) == {"r": 5}
-        b.commit(s2, "r", 5, 7)
-        assert a.progress(group, ["r"])["r"].value == 7  # a's session ended: nor does this
-
-
 def test_servers_without_multiread_are_read_one_znode_at_a_time(
     zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -518,30 +481,6 @@ def test_a_member_rides_out_corrupt_data_without_crash_looping(
 
 
 # -- watches -----------------------------------------------------------------------------------
-
-
-def test_watches_push_each_change_and_renewals_wake_nobody(
-    zookeeper_backend_url: str, group: str
-) -> None:
-    with open_backend(zookeeper_backend_url) as a, open_backend(zookeeper_backend_url) as b:
-        session = a.join(group, "m1", info={}, ttl=TTL, static=False)
-        watch = b.watch(group)
-        try:
-            for _ in range(5):
-                a.renew(session)
-            assert watch.wait(0.3) is False
-            for change in (
-                lambda: a.update_resources(group, add=[Resource("x")]),
-                lambda: a.elect(session),
-                lambda: a.set_leaving(session),
-                lambda: a.leave(session),
-            ):
-                started = time.monotonic()
-                change()
-                assert watch.wait(5), "a change did not wake the watch"
-                assert time.monotonic() - started < 1.0
-        finally:
-            watch.close()
 
 
 ARM_DELAY = 0.5

@@ -385,9 +385,3 @@ def test_watch_wakes_when_a_lease_runs_out_while_others_keep_writing(
         stop.set()
         renewer.join()
         watch.close()
-
-
-def test_close_is_idempotent(open_store: Callable[[], Backend]) -> None:
-    handle = open_store()
-    handle.close()
-    handle.close()

@@ -23,12 +23,23 @@ is a translation of these calls to one store. Errors are translated at this boun
 tree of :mod:`rebalancer_spark.core.errors`. Methods may be called from several threads; an
 implementation serialises them as it needs to.
 
+One front, a narrow interface: :class:`Backend`'s public methods are concrete and do what every
+store needs alike: they validate group, member and resource ids (a group must move between
+backends unchanged, so no backend stores what another would refuse), drop duplicate ids,
+encode progress (:func:`~rebalancer_spark.core.model.encode_progress`: JSON that reads back as
+committed, within the size limit) and skip calls that have nothing to do. Each then calls the
+protected method of the same name (``_join``, ``_claim``, ``_commit`` …) that a backend
+implements for its store. A refusal is raised as :class:`MemberIdInUse`, :class:`SessionExpired`
+or :class:`FencedError` built from facts (:func:`expired`, :func:`fenced_commit`,
+:func:`fenced_coordinator` fill in the session's), so its text is the same for every backend.
+
 The shared contract suite (``tests/contract/``) runs unchanged against every backend.
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -36,6 +47,7 @@ from types import TracebackType
 from typing import ClassVar, Self
 
 from rebalancer_spark.core.control import Control
+from rebalancer_spark.core.errors import ConfigurationError, FencedError, SessionExpired
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
@@ -45,11 +57,23 @@ from rebalancer_spark.core.model import (
     Progress,
     Resource,
     Target,
+    encode_progress,
+    validate_group,
+    validate_member_id,
+    validate_resource_id,
 )
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
-__all__ = ["Backend", "Capability", "Session", "Watch"]
+__all__ = [
+    "Backend",
+    "Capability",
+    "Session",
+    "Watch",
+    "expired",
+    "fenced_commit",
+    "fenced_coordinator",
+]
 
 
 class Capability(StrEnum):
@@ -94,7 +118,11 @@ class Watch(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """A coordination store. Open one with :func:`rebalancer_spark.backends.open_backend`."""
+    """A coordination store. Open one with :func:`rebalancer_spark.backends.open_backend`.
+
+    The public methods are the contract (see the module docstring); a backend implements the
+    protected ones, which receive ids already validated and deduplicated and progress already
+    encoded as JSON text."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     options: ClassVar[Mapping[str, str]] = {}
@@ -107,15 +135,18 @@ class Backend(abc.ABC):
 
     # -- sessions -------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def join(
         self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
     ) -> Session:
         """Start a session for ``member_id`` with a lease of ``ttl`` seconds.
 
         Raises :class:`MemberIdInUse` if a live session of the group has that member id."""
+        validate_group(group)
+        validate_member_id(member_id)
+        if isinstance(ttl, bool) or not (isinstance(ttl, int | float) and 0 < ttl < math.inf):
+            raise ConfigurationError(f"session ttl {ttl!r} for group {group!r}: use seconds > 0")
+        return self._join(group, member_id, info=dict(info), ttl=ttl, static=static)
 
-    @abc.abstractmethod
     def renew(self, session: Session) -> None:
         """Extend the lease by ``ttl`` from now; :class:`SessionExpired` if it already lapsed.
 
@@ -123,42 +154,47 @@ class Backend(abc.ABC):
         successful renewal, and must end it once that time has passed without a renewal, even
         if the process is still running: on stores whose clients keep sessions alive by
         themselves (ZooKeeper's pings), the backend enforces this."""
+        self._renew(session)
 
-    @abc.abstractmethod
     def set_leaving(self, session: Session) -> None:
         """Mark the member as draining: the coordinator assigns it nothing from now on."""
+        self._set_leaving(session)
 
-    @abc.abstractmethod
     def leave(self, session: Session) -> None:
         """End the session, releasing its claims (and coordinatorship). Idempotent."""
+        self._leave(session)
 
     # -- reading ----------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def state(self, group: str) -> GroupState:
         """A consistent snapshot of the group; only live sessions and their claims appear."""
+        validate_group(group)
+        return self._state(group)
 
-    @abc.abstractmethod
     def member_view(self, session: Session) -> MemberView:
         """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
+        return self._member_view(session)
 
-    @abc.abstractmethod
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
-        """The last committed progress of each resource that has any."""
+        """The last committed progress of each resource that has any. A member needs none of
+        it after a claim: each :class:`Grant` carries the progress it hands over."""
+        validate_group(group)
+        ids = _ids(resources)
+        return self._progress(group, ids) if ids else {}
 
-    @abc.abstractmethod
     def watch(self, group: str) -> Watch:
         """Start watching ``group`` for changes of any kind."""
+        validate_group(group)
+        return self._watch(group)
 
     # -- coordinator ---------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def elect(self, session: Session) -> CoordinatorRecord | None:
         """Become coordinator if the role is vacant (or its holder's session expired), raising
         the coordinator epoch by one; return the coordinator after the attempt (None only if
         the caller's own session has lapsed). Also removes expired sessions of the group."""
+        return self._elect(session)
 
-    @abc.abstractmethod
     def publish(
         self,
         session: Session,
@@ -170,14 +206,17 @@ class Backend(abc.ABC):
     ) -> Target:
         """Publish a new target generation; :class:`FencedError` unless ``epoch`` is current
         and ``session`` is the live coordinator."""
+        checked = {validate_member_id(m): _ids(owned) for m, owned in assignment.items()}
+        return self._publish(
+            session, epoch, checked, phase=phase, resources_version=resources_version
+        )
 
-    @abc.abstractmethod
     def resign(self, session: Session, epoch: int) -> None:
         """Give up the coordinator role if held at ``epoch`` (the epoch is kept)."""
+        self._resign(session, epoch)
 
     # -- resources -------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def update_resources(
         self,
         group: str,
@@ -188,40 +227,47 @@ class Backend(abc.ABC):
     ) -> int:
         """Change the group's resource set atomically; return its new version (unchanged if
         the set did not change)."""
+        validate_group(group)
+        return self._update_resources(group, replace=replace, add=add, remove=_ids(remove))
 
     # -- operator control ------------------------------------------------------------------
 
-    @abc.abstractmethod
     def update_control(self, group: str, expected_version: int, control: Control) -> Control:
         """Store ``control`` as the group's control record if the stored record's version is
         still ``expected_version`` (0: none was ever written); return it as stored, with
         version ``expected_version + 1``. :class:`ControlConflict` if the version moved on.
         Wakes the group's watchers; :meth:`state` returns the record in its snapshot."""
+        validate_group(group)
+        return self._update_control(group, expected_version, control)
 
     # -- ownership ---------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def claim(
         self, session: Session, resources: Collection[str], generation: int
     ) -> dict[str, Grant]:
         """Claim what is free among ``resources``; return the granted ones, each with its new
-        epoch and what it superseded (:class:`Grant`), read and written in the same atomic
-        step as the grant. A resource already held by this session is returned with the grant
-        that gave it (same epoch, same predecessor). The cost stays constant per call: the
-        chain rides on the reads and writes a claim makes anyway."""
+        epoch, what it superseded and the progress it hands over (:attr:`Grant.progress`, the
+        resource's last accepted commit, None if it has none), read and written in the same
+        atomic step as the grant. A resource already held by this session is returned with
+        the grant that gave it (same epoch, same predecessor) and its progress now. The cost
+        stays constant per call: the chain and the progress ride on the reads and writes a
+        claim makes anyway."""
+        return self._claim(session, _ids(resources), generation)
 
-    @abc.abstractmethod
     def release(self, session: Session, claims: Mapping[str, int]) -> None:
         """Release claims held by this session at the given epochs (others are ignored)."""
+        if claims:
+            self._release(session, {validate_resource_id(r): e for r, e in claims.items()})
 
-    @abc.abstractmethod
     def acknowledge(self, session: Session, generation: int) -> None:
         """Record that this member handled ``generation`` (global barrier)."""
+        self._acknowledge(session, generation)
 
-    @abc.abstractmethod
     def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
         """Store ``progress`` for ``resource`` if this live session holds it at ``epoch``;
         else :class:`FencedError` (or :class:`SessionExpired`)."""
+        text = encode_progress(validate_resource_id(resource), progress)
+        self._commit(session, resource, epoch, text)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -239,3 +285,137 @@ class Backend(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    # -- what each backend implements -------------------------------------------------------
+    # Called by the public method of the same name, with ids validated and deduplicated (in
+    # their first order) and progress encoded; each keeps the promise written there.
+
+    @abc.abstractmethod
+    def _join(
+        self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
+    ) -> Session: ...
+
+    @abc.abstractmethod
+    def _renew(self, session: Session) -> None: ...
+
+    @abc.abstractmethod
+    def _set_leaving(self, session: Session) -> None: ...
+
+    @abc.abstractmethod
+    def _leave(self, session: Session) -> None: ...
+
+    @abc.abstractmethod
+    def _state(self, group: str) -> GroupState: ...
+
+    @abc.abstractmethod
+    def _member_view(self, session: Session) -> MemberView: ...
+
+    @abc.abstractmethod
+    def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
+        """Never called with no resources."""
+
+    @abc.abstractmethod
+    def _watch(self, group: str) -> Watch: ...
+
+    @abc.abstractmethod
+    def _elect(self, session: Session) -> CoordinatorRecord | None: ...
+
+    @abc.abstractmethod
+    def _publish(
+        self,
+        session: Session,
+        epoch: int,
+        assignment: dict[str, list[str]],
+        *,
+        phase: Phase,
+        resources_version: int,
+    ) -> Target: ...
+
+    @abc.abstractmethod
+    def _resign(self, session: Session, epoch: int) -> None: ...
+
+    @abc.abstractmethod
+    def _update_resources(
+        self,
+        group: str,
+        *,
+        replace: Collection[Resource] | None,
+        add: Collection[Resource],
+        remove: list[str],
+    ) -> int: ...
+
+    @abc.abstractmethod
+    def _update_control(self, group: str, expected_version: int, control: Control) -> Control: ...
+
+    @abc.abstractmethod
+    def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
+        """Each grant with its :attr:`Grant.progress`."""
+
+    @abc.abstractmethod
+    def _release(self, session: Session, claims: dict[str, int]) -> None:
+        """Never called with no claims."""
+
+    @abc.abstractmethod
+    def _acknowledge(self, session: Session, generation: int) -> None: ...
+
+    @abc.abstractmethod
+    def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
+        """``text``: the progress as JSON (:func:`~rebalancer_spark.core.model.encode_progress`),
+        to store as it is or inside the backend's own record."""
+
+
+def _ids(resources: Collection[str]) -> list[str]:
+    """``resources`` without duplicates, in their first order, each a valid resource id
+    (:func:`validate_resource_id`): no backend stores an id that another would refuse."""
+    return [validate_resource_id(r) for r in dict.fromkeys(resources)]
+
+
+def expired(session: Session, why: str, *, doing: str = "") -> SessionExpired:
+    """The :class:`SessionExpired` of ``session``: the store says it is over, ``why``."""
+    return SessionExpired(
+        session.group, session.member_id, session.session_id, why=why, doing=doing
+    )
+
+
+def fenced_commit(
+    session: Session,
+    resource: str,
+    epoch: int,
+    *,
+    holder: str | None = None,
+    current_epoch: int | None = None,
+    why: str = "",
+) -> FencedError:
+    """The :class:`FencedError` of a progress commit by ``session`` at ``epoch``: the resource
+    is held by ``holder`` (None: nobody) at ``current_epoch``, or refused ``why``."""
+    return FencedError(
+        write="commit",
+        group=session.group,
+        member=session.member_id,
+        resource=resource,
+        epoch=epoch,
+        holder=holder,
+        current_epoch=current_epoch,
+        why=why,
+    )
+
+
+def fenced_coordinator(
+    session: Session,
+    epoch: int,
+    *,
+    holder: str | None = None,
+    current_epoch: int | None = None,
+    why: str = "",
+) -> FencedError:
+    """The :class:`FencedError` of a coordinator write by ``session`` carrying ``epoch``: the
+    coordinator is ``holder`` (None: nobody) at ``current_epoch``, or refused ``why``."""
+    return FencedError(
+        write="coordinator",
+        group=session.group,
+        member=session.member_id,
+        epoch=epoch,
+        holder=holder,
+        current_epoch=current_epoch,
+        why=why,
+    )

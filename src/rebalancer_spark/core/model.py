@@ -238,6 +238,10 @@ class Grant:
     prev_session_id: str | None = None
     prev_epoch: int | None = 0
     freed_at: float | None = None
+    progress: Progress | None = None
+    """What the grant hands over: the resource's last accepted commit, read in the same atomic
+    step as the grant (None if it has none), so the new owner resumes from it without asking
+    the store again."""
 
 
 def grant_epochs(grants: Mapping[str, Grant]) -> dict[str, int]:

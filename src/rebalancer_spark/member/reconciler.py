@@ -280,13 +280,12 @@ class Reconciler:
         fresh = self._ownership.not_held(granted)
         if not fresh:
             return
-        progress = backend.progress(self._group, list(fresh))
         now = self._clock.wall()
         owned = [
             OwnedResource(
                 r,
                 g.epoch,
-                progress[r].value if r in progress else None,
+                None if g.progress is None else g.progress.value,  # handed over with the grant
                 now,
                 grant=g,
                 generation=view.generation,

@@ -36,7 +36,6 @@ from rebalancer_spark.backends.redis.decode import (
     number,
 )
 from rebalancer_spark.backends.redis.errors import Refusal
-from rebalancer_spark.backends.redis.handoff import Handoff
 from rebalancer_spark.backends.redis.keys import check_session_id, prefix
 from rebalancer_spark.backends.redis.memory import Memory
 from rebalancer_spark.backends.redis.runner import ScriptRunner
@@ -44,19 +43,15 @@ from rebalancer_spark.backends.redis.staging import chunks, stage_resources, sta
 from rebalancer_spark.backends.redis.watch import RedisWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
-from rebalancer_spark.core.errors import ConfigurationError, ControlConflict
+from rebalancer_spark.core.errors import ControlConflict
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
     GroupState,
-    JsonValue,
     Phase,
     Progress,
     Resource,
     Target,
-    encode_progress,
-    validate_member_id,
-    validate_resource_id,
 )
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.core.urls import BackendUrl
@@ -87,7 +82,6 @@ class RedisBackend(Backend):
         """The redis-py client (for tests and operators; the backend goes through scripts)."""
         self.run = self._runner.run
         self._memory = Memory()
-        self._handoff = Handoff()
         self._lock = threading.Lock()
         self._watches: weakref.WeakSet[RedisWatch] = weakref.WeakSet()
 
@@ -105,19 +99,16 @@ class RedisBackend(Backend):
 
     # -- sessions ------------------------------------------------------------------------
 
-    def join(
-        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    def _join(
+        self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
     ) -> Session:
-        validate_member_id(member_id)
-        if not (isinstance(ttl, int | float) and 0 < ttl < math.inf):
-            raise ConfigurationError(f"session ttl {ttl!r} for group {group!r}: use seconds > 0")
         ttl_ms = max(1, math.ceil(ttl * 1000))
         session_id = uuid.uuid4().hex
         known = self._memory.snapshot(group)
         remembers = known.high > 0 or known.incarnation != ""
         uptime = self._runner.server_uptime() if remembers else -1
         quarantine = max(ttl_ms, known.max_ttl_ms)
-        args = [member_id, session_id, ttl_ms, json.dumps(dict(info), sort_keys=True)]
+        args = [member_id, session_id, ttl_ms, json.dumps(info, sort_keys=True)]
         args += ["1" if static else "0", known.high, known.incarnation, quarantine, uptime]
         try:
             incarnation, evidence = self._runner.run("JOIN", group, args, "joining")
@@ -149,26 +140,26 @@ class RedisBackend(Backend):
     def _sid(self, session: Session) -> str:
         return check_session_id(session.group, session.member_id, session.session_id)
 
-    def renew(self, session: Session) -> None:
+    def _renew(self, session: Session) -> None:
         ttl_ms = max(1, math.ceil(session.ttl * 1000))
         args = [self._sid(session), ttl_ms, self._memory.high(session.group)]
         try:
             self._runner.run("RENEW", session.group, args, "renewing a lease")
         except Refusal:
-            raise messages.expired(session, "lease renewal") from None
+            raise messages.expired(session, "renewing") from None
 
-    def set_leaving(self, session: Session) -> None:
+    def _set_leaving(self, session: Session) -> None:
         try:
             self._runner.run("SET_LEAVING", session.group, [self._sid(session)], "marking a drain")
         except Refusal:
             raise messages.expired(session, "announcing the drain") from None
 
-    def leave(self, session: Session) -> None:
+    def _leave(self, session: Session) -> None:
         self._runner.run("LEAVE", session.group, [self._sid(session)], "leaving")
 
     # -- reading ---------------------------------------------------------------------------
 
-    def state(self, group: str) -> GroupState:
+    def _state(self, group: str) -> GroupState:
         decoded = decode_state(group, self._runner.run("STATE", group, [], "reading the group"))
         self._memory.see(group, decoded.numbers)
         self._memory.saw_ttls(group, decoded.ttls_ms)
@@ -177,7 +168,7 @@ class RedisBackend(Backend):
             self._memory.saw_resources(group, decoded.resources)
         return decoded.state
 
-    def member_view(self, session: Session) -> MemberView:
+    def _member_view(self, session: Session) -> MemberView:
         try:
             reply = self._runner.run("MEMBER_VIEW", session.group, [self._sid(session)], "reading")
         except Refusal:
@@ -186,26 +177,23 @@ class RedisBackend(Backend):
         self._memory.see(session.group, [view.generation, *view.owned.values()])
         return view
 
-    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
+    def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         self._runner.check_open()
-        texts, ids = self._handoff.take(group, dict.fromkeys(_checked(resources)))
         key = prefix(group) + "progress"
 
         def fill(pipe: Pipeline) -> None:
-            for chunk in chunks(ids):
+            for chunk in chunks(resources):
                 pipe.hmget(key, list(chunk))
 
-        if ids:
-            replies = self._runner.pipeline_read(fill, "reading progress")
-            values = [v for reply in replies for v in reply]
-            texts.update({rid: v or "" for rid, v in zip(ids, values, strict=True)})
+        replies = self._runner.pipeline_read(fill, "reading progress")
+        values = [v for reply in replies for v in reply]
         return {
             rid: decode_progress_record(group, rid, str(text))
-            for rid, text in texts.items()
+            for rid, text in zip(resources, values, strict=True)
             if text
         }
 
-    def watch(self, group: str) -> RedisWatch:
+    def _watch(self, group: str) -> RedisWatch:
         self._runner.check_open()
         watch = RedisWatch(self, group, self._clock)
         with self._lock:
@@ -214,7 +202,7 @@ class RedisBackend(Backend):
 
     # -- coordinator ---------------------------------------------------------------------------
 
-    def elect(self, session: Session) -> CoordinatorRecord | None:
+    def _elect(self, session: Session) -> CoordinatorRecord | None:
         reply = self._runner.run("ELECT", session.group, [self._sid(session)], "electing")
         if reply is None:
             return None
@@ -223,25 +211,25 @@ class RedisBackend(Backend):
         self._memory.see(session.group, [epoch])
         return CoordinatorRecord(member, sid, epoch)
 
-    def publish(
+    def _publish(
         self,
         session: Session,
         epoch: int,
-        assignment: Mapping[str, Collection[str]],
+        assignment: dict[str, list[str]],
         *,
         phase: Phase,
         resources_version: int,
     ) -> Target:
         group, sid = session.group, self._sid(session)
-        members = [validate_member_id(m) for m in assignment]
+        members = list(assignment)
         nonce = uuid.uuid4().hex
-        wanted = {m: list(dict.fromkeys(assignment[m])) for m in members}
+        wanted = assignment
         fill = stage_target(group, nonce, wanted)
         args = [sid, epoch, phase.value, resources_version, nonce, len(members), *members]
         try:
             generation = int(self._runner.run_staged("PUBLISH", group, fill, args, "publishing"))
         except Refusal as exc:
-            raise messages.fenced_coordinator(session, epoch, exc) from None
+            raise messages.fenced_coordinator_refused(session, epoch, exc) from None
         self._memory.see(group, [epoch, generation])
         return Target(
             generation=generation,
@@ -251,12 +239,12 @@ class RedisBackend(Backend):
             resources_version=resources_version,
         )
 
-    def resign(self, session: Session, epoch: int) -> None:
+    def _resign(self, session: Session, epoch: int) -> None:
         self._runner.run("RESIGN", session.group, [self._sid(session), epoch], "resigning")
 
     # -- resources -------------------------------------------------------------------------
 
-    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+    def _update_control(self, group: str, expected_version: int, control: Control) -> Control:
         body = control.encode()
         written, version = self._runner.run(
             "UPDATE_CONTROL", group, [expected_version, body], "changing the control record"
@@ -269,16 +257,16 @@ class RedisBackend(Backend):
             )
         return Control.decode(group, body, int(version))
 
-    def update_resources(
+    def _update_resources(
         self,
         group: str,
         *,
-        replace: Collection[Resource] | None = None,
-        add: Collection[Resource] = (),
-        remove: Collection[str] = (),
+        replace: Collection[Resource] | None,
+        add: Collection[Resource],
+        remove: list[str],
     ) -> int:
         added = {r.id: repr(float(r.weight)) for r in add}
-        removed = [validate_resource_id(r) for r in remove]
+        removed = remove
         ttl_ms = self._memory.snapshot(group).max_ttl_ms
         if replace is None:
             version = self._update(group, "delta", added, removed, ttl_ms)
@@ -309,10 +297,8 @@ class RedisBackend(Backend):
 
     # -- ownership ---------------------------------------------------------------------------
 
-    def claim(
-        self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, Grant]:
-        args = [self._sid(session), generation, *dict.fromkeys(_checked(resources))]
+    def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
+        args = [self._sid(session), generation, *resources]
         try:
             flat = self._runner.run("CLAIM", session.group, args, "claiming")
         except Refusal:
@@ -321,40 +307,27 @@ class RedisBackend(Backend):
         # A resource epoch someone overwrote with garbage is corrupt data, never a ValueError
         # that would end the member thread.
         granted = {str(row[0]): decode_grant(session.group, row) for row in rows}
-        handed = {str(rid): str(record) for rid, _, kind, record, *_ in rows if kind == "new"}
-        self._handoff.granted(session.group, handed)
         self._memory.see(session.group, [g.epoch for g in granted.values()])
         return granted
 
-    def release(self, session: Session, claims: Mapping[str, int]) -> None:
-        if not claims:
-            return
+    def _release(self, session: Session, claims: dict[str, int]) -> None:
         args: list[object] = [self._sid(session)]
-        for rid, epoch in zip(_checked(claims), claims.values(), strict=True):
+        for rid, epoch in claims.items():
             args += [rid, epoch]
         self._memory.see(session.group, claims.values())
-        self._handoff.forget(session.group, claims)
         self._runner.run("RELEASE", session.group, args, "releasing")
 
-    def acknowledge(self, session: Session, generation: int) -> None:
+    def _acknowledge(self, session: Session, generation: int) -> None:
         args = [self._sid(session), generation]
         self._runner.run("ACKNOWLEDGE", session.group, args, "acknowledging")
 
-    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
-        text = encode_progress(validate_resource_id(resource), progress)
+    def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         record = encode_progress_record(epoch, session.member_id, text)
-        self._handoff.forget(session.group, [resource])
         args = [self._sid(session), resource, epoch, record]
         try:
             self._runner.run("COMMIT", session.group, args, "committing progress")
         except Refusal as exc:
-            raise messages.fenced_commit(session, resource, epoch, exc) from None
+            raise messages.fenced_commit_refused(session, resource, epoch, exc) from None
         # Only once Redis confirmed it: an epoch the store never handed out must not look
         # like evidence that Redis went back (see Memory and ensure() in the prelude).
         self._memory.see(session.group, [epoch])
-
-
-def _checked(resources: Collection[str]) -> list[str]:
-    """``resources`` if every id is one this library could have written (a lone surrogate
-    would otherwise fail as a UnicodeEncodeError on the way to Redis)."""
-    return [validate_resource_id(r) for r in resources]

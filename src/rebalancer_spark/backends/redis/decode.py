@@ -58,9 +58,9 @@ CLAIM_ROW = 9
 
 
 def decode_grant(group: str, row: list[object]) -> Grant:
-    """One resource of the CLAIM script's answer (see :mod:`.ownership`) as a :class:`Grant`;
-    Redis TIME in ms becomes wall-clock seconds."""
-    rid, epoch, _, _, member, session, prev_epoch, freed, freed_at = (str(v) for v in row)
+    """One resource of the CLAIM script's answer (see :mod:`.ownership`) as a :class:`Grant`
+    with the progress it hands over; Redis TIME in ms becomes wall-clock seconds."""
+    rid, epoch, _, record, member, session, prev_epoch, freed, freed_at = (str(v) for v in row)
     what = f"epoch of {rid!r}"
     try:
         how = Freed(freed) if freed else None
@@ -80,6 +80,7 @@ def decode_grant(group: str, row: list[object]) -> Grant:
         freed_at=number(group, f"end of the previous owner of {rid!r}", freed_at) / 1000
         if freed_at
         else None,
+        progress=decode_progress_record(group, rid, record) if record else None,
     )
 
 

@@ -18,11 +18,10 @@ from rebalancer_spark.core.errors import (
     BackendError,
     BackendUnavailable,
     CorruptStateError,
-    SessionExpired,
 )
 from rebalancer_spark.core.urls import BackendUrl, redact_url
 
-__all__ = ["Refusal", "expired", "refusal", "translate"]
+__all__ = ["Refusal", "refusal", "translate"]
 
 _CODES = frozenset({"EXPIRED", "FENCED", "INUSE"})
 
@@ -51,14 +50,6 @@ def refusal(exc: redis.exceptions.ResponseError) -> Refusal | None:
     if not isinstance(fields, dict):
         fields = {}
     return Refusal(code, {str(k): str(v) for k, v in fields.items()})
-
-
-def expired(group: str, member_id: str, session_id: str, doing: str) -> SessionExpired:
-    return SessionExpired(
-        f"{doing} refused: session {session_id[:8]} of member {member_id!r} in group {group!r} "
-        "has expired or ended in Redis (its lease key is gone): the member has stopped all work "
-        "and must rejoin"
-    )
 
 
 def translate(exc: BaseException, url: BackendUrl, doing: str) -> BackendError:

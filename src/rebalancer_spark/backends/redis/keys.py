@@ -62,7 +62,9 @@ def check_session_id(group: str, member_id: str, session_id: str) -> str:
     (a session id is also part of key names, so nothing else may pass)."""
     if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
         raise SessionExpired(
-            f"session {str(session_id)[:40]!r} of member {member_id!r} in group {group!r} was "
-            "not issued by the Redis backend (32 hex digits expected): join the group again"
+            group,
+            member_id,
+            str(session_id),
+            why="it was not issued by the Redis backend: 32 hex digits expected",
         )
     return session_id

@@ -18,10 +18,11 @@ __all__ = ["ACKNOWLEDGE", "CLAIM", "COMMIT", "RELEASE"]
 # to the base (the store lost its records), pfa is in ms of Redis TIME.
 # KEYS[1] meta
 # ARGV    session id, generation, resource 1 .. resource n
-# Returns {resource, epoch, 'new'|'held', progress record ('' if none, or if held),
+# Returns {resource, epoch, 'new'|'held', progress record ('' if none),
 #          prev member, prev session, prev epoch, freed, freed at ms ('' where unknown), ...}:
-#         the granted ones, with the progress the new owner resumes from (saving it a round
-#         trip) and what the grant superseded, and those this session already holds
+#         the granted ones, with the progress the new owner resumes from (the grant hands
+#         it over: no second request) and what the grant superseded, and those this session
+#         already holds
 # Errors  EXPIRED {} if the session is not alive
 CLAIM = (
     PRELUDE
@@ -52,7 +53,7 @@ for i = 3, #ARGV do
       local l = c and cjson.decode(c) or {}
       if l.s ~= sid then l = {} end
       out[#out + 1] = r; out[#out + 1] = redis.call('HGET', E, r)
-      out[#out + 1] = 'held'; out[#out + 1] = ''
+      out[#out + 1] = 'held'; out[#out + 1] = redis.call('HGET', P .. 'progress', r) or ''
       link_out(l)
     elseif not holder or not alive(holder) then
       local stored = redis.call('HGET', E, r)

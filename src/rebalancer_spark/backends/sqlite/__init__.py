@@ -27,10 +27,11 @@ How it keeps the contract:
 URL options: ``poll`` (seconds between change checks, default 0.02) and ``busy_timeout``
 (seconds to wait for the write lock, default 10).
 
-The modules: :mod:`.backend` (:class:`SqliteBackend`: transactions and the contract's methods),
-:mod:`.url` (the URL grammar and options, whether the file exists), :mod:`.connection`
-(opening the file, error translation), :mod:`.schema` (tables, schema version, boot id),
-:mod:`.groups` (a group's row, change counter and resource set),
+The modules: :mod:`.backend` (:class:`SqliteBackend`: transactions and the protected methods
+behind the shared front of :mod:`rebalancer_spark.backends.base`), :mod:`.url` (the URL grammar
+and options, whether the file exists), :mod:`.connection` (opening the file, error
+translation), :mod:`.schema` (tables, schema version, boot id), :mod:`.groups` (a group's row,
+change counter and resource set),
 :mod:`.sessions` (joins and leases), :mod:`.coordinator` (election and targets),
 :mod:`.ownership` (claims and commits), :mod:`.reads` (snapshots) and :mod:`.watch`.
 """

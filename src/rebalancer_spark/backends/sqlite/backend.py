@@ -33,15 +33,10 @@ from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
     GroupState,
-    JsonValue,
     Phase,
     Progress,
     Resource,
     Target,
-    encode_progress,
-    validate_group,
-    validate_member_id,
-    validate_resource_id,
 )
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.core.urls import BackendUrl
@@ -114,67 +109,58 @@ class SqliteBackend(Backend):
 
     # -- sessions ------------------------------------------------------------------------
 
-    def join(
-        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    def _join(
+        self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
     ) -> Session:
-        validate_group(group)
-        validate_member_id(member_id)
         with self._transaction(_WRITE) as db:
             return sessions.join(
                 db, self._clock, group, member_id, info=info, ttl=ttl, static=static
             )
 
-    def renew(self, session: Session) -> None:
+    def _renew(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
             sessions.renew(db, self._clock, session)
 
-    def set_leaving(self, session: Session) -> None:
+    def _set_leaving(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
             sessions.set_leaving(db, self._clock, session)
 
-    def leave(self, session: Session) -> None:
+    def _leave(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
             sessions.leave(db, self._clock, session)
 
     # -- reading ---------------------------------------------------------------------------
 
-    def state(self, group: str) -> GroupState:
-        validate_group(group)
+    def _state(self, group: str) -> GroupState:
         with self._transaction(_READ) as db:
             return reads.state(db, self._clock, group)
 
-    def member_view(self, session: Session) -> MemberView:
+    def _member_view(self, session: Session) -> MemberView:
         with self._transaction(_READ) as db:
             return reads.member_view(db, self._clock, session)
 
-    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
-        validate_group(group)
-        _check_ids(resources)
+    def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         with self._transaction(_READ) as db:
             return reads.progress(db, group, resources)
 
-    def watch(self, group: str) -> SqliteWatch:
-        validate_group(group)
+    def _watch(self, group: str) -> SqliteWatch:
         return SqliteWatch(self, group)
 
     # -- coordinator ---------------------------------------------------------------------------
 
-    def elect(self, session: Session) -> CoordinatorRecord | None:
+    def _elect(self, session: Session) -> CoordinatorRecord | None:
         with self._transaction(_WRITE) as db:
             return coordinator.elect(db, self._clock, session)
 
-    def publish(
+    def _publish(
         self,
         session: Session,
         epoch: int,
-        assignment: Mapping[str, Collection[str]],
+        assignment: dict[str, list[str]],
         *,
         phase: Phase,
         resources_version: int,
     ) -> Target:
-        for member, owned in assignment.items():
-            validate_member_id(member)
-            _check_ids(owned)
         with self._transaction(_WRITE) as db:
             return coordinator.publish(
                 db,
@@ -186,61 +172,43 @@ class SqliteBackend(Backend):
                 resources_version=resources_version,
             )
 
-    def resign(self, session: Session, epoch: int) -> None:
+    def _resign(self, session: Session, epoch: int) -> None:
         with self._transaction(_WRITE) as db:
             coordinator.resign(db, session, epoch)
 
     # -- resources -------------------------------------------------------------------------
 
-    def update_resources(
+    def _update_resources(
         self,
         group: str,
         *,
-        replace: Collection[Resource] | None = None,
-        add: Collection[Resource] = (),
-        remove: Collection[str] = (),
+        replace: Collection[Resource] | None,
+        add: Collection[Resource],
+        remove: list[str],
     ) -> int:
-        validate_group(group)
-        _check_ids(remove)
         with self._transaction(_WRITE) as db:
             return groups.update_resources(db, group, replace=replace, add=add, remove=remove)
 
     # -- operator control ------------------------------------------------------------------
 
-    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
-        validate_group(group)
+    def _update_control(self, group: str, expected_version: int, control: Control) -> Control:
         with self._transaction(_WRITE) as db:
             return _control.update_control(db, group, expected_version, control)
 
     # -- ownership ---------------------------------------------------------------------------
 
-    def claim(
-        self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, Grant]:
-        _check_ids(resources)
+    def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
         with self._transaction(_WRITE) as db:
             return ownership.claim(db, self._clock, session, resources, generation)
 
-    def release(self, session: Session, claims: Mapping[str, int]) -> None:
-        if not claims:
-            return
-        _check_ids(claims)
+    def _release(self, session: Session, claims: dict[str, int]) -> None:
         with self._transaction(_WRITE) as db:
             ownership.release(db, self._clock, session, claims)
 
-    def acknowledge(self, session: Session, generation: int) -> None:
+    def _acknowledge(self, session: Session, generation: int) -> None:
         with self._transaction(_WRITE) as db:
             ownership.acknowledge(db, session, generation)
 
-    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
-        validate_resource_id(resource)
-        text = encode_progress(resource, progress)
+    def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         with self._transaction(_WRITE) as db:
             ownership.commit(db, self._clock, session, resource, epoch, text)
-
-
-def _check_ids(resources: Collection[str]) -> None:
-    """Refuse what every other backend refuses (:func:`validate_resource_id`): SQLite itself
-    would store any text, but a group must move between backends unchanged."""
-    for resource in resources:
-        validate_resource_id(resource)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Collection, Mapping
 
-from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.base import Session, fenced_coordinator
 from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
 from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.sessions import alive
 from rebalancer_spark.core.clock import Clock
-from rebalancer_spark.core.errors import FencedError
 from rebalancer_spark.core.model import CoordinatorRecord, Freed, Phase, Target
 
 __all__ = ["elect", "publish", "require_coordinator", "resign"]
@@ -64,11 +63,7 @@ def require_coordinator(db: sqlite3.Connection, clock: Clock, session: Session, 
         (session.group,),
     ).fetchone()
     if current != epoch or sid != session.session_id or not alive(db, session, clock):
-        raise FencedError(
-            f"coordinator write for group {session.group!r} refused: it carried epoch "
-            f"{epoch} from member {session.member_id!r}, but the current coordinator is "
-            f"{member!r} at epoch {current}; this member stepped down and changed nothing"
-        )
+        raise fenced_coordinator(session, epoch, holder=member, current_epoch=current)
 
 
 def publish(

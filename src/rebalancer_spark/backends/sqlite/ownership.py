@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 
-from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.base import Session, fenced_commit
 from rebalancer_spark.backends.records import parse_count
 from rebalancer_spark.backends.sqlite.chain import wall_time
 from rebalancer_spark.backends.sqlite.groups import bump
+from rebalancer_spark.backends.sqlite.reads import progress
 from rebalancer_spark.backends.sqlite.sessions import alive, require_alive
 from rebalancer_spark.core.clock import Clock
-from rebalancer_spark.core.errors import FencedError
 from rebalancer_spark.core.model import Freed, Grant, Phase
 
 __all__ = ["acknowledge", "claim", "commit", "release"]
@@ -45,7 +46,8 @@ def claim(
     generation: int,
 ) -> dict[str, Grant]:
     """:meth:`Backend.claim`: grant what the target at ``generation`` gives ``session`` and
-    nobody alive holds, each at the resource's next epoch, with what it superseded."""
+    nobody alive holds, each at the resource's next epoch, with what it superseded and the
+    progress it hands over."""
     group = session.group
     wanted = set(resources)
     granted: dict[str, Grant] = {}
@@ -99,6 +101,10 @@ def claim(
                 grant.freed_at,
             )
         )
+    if granted:
+        # Handed over with the grant, read in the same transaction.
+        handed = progress(db, group, list(granted))
+        granted = {r: replace(g, progress=handed.get(r)) for r, g in granted.items()}
     if grants:
         db.executemany(
             "INSERT OR REPLACE INTO ownership(grp, resource_id, member_id, session_id, epoch, "
@@ -152,18 +158,12 @@ def commit(
         (session.group, resource),
     ).fetchone()
     if row is None or row[1] != session.session_id or row[2] != epoch:
-        holder = "nobody" if row is None or row[0] is None else repr(row[0])
-        raise FencedError(
-            f"commit for resource {resource!r} by member {session.member_id!r} at "
-            f"epoch {epoch} refused: the resource is held by {holder} at epoch "
-            f"{row[2] if row else 0}; stop working on it, the new owner resumes from "
-            "the last accepted commit"
+        holder = None if row is None or row[0] is None else str(row[0])
+        raise fenced_commit(
+            session, resource, epoch, holder=holder, current_epoch=row[2] if row else 0
         )
     if not alive(db, session, clock):
-        raise FencedError(
-            f"commit for resource {resource!r} by member {session.member_id!r} at "
-            f"epoch {epoch} refused: its session lease has lapsed; stop working on it"
-        )
+        raise fenced_commit(session, resource, epoch, why="its session lease has lapsed")
     db.execute(
         "INSERT OR REPLACE INTO progress VALUES (?, ?, ?, ?, ?, ?)",
         (session.group, resource, epoch, session.member_id, text, clock.wall()),

@@ -13,11 +13,11 @@ import sqlite3
 import uuid
 from collections.abc import Mapping
 
-from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.base import Session, expired
 from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
 from rebalancer_spark.backends.sqlite.groups import bump, ensure_group
 from rebalancer_spark.core.clock import Clock
-from rebalancer_spark.core.errors import MemberIdInUse, SessionExpired
+from rebalancer_spark.core.errors import MemberIdInUse
 from rebalancer_spark.core.model import Freed
 
 __all__ = ["alive", "join", "leave", "renew", "require_alive", "set_leaving"]
@@ -35,10 +35,7 @@ def alive(db: sqlite3.Connection, session: Session, clock: Clock) -> bool:
 def require_alive(db: sqlite3.Connection, session: Session, clock: Clock) -> None:
     """Raise :class:`SessionExpired` unless ``session`` is :func:`alive`."""
     if not alive(db, session, clock):
-        raise SessionExpired(
-            f"session {session.session_id[:8]} of member {session.member_id!r} in group "
-            f"{session.group!r} has expired or ended: the member must rejoin"
-        )
+        raise expired(session, "its lease lapsed or it left the group")
 
 
 def join(
@@ -61,10 +58,11 @@ def join(
     if row is not None and row[1] > now:
         holder = json.loads(row[2])
         raise MemberIdInUse(
-            f"member id {member_id!r} is in use in group {group!r} by a live session "
-            f"(host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, lease "
-            f"ends in {row[1] - now:.1f} s): give each job its own --member-id, or "
-            "stop the other one first"
+            group,
+            member_id,
+            host=str(holder.get("host", "?")),
+            pid=str(holder.get("pid", "?")),
+            lease_left=row[1] - now,
         )
     if row is not None:
         # Its lease ran out: its claims end as expired at that time (see ownership.py).
@@ -88,10 +86,7 @@ def renew(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
         (now + session.ttl, session.group, session.session_id, now),
     )
     if cur.rowcount == 0:
-        raise SessionExpired(
-            f"the lease of member {session.member_id!r} in group {session.group!r} "
-            "lapsed before it was renewed: the member has stopped all work and rejoins"
-        )
+        raise expired(session, "its lease lapsed before it was renewed", doing="renewing")
 
 
 def set_leaving(db: sqlite3.Connection, clock: Clock, session: Session) -> None:

@@ -21,9 +21,14 @@ import threading
 from collections.abc import Collection, Mapping
 from typing import ClassVar
 
-from rebalancer_spark.backends.base import Backend, Capability, Session
-from rebalancer_spark.backends.zookeeper import coordination, members, ownership
-from rebalancer_spark.backends.zookeeper import progress as handoff
+from rebalancer_spark.backends.base import (
+    Backend,
+    Capability,
+    Session,
+    expired,
+    fenced_coordinator,
+)
+from rebalancer_spark.backends.zookeeper import coordination, members, ownership, progress
 from rebalancer_spark.backends.zookeeper.client import (
     OPTIONS,
     Settings,
@@ -42,21 +47,17 @@ from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import (
     BackendUnavailable,
-    FencedError,
     SessionExpired,
 )
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
     GroupState,
-    JsonValue,
     Phase,
     Progress,
     Resource,
     Target,
     validate_group,
-    validate_member_id,
-    validate_resource_id,
 )
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.core.urls import BackendUrl
@@ -92,7 +93,6 @@ class ZookeeperBackend(Backend):
         self._sessions = SessionTable(self._clock)
         self._watches: list[ZookeeperWatch] = []
         self._leftovers = members.Leftovers(self.settings)
-        self._prefetched = handoff.PrefetchCache(self._clock, self._live)
         self._closed = False
         self._client, _ = open_client(self.settings, SHARED_TIMEOUT)
         try:
@@ -111,7 +111,7 @@ class ZookeeperBackend(Backend):
         """The group's paths; its skeleton is created (and checked) once per backend object.
         With ``create=False`` a group that does not exist yet is None."""
         self._check_open()
-        validate_group(group)
+        validate_group(group)  # also for a session's group: a path must never leave the chroot
         with self._lock:
             known = self._groups.get(group)
         if known is not None:
@@ -135,16 +135,12 @@ class ZookeeperBackend(Backend):
         self._check_open()
         zs = self._sessions.get(session.session_id)
         if zs is None:
-            raise SessionExpired(
-                f"session {session.session_id} of member {session.member_id!r} in group "
-                f"{session.group!r} is not open in this backend object (it left, or it was "
-                "opened by another process): the member must rejoin"
+            raise expired(
+                session,
+                "it is not open in this backend object: it left, or it was opened by another "
+                "process",
             )
         return zs
-
-    def _live(self, session_id: str) -> bool:
-        zs = self._sessions.get(session_id)
-        return zs is not None and zs.state is not SessionState.ENDED
 
     def _shared_reader(self, what: str) -> Reader:
         return Reader(
@@ -153,10 +149,9 @@ class ZookeeperBackend(Backend):
 
     # -- sessions ------------------------------------------------------------------------------
 
-    def join(
-        self, group: str, member_id: str, *, info: Mapping[str, str], ttl: float, static: bool
+    def _join(
+        self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
     ) -> Session:
-        validate_member_id(member_id)
         zs = members.join(
             self.settings,
             self._client,
@@ -171,15 +166,15 @@ class ZookeeperBackend(Backend):
         self._sessions.add(zs)
         return zs.session
 
-    def renew(self, session: Session) -> None:
+    def _renew(self, session: Session) -> None:
         members.renew(self._hosted(session), self.settings, self._clock)
 
-    def set_leaving(self, session: Session) -> None:
+    def _set_leaving(self, session: Session) -> None:
         members.update_member(
             self._hosted(session), self.settings, members.leaving, "marking the member as leaving"
         )
 
-    def acknowledge(self, session: Session, generation: int) -> None:
+    def _acknowledge(self, session: Session, generation: int) -> None:
         zs = self._sessions.get(session.session_id)
         if zs is None:
             return
@@ -188,7 +183,7 @@ class ZookeeperBackend(Backend):
                 zs, self.settings, members.acked(generation), "acknowledging a generation"
             )
 
-    def leave(self, session: Session) -> None:
+    def _leave(self, session: Session) -> None:
         zs = self._sessions.pop(session.session_id)
         if zs is not None:
             zs.close()
@@ -204,24 +199,22 @@ class ZookeeperBackend(Backend):
                 )
             return reader
 
-    def state(self, group: str) -> GroupState:
+    def _state(self, group: str) -> GroupState:
         paths = self._paths(group, create=False)
         if paths is None:
             return GroupState(group, {}, None, {}, 0, None, {})
         return self._snapshot(paths).state()
 
-    def member_view(self, session: Session) -> MemberView:
+    def _member_view(self, session: Session) -> MemberView:
         return ownership.member_view(self._hosted(session), self.settings)
 
-    def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
-        _check_ids(resources)
+    def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         paths = self._paths(group, create=False)
         if paths is None:
             return {}
-        known, unknown = self._prefetched.take(group, resources)
-        return known | handoff.read_progresses(self._client, self.settings, paths, unknown)
+        return progress.read_progresses(self._client, self.settings, paths, resources)
 
-    def watch(self, group: str) -> ZookeeperWatch:
+    def _watch(self, group: str) -> ZookeeperWatch:
         watch = ZookeeperWatch(self._client, self._group(group), self.settings.request_timeout)
         with self._lock:
             self._watches = [w for w in self._watches if not w.closed]
@@ -230,85 +223,70 @@ class ZookeeperBackend(Backend):
 
     # -- coordinator --------------------------------------------------------------------------
 
-    def elect(self, session: Session) -> CoordinatorRecord | None:
+    def _elect(self, session: Session) -> CoordinatorRecord | None:
         zs = self._sessions.get(session.session_id)
         if zs is None or zs.state is SessionState.ENDED:
             return None
         return coordination.elect(zs, self.settings)
 
-    def publish(
+    def _publish(
         self,
         session: Session,
         epoch: int,
-        assignment: Mapping[str, Collection[str]],
+        assignment: dict[str, list[str]],
         *,
         phase: Phase,
         resources_version: int,
     ) -> Target:
         zs = self._sessions.get(session.session_id)
         if zs is None:
-            raise FencedError(
-                f"coordinator write for group {session.group!r} refused: session "
-                f"{session.session_id} of member {session.member_id!r} is not open in this "
-                f"backend object, so it cannot be the coordinator at epoch {epoch}"
+            raise fenced_coordinator(
+                session,
+                epoch,
+                why=f"its session {session.session_id} is not open in this backend object, so "
+                "it cannot be the coordinator",
             )
         return coordination.publish(zs, self.settings, epoch, assignment, phase, resources_version)
 
-    def resign(self, session: Session, epoch: int) -> None:
+    def _resign(self, session: Session, epoch: int) -> None:
         zs = self._sessions.get(session.session_id)
         if zs is not None:
             coordination.resign(zs, self.settings, epoch)
 
     # -- resources and ownership ------------------------------------------------------------
 
-    def update_resources(
+    def _update_resources(
         self,
         group: str,
         *,
-        replace: Collection[Resource] | None = None,
-        add: Collection[Resource] = (),
-        remove: Collection[str] = (),
+        replace: Collection[Resource] | None,
+        add: Collection[Resource],
+        remove: list[str],
     ) -> int:
-        _check_ids(remove)
         paths = self._group(group)
         return update_resources(
             self._client, self.settings, paths, replace=replace, add=add, remove=remove
         )
 
-    def update_control(self, group: str, expected_version: int, control: Control) -> Control:
+    def _update_control(self, group: str, expected_version: int, control: Control) -> Control:
         paths = self._group(group)
         return update_control(self._client, self.settings, paths, expected_version, control)
 
-    def claim(
-        self, session: Session, resources: Collection[str], generation: int
-    ) -> dict[str, Grant]:
-        _check_ids(resources)
-        zs = self._hosted(session)
-        return ownership.claim(
-            zs,
-            self.settings,
-            resources,
-            generation,
-            self._prefetched.remember(session.group, session.session_id),
-        )
+    def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
+        return ownership.claim(self._hosted(session), self.settings, resources, generation)
 
-    def release(self, session: Session, claims: Mapping[str, int]) -> None:
-        _check_ids(claims)
-        for resource in claims:
-            self._prefetched.forget(session.group, resource)
+    def _release(self, session: Session, claims: dict[str, int]) -> None:
         zs = self._sessions.get(session.session_id)
         if zs is not None:
             ownership.release(zs, self.settings, claims)
 
-    def commit(self, session: Session, resource: str, epoch: int, progress: JsonValue) -> None:
-        validate_resource_id(resource)
+    def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         self._check_open()
         paths = self._group(session.group)
         zs = self._sessions.get(session.session_id)
         client = self._client if zs is None else zs.client
-        self._prefetched.forget(session.group, resource)
-        handoff.commit(
-            zs, client, self.settings, paths, session, resource, epoch, progress, self._clock.wall()
+        progress.commit(
+            zs, client, self.settings, paths, session, resource, epoch, text, self._clock.wall()
         )
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -323,10 +301,3 @@ class ZookeeperBackend(Backend):
             watch.close()
         self._sessions.close(lambda zs: zs.close("the backend was closed"))
         stop_client(self._client)
-
-
-def _check_ids(resources: Collection[str]) -> None:
-    """Refuse ids this library never writes (:func:`validate_resource_id`) with a
-    :class:`ConfigurationError`, as every backend does."""
-    for resource in resources:
-        validate_resource_id(resource)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rebalancer_spark.backends.base import fenced_coordinator as fence_error
 from rebalancer_spark.backends.zookeeper.client import Settings
 from rebalancer_spark.backends.zookeeper.ops import Op, Refused, transact
 from rebalancer_spark.backends.zookeeper.reader import Reader
@@ -83,12 +84,15 @@ def session_transact(
         raise session_gone(zs) from None
 
 
-def fenced_coordinator(zs: ZkSession, epoch: int, current: str) -> FencedError:
-    s = zs.session
-    return FencedError(
-        f"coordinator write for group {s.group!r} refused: it carried epoch {epoch} from member "
-        f"{s.member_id!r}, but {current}; this member stepped down and changed nothing"
-    )
+def fenced_coordinator(
+    zs: ZkSession,
+    epoch: int,
+    why: str = "",
+    *,
+    holder: str | None = None,
+    current_epoch: int | None = None,
+) -> FencedError:
+    return fence_error(zs.session, epoch, holder=holder, current_epoch=current_epoch, why=why)
 
 
 def coordinator_fence(zs: ZkSession, settings: Settings, epoch: int, what: str) -> list[Op]:
@@ -112,9 +116,8 @@ def coordinator_fence(zs: ZkSession, settings: Settings, epoch: int, what: str) 
         raise fenced_coordinator(zs, epoch, "the group has no epoch znode")
     current = read_epoch(found[0], found[1].version, p.epoch)
     if current.epoch != epoch or current.session_id != zs.session.session_id:
-        who = f"member {current.member_id!r}" if current.member_id else "nobody"
         raise fenced_coordinator(
-            zs, epoch, f"the current coordinator epoch {current.epoch} was won by {who}"
+            zs, epoch, holder=current.member_id or None, current_epoch=current.epoch
         )
     if holder() is None:
         raise fenced_coordinator(zs, epoch, f"the role was given up at epoch {epoch}")

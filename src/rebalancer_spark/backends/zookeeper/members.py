@@ -109,9 +109,7 @@ def _in_use(client: Any, settings: Settings, paths: GroupPaths, member_id: str) 
         except RebalancerError:
             holder = {}
     return MemberIdInUse(
-        f"member id {member_id!r} is in use in group {paths.group!r} by a live session "
-        f"(host {holder.get('host', '?')}, pid {holder.get('pid', '?')}): give each job its "
-        "own --member-id, or stop the other one first"
+        paths.group, member_id, host=holder.get("host", "?"), pid=holder.get("pid", "?")
     )
 
 

@@ -35,7 +35,7 @@ from rebalancer_spark.backends.zookeeper.fence import (
 )
 from rebalancer_spark.backends.zookeeper.layout import REQUEST_BYTES
 from rebalancer_spark.backends.zookeeper.ops import Op, Refused
-from rebalancer_spark.backends.zookeeper.progress import Prefetch
+from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progresses
 from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
 from rebalancer_spark.backends.zookeeper.records import (
     claim_data,
@@ -115,14 +115,10 @@ def member_view(zs: ZkSession, settings: Settings) -> MemberView:
 
 
 def claim(
-    zs: ZkSession,
-    settings: Settings,
-    resources: Collection[str],
-    generation: int,
-    remember: Callable[[str, Progress | None], None] | None = None,
+    zs: ZkSession, settings: Settings, resources: Collection[str], generation: int
 ) -> dict[str, Grant]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
-    ``remember`` receives the progress of each resource granted, read right after it."""
+    each grant with the progress it hands over (:func:`_hand_over`)."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -177,20 +173,20 @@ def claim(
         )
         units.append((r, [create, raise_epoch]))
     if not units:
-        return granted
+        return _hand_over(zs, settings, granted, {})
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
     zs.begin_claim({r for r, _ in units})
     refused: set[str] = set()
+    handed: dict[str, Progress | None] = {}
     try:
-        follow = None
-        if remember is not None:
-            keep = remember
 
-            def follow(tags: list[str]) -> Prefetch:
-                return Prefetch(zs, settings, tags, keep)
+        def follow(tags: list[str]) -> Prefetch:
+            return Prefetch(zs, settings, tags)
 
-        applied, refused, stopped = _apply(zs, settings, units, fixed, [marker], what, follow)
+        applied, refused, stopped = _apply(
+            zs, settings, units, fixed, [marker], what, follow, handed
+        )
         for r, at in applied.items():
             grant = grants[r]
             if grant.freed is Freed.EXPIRED:
@@ -203,7 +199,24 @@ def claim(
                 raise session_gone(zs)
     finally:
         zs.end_claim(refused)
-    return granted
+    return _hand_over(zs, settings, granted, handed)
+
+
+def _hand_over(
+    zs: ZkSession,
+    settings: Settings,
+    granted: dict[str, Grant],
+    handed: dict[str, Progress | None],
+) -> dict[str, Grant]:
+    """``granted``, each with its progress: from ``handed`` (read right behind the claim's
+    request), else read now through the session's connection (resources this session held
+    already, or whose read behind the claim failed). Only this session can commit to them
+    while it holds them, so either read is the value the grant hands over."""
+    missing = [r for r in granted if r not in handed]
+    if missing:
+        read = read_progresses(zs.client, settings, zs.paths, missing)
+        handed = {**handed, **{r: read.get(r) for r in missing}}
+    return {r: dataclasses.replace(g, progress=handed.get(r)) for r, g in granted.items()}
 
 
 def _apply(
@@ -214,14 +227,15 @@ def _apply(
     tail: list[Op],
     what: str,
     follow: Callable[[list[str]], Prefetch] | None = None,
+    followed: dict[str, Progress | None] | None = None,
 ) -> tuple[dict[str, float | None], set[str], Op | None]:
     """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
     A unit refused by one of its own operations is dropped and the rest of its request tried
     again; a refused frame operation stops everything. Returns the tags applied (each with
     the store time of its request, in seconds, from the ``mtime`` the last ``set`` of the
     request returned, or None), the tags refused, and the frame operation that stopped it
-    (or None). ``follow`` makes reads to send right behind each request, collected once it
-    succeeded."""
+    (or None). ``follow`` makes reads to send right behind each request, collected into
+    ``followed`` once it succeeded."""
     applied: dict[str, float | None] = {}
     refused: set[str] = set()
     for batch in _units(units, sum(op.cost for op in [*fixed, *tail])):
@@ -242,8 +256,8 @@ def _apply(
                 continue
             at = _store_time(results)
             applied.update(dict.fromkeys(tags, at))
-            if reads is not None:
-                reads.collect()
+            if reads is not None and followed is not None:
+                followed.update(reads.collect())
             pending = []
     return applied, refused, None
 

@@ -88,8 +88,7 @@ class ZkSession:
         """The error for any use of this session once it ended."""
         s = self.session
         return SessionExpired(
-            f"session {s.session_id} of member {s.member_id!r} in group {s.group!r} has ended "
-            f"({self._why or 'ZooKeeper expired it'}): the member must rejoin"
+            s.group, s.member_id, s.session_id, why=self._why or "ZooKeeper expired it"
         )
 
     def end(self, why: str) -> bool:

@@ -38,7 +38,10 @@ from rebalancer_spark.core.errors import (
 from rebalancer_spark.core.model import Phase
 from rebalancer_spark.core.protocols import MemberView
 
-__all__ = ["HandleMemory", "SimClaim", "SimSession", "SimStore", "StoreBugs"]
+__all__ = ["SIM_GROUP", "HandleMemory", "SimClaim", "SimSession", "SimStore", "StoreBugs"]
+
+SIM_GROUP = "sim"
+"""The group the simulated store's refusals name (it holds one group)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,7 @@ class SimStore:
         self._check_up()
         rec = self._live(sid, now)
         if rec is None:
-            raise SessionExpired(f"session {sid!r} is not alive in the simulated store")
+            raise SessionExpired(SIM_GROUP, "?", sid, why="not alive in the simulated store")
         return rec
 
     def _ensure_group(self, now: float, memory: HandleMemory) -> None:
@@ -206,7 +209,7 @@ class SimStore:
         self._ensure_group(now, memory)
         self._expire(now)
         if any(rec.member_id == member_id for rec in self.sessions.values()):
-            raise MemberIdInUse(f"member id {member_id!r} is used by a live session")
+            raise MemberIdInUse(SIM_GROUP, member_id)
         self._next_sid += 1
         rec = SimSession(member_id, f"s{self._next_sid}", ttl, now + ttl)
         self.sessions[rec.session_id] = rec
@@ -279,8 +282,12 @@ class SimStore:
         self._require(sid, now)
         if self.coordinator is None or self.coordinator[1:] != (sid, epoch):
             raise FencedError(
-                f"publish at coordinator epoch {epoch} refused: the coordinator is "
-                f"{self.coordinator!r}"
+                write="coordinator",
+                group=SIM_GROUP,
+                member=self.sessions[sid].member_id,
+                epoch=epoch,
+                holder=None if self.coordinator is None else self.coordinator[0],
+                current_epoch=None if self.coordinator is None else self.coordinator[2],
             )
         self.generation = self._number(self.generation, memory)
         self.on_number("generation", self.generation)
@@ -359,7 +366,13 @@ class SimStore:
         ok = held is not None and held.session_id == sid and held.epoch == epoch
         if not ok and not self.bugs.commit_without_epoch:
             raise FencedError(
-                f"commit of {resource!r} at epoch {epoch} refused: the claim is {held!r}"
+                write="commit",
+                group=SIM_GROUP,
+                member=self.sessions[sid].member_id,
+                resource=resource,
+                epoch=epoch,
+                holder=None if held is None else held.member_id,
+                current_epoch=0 if held is None else held.epoch,
             )
         self.on_commit(resource, sid, epoch)
         self.progress[resource] = (epoch, sid, value)
