@@ -11,6 +11,7 @@ never reaches a log or a traceback.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import redis
 
@@ -59,14 +60,36 @@ def translate(exc: BaseException, url: BackendUrl, doing: str) -> BackendError:
     if url.password:
         text = text.replace(url.password, "***")
     code = str(getattr(exc, "status_code", None) or text.partition(" ")[0])
-    if isinstance(exc, redis.exceptions.AuthenticationError) or code in ("WRONGPASS", "NOAUTH"):
+    facts = _Facts(exc, url, doing, where, text, code)
+    return (
+        _refused_access(facts)
+        or _unreachable(facts)
+        or _unusable_store(facts)
+        or BackendError(f"{where} failed while {doing} ({type(exc).__name__}: {text})")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    exc: BaseException
+    url: BackendUrl
+    doing: str
+    where: str
+    text: str
+    code: str
+
+
+def _refused_access(f: _Facts) -> BackendError | None:
+    """Credentials, ACL permissions, a cluster node: the server refuses this client."""
+    where, doing, code, text = f.where, f.doing, f.code, f.text
+    if isinstance(f.exc, redis.exceptions.AuthenticationError) or code in ("WRONGPASS", "NOAUTH"):
         return BackendUnavailable(
             f"{where} refused the credentials while {doing} ({code} {text}): check the user "
             "name and password in the URL (redis://USER:PASSWORD@host:port/db; percent-encode "
             "'@', '/' and '#' in them) and that the ACL user is enabled ('ACL GETUSER USER')"
         )
     if code == "NOPERM":
-        user = url.username or "default"
+        user = f.url.username or "default"
         return BackendUnavailable(
             f"{where}: the ACL user {user!r} may not run what {doing} needs ({text}): grant it "
             "the keys ~rb:*, the channels &rb:* and the commands listed in "
@@ -77,12 +100,18 @@ def translate(exc: BaseException, url: BackendUrl, doing: str) -> BackendError:
             f"{where} is a Redis Cluster node ({code} {text}) while {doing}: this backend talks "
             "to one server; point the URL at a standalone server or a primary with a proxy"
         )
-    if isinstance(exc, redis.exceptions.TimeoutError):
+    return None
+
+
+def _unreachable(f: _Facts) -> BackendError | None:
+    """A server that does not answer, or cannot be connected to."""
+    where, doing, text = f.where, f.doing, f.text
+    if isinstance(f.exc, redis.exceptions.TimeoutError):
         return BackendUnavailable(
             f"{where} did not answer in time while {doing} ({text}): check that the server is "
             "running and not paused or overloaded, or raise ?timeout= in the URL"
         )
-    if isinstance(exc, redis.exceptions.ConnectionError):
+    if isinstance(f.exc, redis.exceptions.ConnectionError):
         hint = "check the host, the port and that redis-server is running"
         if "certificate" in text.lower() or "ssl" in text.lower():
             hint = (
@@ -91,6 +120,12 @@ def translate(exc: BaseException, url: BackendUrl, doing: str) -> BackendError:
                 "and that the port is the server's tls-port"
             )
         return BackendUnavailable(f"{where} cannot be reached while {doing} ({text}): {hint}")
+    return None
+
+
+def _unusable_store(f: _Facts) -> BackendError | None:
+    """Keys of another program, a server that cannot take writes now, bytes not ours."""
+    where, doing, code, text = f.where, f.doing, f.code, f.text
     if code == "WRONGTYPE":
         return CorruptStateError(
             f"{where}: a key under the rb: prefix has a type this library never writes while "
@@ -103,9 +138,9 @@ def translate(exc: BaseException, url: BackendUrl, doing: str) -> BackendError:
             "primary, free memory (maxmemory with the noeviction policy), or wait until it "
             "has loaded"
         )
-    if isinstance(exc, UnicodeDecodeError):
+    if isinstance(f.exc, UnicodeDecodeError):
         return CorruptStateError(
             f"{where} holds bytes that are not UTF-8 under the group's keys while {doing}: "
             "they were not written by rebalancer-spark"
         )
-    return BackendError(f"{where} failed while {doing} ({type(exc).__name__}: {text})")
+    return None
