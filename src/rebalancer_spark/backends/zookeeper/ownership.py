@@ -141,37 +141,7 @@ def claim(
         mine = part().get(s.member_id, frozenset())
     except Changed:
         return {}
-    granted: dict[str, Grant] = {}
-    grants: dict[str, Grant] = {}
-    units: list[tuple[str, list[Op]]] = []
-    for r in wanted:
-        current, seen = held[r](), epochs[r]()
-        if r not in mine:
-            continue
-        path = p.resource_epoch(r)
-        if current is not None:
-            c = read_claim(r, current[0], p.claim(r))
-            if c.session_id == s.session_id and seen is not None:
-                granted[r] = held_grant(seen[0], seen[1].mtime, path)
-            continue
-        grant = next_grant(
-            None if seen is None else seen[0], 0 if seen is None else seen[1].mtime, path
-        )
-        grants[r] = grant
-        record = grant_data(s.member_id, s.session_id, grant)
-        raise_epoch = (
-            Op("create", path, record, tag=r)
-            if seen is None
-            else Op("set", path, record, seen[1].version, tag=r)
-        )
-        create = Op(
-            "create",
-            p.claim(r),
-            claim_data(s.member_id, s.session_id, grant.epoch),
-            ephemeral=True,
-            tag=r,
-        )
-        units.append((r, [create, raise_epoch]))
+    granted, grants, units = _plan_claims(zs, wanted, mine, held, epochs)
     if not units:
         return _hand_over(zs, settings, granted, {})
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
@@ -200,6 +170,50 @@ def claim(
     finally:
         zs.end_claim(refused)
     return _hand_over(zs, settings, granted, handed)
+
+
+def _plan_claims(
+    zs: ZkSession,
+    wanted: list[str],
+    mine: Collection[str],
+    held: Mapping[str, Callable[[], tuple[bytes, Any] | None]],
+    epochs: Mapping[str, Callable[[], tuple[bytes, Any] | None]],
+) -> tuple[dict[str, Grant], dict[str, Grant], list[tuple[str, list[Op]]]]:
+    """For each wanted resource (given to this member): the grant it holds already, or the
+    grant a claim would make with its operations (create the claim, raise the epoch)."""
+    p, s = zs.paths, zs.session
+    granted: dict[str, Grant] = {}
+    grants: dict[str, Grant] = {}
+    units: list[tuple[str, list[Op]]] = []
+    for r in wanted:
+        current, seen = held[r](), epochs[r]()  # every read answered, wanted or not
+        if r not in mine:
+            continue
+        path = p.resource_epoch(r)
+        if current is not None:
+            c = read_claim(r, current[0], p.claim(r))
+            if c.session_id == s.session_id and seen is not None:
+                granted[r] = held_grant(seen[0], seen[1].mtime, path)
+            continue
+        grant = next_grant(
+            None if seen is None else seen[0], 0 if seen is None else seen[1].mtime, path
+        )
+        grants[r] = grant
+        record = grant_data(s.member_id, s.session_id, grant)
+        raise_epoch = (
+            Op("create", path, record, tag=r)
+            if seen is None
+            else Op("set", path, record, seen[1].version, tag=r)
+        )
+        create = Op(
+            "create",
+            p.claim(r),
+            claim_data(s.member_id, s.session_id, grant.epoch),
+            ephemeral=True,
+            tag=r,
+        )
+        units.append((r, [create, raise_epoch]))
+    return granted, grants, units
 
 
 def _hand_over(
