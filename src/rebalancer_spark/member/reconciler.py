@@ -175,60 +175,80 @@ class Reconciler:
         try:
             while not self._stop.is_set():
                 if watch is None:
-                    try:
-                        watch = backend.watch(self._group)
-                    except BackendError as exc:
-                        log.warning("member %s: cannot watch, retrying: %s", self._member_id, exc)
-                        self._stop.wait(self._config.effective_heartbeat_interval)
-                        continue
+                    watch = self._watch(backend)
+                    continue
                 self._lease.changed.clear()
-                try:
-                    timeout = self._step(backend)
-                except SessionExpired:
-                    # The store says the session is gone: lapse it now (the next step fences
-                    # and rejoins) rather than spin until the heartbeat finds out.
-                    session = self._lease.snapshot().session
-                    if session is not None:
-                        self._lease.lapse(session)
-                    timeout = 0.0
-                except BackendError as exc:
-                    log.warning("member %s: store error, retrying: %s", self._member_id, exc)
-                    timeout = min(self._config.effective_heartbeat_interval, MAX_WAIT)
-                except MemberIdInUse as exc:
-                    log.warning("member %s: rejoin refused, retrying: %s", self._member_id, exc)
-                    timeout = self._config.effective_heartbeat_interval
-                if timeout > 0 and not self._lease.changed.is_set():
-                    try:
-                        watch.wait(timeout)
-                    except BackendError as exc:
-                        log.warning(
-                            "member %s: watch failed, watching anew: %s", self._member_id, exc
-                        )
-                        watch.close()
-                        watch = None
-                        self._stop.wait(self._config.effective_heartbeat_interval)
+                timeout = self._guarded_step(backend)
+                if (
+                    timeout > 0
+                    and not self._lease.changed.is_set()
+                    and not self._wait(watch, timeout)
+                ):
+                    watch.close()
+                    watch = None
         except Exception as exc:
             log.exception("member thread of %s died; it leaves the group", self._member_id)
-            self.error = exc
-            session = self._lease.snapshot().session
-            self._ownership.lost(
-                session,
-                self._ownership.forget(),
-                "member thread failed",
-                EventKind.LOST,
-                target=self._target,
-            )
-            # Nobody reconciles for this member any more: stop renewing and end the session,
-            # so that its resources go to the others instead of staying claimed for ever.
-            if session is not None:
-                self._lease.lapse(session)
-                try:
-                    backend.leave(session)
-                except RebalancerError as leave_error:
-                    log.warning("member %s could not leave: %s", self._member_id, leave_error)
+            self._died(backend, exc)
         finally:
             if watch is not None:
                 watch.close()
+
+    def _watch(self, backend: Backend) -> Watch | None:
+        """A watch of the group, or None (after a pause) when the store refuses one now."""
+        try:
+            return backend.watch(self._group)
+        except BackendError as exc:
+            log.warning("member %s: cannot watch, retrying: %s", self._member_id, exc)
+            self._stop.wait(self._config.effective_heartbeat_interval)
+            return None
+
+    def _wait(self, watch: Watch, timeout: float) -> bool:
+        """Wait for a change; False (after a pause) when the watch failed and must be renewed."""
+        try:
+            watch.wait(timeout)
+        except BackendError as exc:
+            log.warning("member %s: watch failed, watching anew: %s", self._member_id, exc)
+            self._stop.wait(self._config.effective_heartbeat_interval)
+            return False
+        return True
+
+    def _guarded_step(self, backend: Backend) -> float:
+        """One step; store errors and refusals become a retry after the returned delay."""
+        try:
+            return self._step(backend)
+        except SessionExpired:
+            # The store says the session is gone: lapse it now (the next step fences and
+            # rejoins) rather than spin until the heartbeat finds out.
+            session = self._lease.snapshot().session
+            if session is not None:
+                self._lease.lapse(session)
+            return 0.0
+        except BackendError as exc:
+            log.warning("member %s: store error, retrying: %s", self._member_id, exc)
+            return min(self._config.effective_heartbeat_interval, MAX_WAIT)
+        except MemberIdInUse as exc:
+            log.warning("member %s: rejoin refused, retrying: %s", self._member_id, exc)
+            return self._config.effective_heartbeat_interval
+
+    def _died(self, backend: Backend, exc: Exception) -> None:
+        """The thread met an unexpected error: report everything lost and leave."""
+        self.error = exc
+        session = self._lease.snapshot().session
+        self._ownership.lost(
+            session,
+            self._ownership.forget(),
+            "member thread failed",
+            EventKind.LOST,
+            target=self._target,
+        )
+        # Nobody reconciles for this member any more: stop renewing and end the session, so
+        # that its resources go to the others instead of staying claimed for ever.
+        if session is not None:
+            self._lease.lapse(session)
+            try:
+                backend.leave(session)
+            except RebalancerError as leave_error:
+                log.warning("member %s could not leave: %s", self._member_id, leave_error)
 
     def _step(self, backend: Backend) -> float:
         snap = self._lease.snapshot()
