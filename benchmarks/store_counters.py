@@ -11,7 +11,7 @@
   not the members'. What is measured instead: pages of the database file and frames of its
   write-ahead log that differ between the two instants (a page rewritten with the same bytes,
   or a log frame overwritten twice in between, is not seen: a lower bound of pages written);
-  size: the database and log files.
+  size: the database file and its log together (the whole file: one group per file here).
 
 Each ``snapshot()`` is cheap enough to take around every rebalance; ``delta(a, b)`` names each
 figure, ``None`` where the store has no such counter.
@@ -156,8 +156,5 @@ class SqliteCounters:
 
     def size(self, group: str) -> Figures:
         wal = self.path.with_name(self.path.name + "-wal")
-        total = sum(os.path.getsize(p) for p in (self.path, wal) if p.exists())
-        return {
-            "bytes": float(total),
-            "db_pages": float(os.path.getsize(self.path) // self.page_size()),
-        }
+        files = [p for p in (self.path, wal) if p.exists()]
+        return {"bytes": float(sum(os.path.getsize(p) for p in files))}
