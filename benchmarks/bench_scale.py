@@ -38,7 +38,9 @@ member that left or crashed not). Per cell: the store's size once assigned, and 
 ownerships over every trail of the cell (0 is the only right answer; printed, not asserted).
 
 A cell that does not finish within ``--cell-limit`` seconds prints ``did not settle within N s``
-with the step it was at, and the run goes on with the next cell.
+with the step it was at, and the run goes on with the next cell. Each cell's table goes to
+stderr as soon as it ends (and ``--json`` is rewritten), the tables per backend to stdout at the
+end.
 """
 
 from __future__ import annotations
@@ -638,8 +640,11 @@ def main(argv: list[str] | None = None) -> int:
                                     args, workdir)  # fmt: skip
                     cells.append(cell)
                     took = time.monotonic() - began
-                    print(f"  {took:.0f} s{': ' + cell.failure if cell.failure else ''}",
+                    # Each cell's figures as soon as it ends, in case a later cell never does.
+                    print(f"  {took:.0f} s\n{table([cell], args.session_timeout)}",
                           file=sys.stderr, flush=True)  # fmt: skip
+                    if args.json:
+                        args.json.write_text(json.dumps([cell_json(c) for c in cells], indent=2))
     finally:
         servers.close()
     for backend in backends:
@@ -649,12 +654,11 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{args.repeats} repeats, session timeout {args.session_timeout:g} s, cell limit "
         f"{args.cell_limit:g} s; members: p = processes, Nt = threads of one process; "
         f"store ops = ZooKeeper packets received / Redis commands (Lua's inner calls included), "
-        f"bytes in/out at the server, pages = SQLite pages and log frames changed; "
-        f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, load average "
+        f"bytes in/out at the server, pages = SQLite pages and log frames changed; servers "
+        f"started here: ZooKeeper 3.8 standalone (tickTime 500 ms), redis-server without "
+        f"persistence; Python {sys.version.split()[0]}, {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f}"
     )
-    if args.json:
-        args.json.write_text(json.dumps([cell_json(c) for c in cells], indent=2) + "\n")
     if args.keep:
         print(f"trails and stores kept in {workdir}")
     else:
