@@ -441,7 +441,7 @@ def rows(cell: Cell, ttl: float) -> list[tuple[str, ...]]:
     who = f"{cell.members} ({kind})"
     res = f"{cell.resources:,}"
     if cell.first_assignment is None and cell.failure:
-        return [(res, who, cell.failure, *("",) * 10)]
+        return [(res, who, f"  ({cell.failure})", *("",) * 10)]
     size = cell.size
     first = (
         res, who, "first assignment", "1", f"{cell.first_assignment:.3f}", "-", "-", "-", "-",
