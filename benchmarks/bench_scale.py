@@ -594,7 +594,8 @@ def run_cell(
     except CellTimeout as exc:
         cell.failure = str(exc)
     except (br.BenchmarkError, RebalancerError, CounterError, subprocess.TimeoutExpired) as exc:
-        cell.failure = f"failed: {str(exc)[:400]}"
+        text = str(exc)
+        cell.failure = f"failed: {text if len(text) < 600 else text[:200] + ' … ' + text[-400:]}"
     finally:
         run.finish()
     return cell
