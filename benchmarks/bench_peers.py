@@ -57,13 +57,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.servers: t
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tests.servers.redis import RedisServer
-from tests.servers.zookeeper import ZkServer, four_letter, free_ports
+from tests.servers.zookeeper import ZkServer, free_ports
 
 import bench_rebalance as br
 from peers import KazooMember, PeerMember, ToozMember, diagnose
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.assignors import minimum_moves, moved
-from rebalancer_spark.testing import member_process
+from store_counters import RedisCounters, StoreCounters, ZkCounters
 
 SYSTEMS = ("sqlite", "zookeeper", "redis", "kazoo", "tooz")
 PEER_SETTLE_TIMEOUT = 40.0
@@ -78,29 +78,20 @@ class NotSettled(Exception):
 # -- store operation counters ----------------------------------------------------------------
 
 
-class ZkOps:
-    def __init__(self, port: int) -> None:
-        self.port = port
+class Ops:
+    """A store's operation count between two instants: ZooKeeper packets received or Redis
+    commands executed (``store_counters``)."""
 
-    def read(self) -> int:
-        for line in four_letter(self.port, "mntr").splitlines():
-            if line.startswith("zk_packets_received"):
-                return int(line.split()[1])
-        raise br.BenchmarkError(f"no zk_packets_received in mntr of port {self.port}")
+    def __init__(self, counters: StoreCounters) -> None:
+        self.counters = counters
 
+    def snapshot(self) -> Any:
+        return self.counters.snapshot()
 
-class RedisOps:
-    def __init__(self, port: int) -> None:
-        import redis
-
-        self.client = redis.Redis(port=port)
-
-    def read(self) -> int:
-        stats: dict[str, Any] = self.client.info("commandstats")
-        return sum(int(v["calls"]) for v in stats.values())
-
-
-Ops = ZkOps | RedisOps
+    def since(self, before: Any) -> float:
+        used = self.counters.delta(before, self.counters.snapshot())["ops"]
+        assert used is not None
+        return used
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -150,20 +141,8 @@ def window_stats(
 # -- our member processes ----------------------------------------------------------------------
 
 
-class QuietGroup(br.Group):
-    """bench_rebalance's group, its members committing nothing."""
-
-    def spawn(self, resources: Sequence[str] | None = None) -> br.MemberProc:
-        original = member_process.command
-
-        def quiet(*args: Any, **kwargs: Any) -> list[str]:
-            return original(*args, **kwargs, work_interval=3600.0)
-
-        member_process.command = quiet
-        try:
-            return super().spawn(resources)
-        finally:
-            member_process.command = original
+QUIET = 3600.0
+"""Seconds between progress commits of our members: none during a run."""
 
 
 def trail_owners(members: Sequence[br.MemberProc]) -> tuple[dict[str, set[str]], float]:
@@ -187,7 +166,7 @@ def trail_owners(members: Sequence[br.MemberProc]) -> tuple[dict[str, set[str]],
 
 
 def trail_settled(
-    group: QuietGroup,
+    group: br.Group,
     expected: int,
     resources: set[str],
     timeout: float,
@@ -225,7 +204,7 @@ def run_ours(
     resources = [f"r{i:04d}" for i in range(args.resources)]
     wanted = set(resources)
     workdir.mkdir(parents=True, exist_ok=True)
-    group = QuietGroup(url, f"peers-{uuid.uuid4().hex[:8]}", workdir, ttl)
+    group = br.Group(url, f"peers-{uuid.uuid4().hex[:8]}", workdir, ttl, work_interval=QUIET)
     rows = {
         s: Row(kind, "ours", s, f"{n}->{m}")
         for s, m in (("join", n + 1), ("graceful leave", n - 1), ("crash", n - 1))
@@ -236,13 +215,13 @@ def run_ours(
                 leaving: bool = False) -> br.MemberProc | None:  # fmt: skip
         group.settled(n, timeout, f"before {row.scenario}")
         _, before = trail_settled(group, n, wanted, timeout, f"before {row.scenario}")
-        c0 = ops.read() if ops else 0
+        c0 = ops.snapshot() if ops else None
         start, member = act()
         seen, after = trail_settled(
             group, expected, wanted, br.READY_TIMEOUT + timeout, row.scenario,
             leaving=member if leaving else None,
         )  # fmt: skip
-        used = float(ops.read() - c0) if ops else None
+        used = ops.since(c0) if ops else None
         group.settled(expected, timeout, f"after {row.scenario}", leaving=member)
         weights = dict.fromkeys(resources, 1.0)
         row.points.append(
@@ -432,7 +411,7 @@ def run_peer(system: str, zk: ZkServer, ops: Ops, args: argparse.Namespace) -> l
             for _ in range(args.repeats):
                 try:
                     before = group.settled(n, timeout, f"before {scenario}")[1]
-                    c0 = ops.read()
+                    c0 = ops.snapshot()
                     if scenario == "join":
                         member = group.add()
                         start, expected = member.joined_at, n + 1
@@ -446,7 +425,7 @@ def run_peer(system: str, zk: ZkServer, ops: Ops, args: argparse.Namespace) -> l
                         start, expected = member.crash(), n - 1
                         group.retire(member)
                     seen, after = group.settled(expected, timeout, scenario)
-                    used = float(ops.read() - c0)
+                    used = ops.since(c0)
                     weights = dict.fromkeys(items, 1.0)
                     point = Point(
                         seen - start,
@@ -548,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         zk.start()
         zk.wait_serving()
         redis_server.start()
-        zk_ops, redis_ops = ZkOps(zk_port), RedisOps(redis_server.port)
+        zk_ops, redis_ops = Ops(ZkCounters(zk_port)), Ops(RedisCounters(redis_server.port))
         for system in systems:
             started = time.monotonic()
             print(f"measuring {system} ...", file=sys.stderr, flush=True)

@@ -124,8 +124,18 @@ class GapStats:
 class Group:
     """The member processes of one group, and an observer that reads the group's state."""
 
-    def __init__(self, url: str, group: str, workdir: Path, session_timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        group: str,
+        workdir: Path,
+        session_timeout: float,
+        *,
+        work_interval: float | None = None,
+    ) -> None:
         self.url = url
+        self.work_interval = work_interval
+        """Seconds between a member's progress commits (None: member_process's default)."""
         self.shown_url = parse_backend_url(url).redacted()
         self.group = group
         self.workdir = workdir
@@ -143,18 +153,27 @@ class Group:
     # -- processes ----------------------------------------------------------------------------
 
     def spawn(self, resources: Sequence[str] | None = None) -> MemberProc:
-        member_id = f"m{self._count}"
-        self._count += 1
+        member_id = self.next_member_id()
         log = self.workdir / f"{member_id}.jsonl"
-        err = self.workdir / f"{member_id}.stderr"
         cmd = member_process.command(
             self.group,
             self.url,
             member_id,
             log,
             resources=resources,
+            work_interval=self.work_interval,
             options={"session_timeout": f"{self.session_timeout:g}"},
         )
+        return self.launch(member_id, cmd, log)
+
+    def next_member_id(self) -> str:
+        member_id = f"m{self._count}"
+        self._count += 1
+        return member_id
+
+    def launch(self, member_id: str, cmd: Sequence[str], log: Path) -> MemberProc:
+        """Start ``cmd`` as a member process whose trail is ``log``; it counts as live."""
+        err = self.workdir / f"{member_id}.stderr"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
         with err.open("w", encoding="utf-8") as stderr:
@@ -404,14 +423,19 @@ Intervals = dict[str, list[audit.Interval]]
 def ownership(group: Group) -> tuple[Intervals, Intervals]:
     """Intervals as the audit module infers them, and the same with every interval of a killed
     member ended at the kill (the audit can only end it when the next owner starts)."""
+    return ownership_of([m.log for m in group.ended], group.killed)
+
+
+def ownership_of(logs: Iterable[Path], killed: Mapping[Path, float]) -> tuple[Intervals, Intervals]:
+    """:func:`ownership` over member trails ``logs``; ``killed``: trail -> time of its kill -9."""
     events: list[dict[str, Any]] = []
     killed_sessions: dict[str, float] = {}
-    for member in group.ended:
-        records = [r for r in read_records(member.log) if r.get("kind") in OWNERSHIP_KINDS]
+    for log in logs:
+        records = [r for r in read_records(log) if r.get("kind") in OWNERSHIP_KINDS]
         events += records
-        if member.log in group.killed:
+        if log in killed:
             for r in records:
-                killed_sessions[str(r["session_id"])] = group.killed[member.log]
+                killed_sessions[str(r["session_id"])] = killed[log]
     by_resource = audit.intervals(events)
     adjusted: Intervals = {}
     for resource, items in by_resource.items():
