@@ -29,6 +29,7 @@ from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
 from rebalancer_spark.core.model import Grant, GroupState, Resource
 from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.member.state import TRANSITIONS, MemberState
 from tests.helpers import FlakyStore, wait_for
 
 RESOURCES = [f"r{i:02d}" for i in range(12)]
@@ -704,3 +705,32 @@ def test_bad_options_are_refused_before_anything_starts(grp: Group) -> None:
         MemberConfig(group="../escape", backend=grp.url)
     with pytest.raises(ConfigurationError):
         Member(grp.config(), resources=["ok", "bad\x00id"])
+
+
+def test_a_draining_member_shows_it_in_its_lifecycle_state(grp: Group) -> None:
+    stopping, in_callback, may_return = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(owned: Sequence[OwnedResource]) -> None:
+        if stopping.is_set():
+            in_callback.set()
+            may_return.wait(30)
+
+    a = Member(grp.config(member_id="a"), resources=RESOURCES, on_revoked=hold)
+    grp.members.append(a.start())
+    grp.start("b")
+    grp.wait_settled(2)
+    assert a.state is MemberState.RUNNING
+    stopper = threading.Thread(target=a.stop)
+    stopping.set()
+    stopper.start()
+    try:
+        # The drain moves a's resources away; on_revoked holds the release, so a is draining.
+        wait_for(in_callback.is_set, timeout=10, what="a's on_revoked during the drain")
+        assert a.state is MemberState.DRAINING
+    finally:
+        may_return.set()
+        stopper.join(30)
+    assert not stopper.is_alive(), "stop() did not return after the drain"
+    assert a.state is MemberState.STOPPED
+    assert MemberState.DRAINING in TRANSITIONS[MemberState.RUNNING]
+    assert TRANSITIONS[MemberState.DRAINING] == {MemberState.STOPPING}
