@@ -215,10 +215,9 @@ def _present(
         if member in group.members or member not in state.static_seen or grace <= 0:
             away.pop(member, None)
             continue
-        since = away.setdefault(member, now)
-        if now - since < grace:
+        end = away.setdefault(member, now) + grace
+        if now < end:  # compared as the wake-up time is computed, so that it is exact
             present.add(member)
-            end = since + grace
             next_expiry = end if next_expiry is None else min(next_expiry, end)
     return present, next_expiry, away
 
@@ -234,7 +233,7 @@ def _departed_drains(
     gone = frozenset(
         m
         for m in sorted(absent)
-        if m not in state.away_since and now - since.setdefault(m, now) >= wait
+        if m not in state.away_since and now >= since.setdefault(m, now) + wait
     )
     return state.update(drain_absent_since=since), gone
 
