@@ -34,8 +34,10 @@ from typing import Any
 from rebalancer_spark.core.assignors import minimum_moves, moved
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
+from rebalancer_spark.core.control import Control, ControlMode
+from rebalancer_spark.core.coordinator import Publish
 from rebalancer_spark.core.errors import BackendUnavailable, RebalancerError
-from rebalancer_spark.core.model import Phase
+from rebalancer_spark.core.model import Phase, Target
 from rebalancer_spark.testing.sim.member import (
     Actor,
     Call,
@@ -44,12 +46,22 @@ from rebalancer_spark.testing.sim.member import (
     SimMember,
     Wait,
 )
-from rebalancer_spark.testing.sim.store import HandleMemory, SimStore, StoreBugs, TargetRecord
+from rebalancer_spark.testing.sim.store import HandleMemory, SimStore, StoreBugs
 
 __all__ = ["FAULTS", "SimConfig", "SimResult", "Violation", "replay_command", "simulate"]
 
 
-FAULTS = ("crash", "pause", "partition", "slow", "restart", "join", "leave", "resources")
+FAULTS = (
+    "crash",
+    "pause",
+    "partition",
+    "slow",
+    "restart",
+    "join",
+    "leave",
+    "resources",
+    "control",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +74,12 @@ class SimConfig:
     settle_bound: float = 10.0
     faults: tuple[str, ...] = FAULTS
     """The kinds of fault the scheduler draws from (each equally likely)."""
+    static_members: bool = True
+    """Each first member is static (rejoins under its id, ``rejoin_grace`` = ttl) with
+    probability 0.3, drawn by the seed."""
+    discovery: bool = True
+    """Half the seeds list the resource set from a source (the coordinator's discovery, every
+    second) instead of an operator writing it to the store."""
     store_bugs: StoreBugs = field(default_factory=StoreBugs)
     member_bugs: MemberBugs = field(default_factory=MemberBugs)
 
@@ -147,7 +165,20 @@ class World:
         restart, a crashed member's restart): liveness is measured from here."""
         self.trace: list[str] | None = [] if trace else None
         self.fault_log: list[str] = []
-        self.hooks = Hooks(self._on_acquired, self._on_committed, self._on_published)
+        self.hooks = Hooks(
+            self._on_acquired, self._on_committed, self._on_published, self._on_emitted
+        )
+        # Drawn apart from the fault schedule, so that seeds keep their faults.
+        features = random.Random(f"features {seed}")
+        self.static_slots = {
+            f"m{i}"
+            for i in range(1, config.members + 1)
+            if config.static_members and features.random() < 0.3
+        }
+        self.discovery = config.discovery and features.random() < 0.5
+        self.source: dict[str, float] = {}
+        """What discovery lists (the resource set as the source has it)."""
+        self.control_events: list[str] = []
         self.member_config = MemberConfig(
             group="sim",
             backend="sqlite:///simulated.db",
@@ -269,9 +300,18 @@ class World:
 
     def start_member(self, slot: str) -> _Proc:
         memory = self.memories.setdefault(slot, HandleMemory())
-        name = f"{slot}.{next(self._names)}"
+        static = slot in self.static_slots
+        name = slot if static else f"{slot}.{next(self._names)}"
         member = SimMember(
-            name, self.member_config, memory, lambda: self.now, self.hooks, self.config.member_bugs
+            name,
+            self.member_config,
+            memory,
+            lambda: self.now,
+            self.hooks,
+            self.config.member_bugs,
+            static=static,
+            discover=(lambda: dict(self.source)) if self.discovery else None,
+            rejoin_grace=self.config.ttl,  # applies to static members only
         )
         proc = _Proc(member)
         self.procs.append(proc)
@@ -334,16 +374,25 @@ class World:
     def _on_committed(self, member: SimMember, resource: str, epoch: int, session: str) -> None:
         pass
 
+    def _on_emitted(self, member: SimMember, reason: str) -> None:
+        self.control_events.append(reason)
+        if self.trace is not None:
+            self.log(f"{member.member_id} event {reason}")
+
     def _on_published(
         self,
         member: SimMember,
-        target: TargetRecord,
+        target: Target,
         previous: dict[str, set[str]],
-        present: set[str],
+        action: Publish,
     ) -> None:
         assignment = target.assignment
+        present, control = set(action.members), action.control
         if self.trace is not None:
             self.log(f"{member.member_id} published g{target.generation} {dict(assignment)}")
+        if _shapes(control, present, {r for rs in assignment.values() for r in rs}):
+            _check_control(target, previous, present, control)
+            return
         counts = [len(rs) for rs in assignment.values()]
         if counts and max(counts) - min(counts) > 1:
             raise _Broken("minimal moves", f"unbalanced target {dict(assignment)}")
@@ -395,6 +444,91 @@ class World:
         return None
 
 
+def _shapes(control: Control, present: set[str], resources: set[str]) -> bool:
+    """Whether ``control`` changes what the assignor alone would publish for ``present``."""
+    return (
+        control.mode is ControlMode.PAUSED
+        or bool(control.drain & present)
+        or any(m in present and r in resources for r, m in control.pins.items())
+        or control.imbalance_threshold > 0
+    )
+
+
+def _check_control(
+    target: Target, previous: dict[str, set[str]], present: set[str], control: Control
+) -> None:
+    """A target planned under an operator's control record keeps to it: drained members get
+    nothing, pinned resources go to their member, and a pause moves nothing owned."""
+    assignment, generation = target.assignment, target.generation
+    owners = {r: m for m, rs in assignment.items() for r in rs}
+    if sum(len(rs) for rs in assignment.values()) != len(owners):
+        raise _Broken("control", f"generation {generation} gives a resource twice: {assignment}")
+    if control.mode is ControlMode.PAUSED:
+        held = {r: m for m in sorted(present, reverse=True) for r in previous.get(m, ())}
+        for r, m in held.items():
+            if r in owners and owners[r] != m:
+                raise _Broken(
+                    "control",
+                    f"generation {generation} moved {r!r} from {m} to {owners[r]} while the "
+                    f"group was paused ({control.describe()})",
+                )
+        return
+    for m in control.drain & present:
+        if assignment.get(m):
+            raise _Broken(
+                "control",
+                f"generation {generation} gives drained member {m} {sorted(assignment[m])}",
+            )
+    for r, m in control.pins.items():
+        if m in present and m not in control.drain and r in owners and owners[r] != m:
+            raise _Broken(
+                "control", f"generation {generation} gives {r!r}, pinned to {m}, to {owners[r]}"
+            )
+
+
+def _operate(world: World, change: Callable[[Control], Control], what: str) -> None:
+    """An operator's command (``rebalancer-spark pause``, ...): one compare-and-set of the
+    control record; retried while the store is down (the fault lasts until it is done)."""
+    store = world.store
+    try:
+        store.update_control(store.control.version, change(store.control), world.now)
+    except BackendUnavailable:
+        world.lasts_until(world.now + 0.2)
+        world.at(world.now + 0.2, lambda: _operate(world, change, what))
+        return
+    world.log(f"OPERATOR {what}")
+    world._notify()
+
+
+def _operator_fault(world: World, live: list[str], resources: list[str]) -> None:
+    """Pause, drain a member, pin a resource or set an imbalance threshold, undone up to two
+    ttl later; or request a rebalance."""
+    rng = world.rng
+    undo_at = world.now + rng.uniform(0.1, 2 * world.config.ttl)
+    kind = rng.choice(["pause", "drain", "pin", "threshold", "rebalance"])
+    undo: tuple[Callable[[Control], Control], str] | None = None
+    if kind == "pause":
+        _operate(world, Control.pause, "pause")
+        undo = (Control.resume, "resume")
+    elif kind == "drain" and len(live) > 1:
+        member = rng.choice(live)
+        _operate(world, lambda c: c.drain_member(member), f"drain {member}")
+        undo = (lambda c: c.undrain_members({member}), f"undrain {member}")
+    elif kind == "pin" and live and resources:
+        member, resource = rng.choice(live), rng.choice(resources)
+        _operate(world, lambda c: c.pin(resource, member), f"pin {resource} to {member}")
+        undo = (lambda c: c.unpin(resource), f"unpin {resource}")
+    elif kind == "threshold":
+        _operate(world, lambda c: c.with_threshold(2.0), "imbalance threshold 2")
+        undo = (lambda c: c.with_threshold(0.0), "imbalance threshold 0")
+    else:
+        _operate(world, Control.request_rebalance, "rebalance")
+    if undo is not None:
+        change, what = undo
+        world.lasts_until(undo_at)
+        world.at(undo_at, lambda: _operate(world, change, what))
+
+
 def _schedule_faults(world: World) -> None:
     rng, cfg = world.rng, world.config
     ttl = cfg.ttl
@@ -402,6 +536,7 @@ def _schedule_faults(world: World) -> None:
     for slot in slots:
         world.at(START + rng.uniform(0, 0.3), functools.partial(world.start_member, slot))
     resources = {f"r{i}": 1.0 for i in range(cfg.resources)}
+    world.source = resources  # what discovery lists: the same set the faults change
     world.at(START, lambda: world.store.update_resources(resources, world.now, world.operator))
     extra = itertools.count(cfg.resources)
     data_loss_at: list[float] = []
@@ -469,11 +604,16 @@ def _schedule_faults(world: World) -> None:
                 proc = rng.choice(live)
                 world.log(f"FAULT graceful stop of {proc.member.member_id}")
                 world.spawn(proc, proc.member.stopper())
+            elif kind == "control":
+                _operator_fault(world, [p.member.member_id for p in live], sorted(resources))
             elif kind == "resources":
                 if rng.random() < 0.5 and len(resources) > 1:
                     del resources[rng.choice(sorted(resources))]
                 else:
                     resources[f"r{next(extra)}"] = 1.0
+                if world.discovery:
+                    world.log(f"FAULT the source now lists {sorted(resources)}")
+                    return  # the coordinator's next listing finds it
                 try:
                     world.store.update_resources(resources, world.now, world.operator)
                     world._notify()
