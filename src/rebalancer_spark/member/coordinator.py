@@ -216,8 +216,7 @@ class CoordinatorLoop:
     def _step_down(self) -> None:
         """Give up the coordinator role, if held, so that another member can take it."""
         session, epoch = self._session(), self._state.epoch
-        with contextlib.suppress(RebalancerError):  # an illegal move: already a follower
-            self._state = rules.fenced(self._state)
+        self._state = rules.fenced(self._state)
         if session is not None and epoch is not None:
             with contextlib.suppress(Exception):
                 self._backend.resign(session, epoch)

@@ -34,7 +34,6 @@ from typing import Any
 from rebalancer_spark.core.assignors import minimum_moves, moved
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
-from rebalancer_spark.core.control import Control, ControlMode
 from rebalancer_spark.core.coordinator import Publish
 from rebalancer_spark.core.errors import BackendUnavailable, RebalancerError
 from rebalancer_spark.core.model import Phase, Target
@@ -46,6 +45,7 @@ from rebalancer_spark.testing.sim.member import (
     SimMember,
     Wait,
 )
+from rebalancer_spark.testing.sim.operator import control_breach, operator_fault, shapes
 from rebalancer_spark.testing.sim.store import HandleMemory, SimStore, StoreBugs
 
 __all__ = ["FAULTS", "SimConfig", "SimResult", "Violation", "replay_command", "simulate"]
@@ -268,7 +268,7 @@ class World:
             except RebalancerError as exc:  # a checker's _Broken ends the run right here
                 error = exc
             if call.label not in ("renew", "member_view", "state", "commit") and error is None:
-                self._notify()
+                self.notify()
             if call.label in ("join", "renew") and error is None:
                 self._watch_expiry()
             if error is None and self.now < self.slow_until and self.rng.random() < 0.05:
@@ -277,7 +277,7 @@ class World:
             self.log(f"{proc.member.member_id} {call.label} -> {error or result!r}")
         self.at(self.now + self._delay(), lambda: self._resume(proc, index, actor, result, error))
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         for proc in self.procs:
             self.at(self.now + self._delay(), functools.partial(self._wake, proc))
 
@@ -294,7 +294,7 @@ class World:
     def _watch_expiry(self) -> None:
         expiry = min((s.expires for s in self.store.sessions.values()), default=None)
         if expiry is not None:
-            self.at(expiry, self._notify)
+            self.at(expiry, self.notify)
 
     # -- members ----------------------------------------------------------------------------------
 
@@ -390,8 +390,10 @@ class World:
         present, control = set(action.members), action.control
         if self.trace is not None:
             self.log(f"{member.member_id} published g{target.generation} {dict(assignment)}")
-        if _shapes(control, present, {r for rs in assignment.values() for r in rs}):
-            _check_control(target, previous, present, control)
+        if shapes(control, present, {r for rs in assignment.values() for r in rs}):
+            breach = control_breach(target, previous, present, control)
+            if breach is not None:
+                raise _Broken("control", breach)
             return
         counts = [len(rs) for rs in assignment.values()]
         if counts and max(counts) - min(counts) > 1:
@@ -442,91 +444,6 @@ class World:
             if member.believes(now) != mine:
                 return f"{member.member_id} believes {member.believes(now)}, store says {mine}"
         return None
-
-
-def _shapes(control: Control, present: set[str], resources: set[str]) -> bool:
-    """Whether ``control`` changes what the assignor alone would publish for ``present``."""
-    return (
-        control.mode is ControlMode.PAUSED
-        or bool(control.drain & present)
-        or any(m in present and r in resources for r, m in control.pins.items())
-        or control.imbalance_threshold > 0
-    )
-
-
-def _check_control(
-    target: Target, previous: dict[str, set[str]], present: set[str], control: Control
-) -> None:
-    """A target planned under an operator's control record keeps to it: drained members get
-    nothing, pinned resources go to their member, and a pause moves nothing owned."""
-    assignment, generation = target.assignment, target.generation
-    owners = {r: m for m, rs in assignment.items() for r in rs}
-    if sum(len(rs) for rs in assignment.values()) != len(owners):
-        raise _Broken("control", f"generation {generation} gives a resource twice: {assignment}")
-    if control.mode is ControlMode.PAUSED:
-        held = {r: m for m in sorted(present, reverse=True) for r in previous.get(m, ())}
-        for r, m in held.items():
-            if r in owners and owners[r] != m:
-                raise _Broken(
-                    "control",
-                    f"generation {generation} moved {r!r} from {m} to {owners[r]} while the "
-                    f"group was paused ({control.describe()})",
-                )
-        return
-    for m in control.drain & present:
-        if assignment.get(m):
-            raise _Broken(
-                "control",
-                f"generation {generation} gives drained member {m} {sorted(assignment[m])}",
-            )
-    for r, m in control.pins.items():
-        if m in present and m not in control.drain and r in owners and owners[r] != m:
-            raise _Broken(
-                "control", f"generation {generation} gives {r!r}, pinned to {m}, to {owners[r]}"
-            )
-
-
-def _operate(world: World, change: Callable[[Control], Control], what: str) -> None:
-    """An operator's command (``rebalancer-spark pause``, ...): one compare-and-set of the
-    control record; retried while the store is down (the fault lasts until it is done)."""
-    store = world.store
-    try:
-        store.update_control(store.control.version, change(store.control), world.now)
-    except BackendUnavailable:
-        world.lasts_until(world.now + 0.2)
-        world.at(world.now + 0.2, lambda: _operate(world, change, what))
-        return
-    world.log(f"OPERATOR {what}")
-    world._notify()
-
-
-def _operator_fault(world: World, live: list[str], resources: list[str]) -> None:
-    """Pause, drain a member, pin a resource or set an imbalance threshold, undone up to two
-    ttl later; or request a rebalance."""
-    rng = world.rng
-    undo_at = world.now + rng.uniform(0.1, 2 * world.config.ttl)
-    kind = rng.choice(["pause", "drain", "pin", "threshold", "rebalance"])
-    undo: tuple[Callable[[Control], Control], str] | None = None
-    if kind == "pause":
-        _operate(world, Control.pause, "pause")
-        undo = (Control.resume, "resume")
-    elif kind == "drain" and len(live) > 1:
-        member = rng.choice(live)
-        _operate(world, lambda c: c.drain_member(member), f"drain {member}")
-        undo = (lambda c: c.undrain_members({member}), f"undrain {member}")
-    elif kind == "pin" and live and resources:
-        member, resource = rng.choice(live), rng.choice(resources)
-        _operate(world, lambda c: c.pin(resource, member), f"pin {resource} to {member}")
-        undo = (lambda c: c.unpin(resource), f"unpin {resource}")
-    elif kind == "threshold":
-        _operate(world, lambda c: c.with_threshold(2.0), "imbalance threshold 2")
-        undo = (lambda c: c.with_threshold(0.0), "imbalance threshold 0")
-    else:
-        _operate(world, Control.request_rebalance, "rebalance")
-    if undo is not None:
-        change, what = undo
-        world.lasts_until(undo_at)
-        world.at(undo_at, lambda: _operate(world, change, what))
 
 
 def _schedule_faults(world: World) -> None:
@@ -590,7 +507,7 @@ def _schedule_faults(world: World) -> None:
 
                 def back() -> None:
                     world.store.recover(world.now, lose_data=lose)
-                    world._notify()
+                    world.notify()
 
                 world.at(world.now + down, back)
                 world.lasts_until(world.now + down)
@@ -605,7 +522,7 @@ def _schedule_faults(world: World) -> None:
                 world.log(f"FAULT graceful stop of {proc.member.member_id}")
                 world.spawn(proc, proc.member.stopper())
             elif kind == "control":
-                _operator_fault(world, [p.member.member_id for p in live], sorted(resources))
+                operator_fault(world, [p.member.member_id for p in live], sorted(resources))
             elif kind == "resources":
                 if rng.random() < 0.5 and len(resources) > 1:
                     del resources[rng.choice(sorted(resources))]
@@ -616,7 +533,7 @@ def _schedule_faults(world: World) -> None:
                     return  # the coordinator's next listing finds it
                 try:
                     world.store.update_resources(resources, world.now, world.operator)
-                    world._notify()
+                    world.notify()
                 except BackendUnavailable:
                     pass
 
