@@ -27,12 +27,12 @@ from rebalancer_spark.core.coordinator import (
     Emit,
     ForgetDrains,
     GroupView,
+    IllegalTransition,
     Publish,
     Role,
     Settings,
     WakeAt,
 )
-from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.core.model import (
     Claim,
     CoordinatorRecord,
@@ -212,7 +212,7 @@ def test_every_role_move_outside_the_table_is_refused() -> None:
         if new in TRANSITIONS[old]:
             assert state.to(new).role is new
         else:
-            with pytest.raises(RebalancerError, match=f"from {old.value} to {new.value}"):
+            with pytest.raises(IllegalTransition, match=f"from {old.value} to {new.value}"):
                 state.to(new)
 
 

@@ -54,12 +54,18 @@ __all__ = [
     "Emit",
     "ForgetDrains",
     "GroupView",
+    "IllegalTransition",
     "Note",
     "Publish",
     "Role",
     "Settings",
     "WakeAt",
 ]
+
+
+class IllegalTransition(RebalancerError):
+    """A move of the coordinator's role that :data:`TRANSITIONS` does not allow: a bug in the
+    rules, never a condition of the group."""
 
 
 class Role(StrEnum):
@@ -175,10 +181,10 @@ class CoordinatorState:
         return self.role in _COORDINATING
 
     def to(self, role: Role, **changes: object) -> CoordinatorState:
-        """This state in ``role`` (with ``changes``); a :class:`RebalancerError` if the
+        """This state in ``role`` (with ``changes``); :class:`IllegalTransition` if the
         transitions table does not allow the move."""
         if role not in TRANSITIONS[self.role]:
-            raise RebalancerError(
+            raise IllegalTransition(
                 f"the coordinator cannot go from {self.role.value} to {role.value}; legal next "
                 f"roles: {sorted(r.value for r in TRANSITIONS[self.role])}"
             )

@@ -33,6 +33,7 @@ from rebalancer_spark.core.coordinator import (
     Emit,
     ForgetDrains,
     GroupView,
+    IllegalTransition,
     Publish,
     Settings,
     WakeAt,
@@ -366,6 +367,8 @@ class SimMember:
             timeout = MAX_WAIT
             try:
                 timeout = yield from self._coordinator_step()
+            except IllegalTransition:
+                raise  # a bug in the rules: end the run loudly
             except FencedError:
                 self.coordination = rules.fenced(self.coordination)
                 timeout = 0.0
