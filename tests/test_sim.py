@@ -128,7 +128,7 @@ PLANTED = {
         "fenced commits",
     ),
     "no_high_water": (SimConfig(store_bugs=StoreBugs(no_high_water=True)), "monotonic epochs"),
-    # rare in the full mix (seed 381): a slow renewal reply must be the last good one
+    # rare in the full mix (seed 280): a slow renewal reply must be the last good one
     "deadline_from_reply": (
         SimConfig(faults=("slow", "partition"), member_bugs=MemberBugs(deadline_from_reply=True)),
         "single belief",
@@ -153,8 +153,8 @@ def test_the_simulator_finds_a_planted_bug(bug: str) -> None:
 @pytest.mark.slow
 def test_the_simulator_finds_grants_made_during_a_data_loss_quarantine() -> None:
     """Without the quarantine, a member cut off from Redis while it lost its data still
-    believes in its lease when another member is granted its resources (found at seed 1072
-    of the full fault mix: a partition, then a restart that loses everything)."""
+    believes in its lease when another member is granted its resources (found at seed 56 of
+    the full fault mix: a restart that loses everything while a member's lease still runs)."""
     config = SimConfig(store_bugs=StoreBugs(no_quarantine=True))
     for seed in range(3000):
         violation = simulate(seed, config).violation
