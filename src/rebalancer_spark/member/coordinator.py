@@ -174,7 +174,7 @@ class CoordinatorLoop:
                 try:
                     if watch is None:
                         watch = self._backend.watch(self._config.group)
-                    timeout = self._step()
+                    timeout = self.step()
                 except FencedError as exc:
                     log.info("coordinator step fenced, stepping down: %s", exc)
                     self._state = rules.fenced(self._state)
@@ -221,9 +221,10 @@ class CoordinatorLoop:
             with contextlib.suppress(Exception):
                 self._backend.resign(session, epoch)
 
-    def _step(self) -> float:
-        """One read of the group, one decision (with the answers of an election or a
-        listing fed back), its actions carried out; returns how long to wait."""
+    def step(self) -> float:
+        """One step of the thread (public for tests): one read of the group, one decision
+        (with the answers of an election or a listing fed back), its actions carried out;
+        returns how long to wait before the next unless the group changes."""
         if self._rediscover.is_set():
             self._rediscover.clear()
             self._state = rules.rediscover(self._state)
