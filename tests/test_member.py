@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -26,9 +27,13 @@ from rebalancer_spark import (
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.backends.base import Session, Watch
 from rebalancer_spark.core import audit
+from rebalancer_spark.core.clock import SystemClock
+from rebalancer_spark.core.coordinator import Role
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
 from rebalancer_spark.core.model import Grant, GroupState, Resource
 from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.member.coordinator import CoordinatorLoop
+from rebalancer_spark.member.state import TRANSITIONS, MemberState
 from tests.helpers import FlakyStore, wait_for
 
 RESOURCES = [f"r{i:02d}" for i in range(12)]
@@ -776,3 +781,63 @@ def test_callback_timeout_must_be_a_positive_duration(grp: Group) -> None:
         grp.config(callback_timeout=0)
     assert grp.config().effective_callback_timeout == 1.0  # session_timeout / 2
     assert grp.config(callback_timeout="250ms").effective_callback_timeout == 0.25
+
+
+def test_a_draining_member_shows_it_in_its_lifecycle_state(grp: Group) -> None:
+    stopping, in_callback, may_return = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(owned: Sequence[OwnedResource]) -> None:
+        if stopping.is_set():
+            in_callback.set()
+            may_return.wait(30)
+
+    a = Member(grp.config(member_id="a"), resources=RESOURCES, on_revoked=hold)
+    grp.members.append(a.start())
+    grp.start("b")
+    grp.wait_settled(2)
+    assert a.state is MemberState.RUNNING
+    stopper = threading.Thread(target=a.stop)
+    stopping.set()
+    stopper.start()
+    try:
+        # The drain moves a's resources away; on_revoked holds the release, so a is draining.
+        wait_for(in_callback.is_set, timeout=10, what="a's on_revoked during the drain")
+        assert _state_of(a) is MemberState.DRAINING
+    finally:
+        may_return.set()
+        stopper.join(30)
+    assert not stopper.is_alive(), "stop() did not return after the drain"
+    assert _state_of(a) is MemberState.STOPPED
+    assert MemberState.DRAINING in TRANSITIONS[MemberState.RUNNING]
+    assert TRANSITIONS[MemberState.DRAINING] == {MemberState.STOPPING}
+
+
+def _state_of(member: Member) -> MemberState:
+    return member.state
+
+
+def test_a_coordinator_step_reads_the_group_once_even_when_it_elects_and_lists(
+    tmp_path: Any,
+) -> None:
+    """Taking the role and listing the source used to read the group three times in one step."""
+    url = f"sqlite://{tmp_path}/g.db"
+    backend = open_backend(url)
+    config = MemberConfig(group="g", backend=url, member_id="a")
+    session = backend.join("g", "a", info={}, ttl=10.0, static=False)
+    listing = [Resource("r1"), Resource("r2")]
+    loop = CoordinatorLoop(
+        config, backend, SystemClock(), lambda: session, discover=lambda: listing
+    )
+    try:
+        with mock.patch.object(backend, "state", wraps=backend.state) as state:
+            assert loop.step() == 0.0  # elected, listed: the set changed, so look again now
+            assert state.call_count == 1 and loop.epoch == 1 and _role(loop) is Role.IDLE
+            loop.step()  # reads the new set once; the stability window starts
+            assert state.call_count == 2 and _role(loop) is Role.DEBOUNCING
+        assert set(backend.state("g").resources) == {"r1", "r2"}
+    finally:
+        backend.close()
+
+
+def _role(loop: CoordinatorLoop) -> Role:
+    return loop.role

@@ -8,10 +8,13 @@ one seed with the command printed on failure.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
+from rebalancer_spark.core import control, coordinator_rules
 from rebalancer_spark.core.config import ProtocolName
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.testing.sim import (
     MemberBugs,
     SimConfig,
@@ -70,7 +73,42 @@ def test_the_seeds_exercise_every_kind_of_fault() -> None:
         "join",
         "leave",
         "resources",
+        "control",
     }
+
+
+def test_the_seeds_exercise_static_members_discovery_and_operator_control() -> None:
+    """The coordinator in the simulator is the product's ``decide``: static members rejoin
+    under their id within their grace, discovery lists the source, operators pause, drain, pin
+    and request rebalances, and the coordinator writes their transitions as events."""
+    seen: dict[str, int] = {"static": 0, "listed": 0, "operator": 0, "events": 0, "done": 0}
+    for seed in range(150):
+        trace = "\n".join(simulate(seed, trace=True).trace)
+        seen["static"] += any(line.endswith(" start m1") for line in trace.splitlines())
+        seen["listed"] += "update_resources" in trace
+        seen["operator"] += "OPERATOR" in trace
+        seen["events"] += "event control v" in trace
+        seen["done"] += ": drain done " in trace
+    assert all(count >= 3 for count in seen.values()), seen
+
+
+def test_the_simulator_finds_a_coordinator_that_ignores_the_control_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planted: the coordinator plans as if no operator had paused, drained or pinned."""
+    plan = control.plan_target
+
+    def ignoring(*args: Any, **kwargs: Any) -> dict[str, frozenset[str]]:
+        assignor, members, weights, previous, _control = args
+        return plan(assignor, members, weights, previous, Control(), **kwargs)
+
+    monkeypatch.setattr(coordinator_rules, "plan_target", ignoring)
+    for seed in range(400):
+        violation = simulate(seed).violation
+        if violation is not None:
+            assert violation.invariant == "control", violation
+            return
+    pytest.fail("a coordinator ignoring the control record went unnoticed in 400 seeds")
 
 
 def test_a_seed_replays_event_for_event() -> None:
@@ -90,7 +128,7 @@ PLANTED = {
         "fenced commits",
     ),
     "no_high_water": (SimConfig(store_bugs=StoreBugs(no_high_water=True)), "monotonic epochs"),
-    # rare in the full mix (seed 381): a slow renewal reply must be the last good one
+    # rare in the full mix (seed 280): a slow renewal reply must be the last good one
     "deadline_from_reply": (
         SimConfig(faults=("slow", "partition"), member_bugs=MemberBugs(deadline_from_reply=True)),
         "single belief",
@@ -115,8 +153,8 @@ def test_the_simulator_finds_a_planted_bug(bug: str) -> None:
 @pytest.mark.slow
 def test_the_simulator_finds_grants_made_during_a_data_loss_quarantine() -> None:
     """Without the quarantine, a member cut off from Redis while it lost its data still
-    believes in its lease when another member is granted its resources (found at seed 1072
-    of the full fault mix: a partition, then a restart that loses everything)."""
+    believes in its lease when another member is granted its resources (found at seed 56 of
+    the full fault mix: a restart that loses everything while a member's lease still runs)."""
     config = SimConfig(store_bugs=StoreBugs(no_quarantine=True))
     for seed in range(3000):
         violation = simulate(seed, config).violation
@@ -141,5 +179,5 @@ def test_epochs_stay_monotonic_across_a_data_loss() -> None:
     store.recover(1001.0, lose_data=True)
     again = store.join("m", 2.0, 1001.5, memory)
     coordinator = store.elect(again.session_id, 1001.5, memory)
-    assert coordinator is not None and coordinator[1] > epoch[1]
+    assert coordinator is not None and coordinator.epoch > epoch.epoch
     assert store.quarantine_until == 1001.0 + 2.0

@@ -30,9 +30,11 @@ ends in the store.
 
 Lifecycle (enforced; see :data:`TRANSITIONS` in :mod:`.state`)::
 
-    CREATED -> STARTING -> RUNNING <-> REJOINING
-                  |           |            |
-                  +-----------+--> STOPPING --> STOPPED
+    CREATED --> STARTING --> RUNNING <--> REJOINING
+       |           |            \\          /
+       |           |             DRAINING         (RUNNING, REJOINING and DRAINING
+       |           |                |              all go to STOPPING)
+       +-----------+--> STOPPED <-- STOPPING
 """
 
 from __future__ import annotations

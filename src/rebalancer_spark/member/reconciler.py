@@ -122,6 +122,9 @@ class Reconciler:
             )
             return
         self._draining.set()
+        for state in (MemberState.RUNNING, MemberState.REJOINING):
+            if self._lifecycle.move_from(state, MemberState.DRAINING):
+                break
         self._lease.changed.set()
         if not self._ownership.wait_until(
             lambda: len(self._ownership) == 0 or self._lease.valid_session() is None,

@@ -2,9 +2,14 @@
 
 ::
 
-    CREATED -> STARTING -> RUNNING <-> REJOINING
-                  |           |            |
-                  +-----------+--> STOPPING --> STOPPED
+    CREATED --> STARTING --> RUNNING <--> REJOINING
+       |           |            \\          /
+       |           |             DRAINING         (RUNNING, REJOINING and DRAINING
+       |           |                |              all go to STOPPING)
+       +-----------+--> STOPPED <-- STOPPING
+
+``DRAINING``: ``stop()`` announced the leave; the coordinator moves the member's resources away
+and it claims nothing more (a lapse meanwhile rejoins without leaving this state).
 
 :data:`TRANSITIONS` writes the arrows down; :class:`Lifecycle` refuses any other move. The
 lifecycle shares its lock with what the member holds (see :mod:`.ownership`), so a thread that
@@ -27,6 +32,7 @@ class MemberState(StrEnum):
     STARTING = "starting"
     RUNNING = "running"
     REJOINING = "rejoining"
+    DRAINING = "draining"
     STOPPING = "stopping"
     STOPPED = "stopped"
 
@@ -34,8 +40,13 @@ class MemberState(StrEnum):
 TRANSITIONS: Mapping[MemberState, frozenset[MemberState]] = {
     MemberState.CREATED: frozenset({MemberState.STARTING, MemberState.STOPPED}),
     MemberState.STARTING: frozenset({MemberState.RUNNING, MemberState.STOPPED}),
-    MemberState.RUNNING: frozenset({MemberState.REJOINING, MemberState.STOPPING}),
-    MemberState.REJOINING: frozenset({MemberState.RUNNING, MemberState.STOPPING}),
+    MemberState.RUNNING: frozenset(
+        {MemberState.REJOINING, MemberState.DRAINING, MemberState.STOPPING}
+    ),
+    MemberState.REJOINING: frozenset(
+        {MemberState.RUNNING, MemberState.DRAINING, MemberState.STOPPING}
+    ),
+    MemberState.DRAINING: frozenset({MemberState.STOPPING}),
     MemberState.STOPPING: frozenset({MemberState.STOPPED}),
     MemberState.STOPPED: frozenset(),
 }

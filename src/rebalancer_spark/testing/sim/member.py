@@ -7,36 +7,48 @@ Each member runs four actors, as the real member runs threads: the heartbeat
 progress for what it owns. An actor yields :class:`Call` (a store request: it reaches the store
 after a delay and its answer comes back after another) or :class:`Wait` (sleep, woken early by
 a watch notification when ``wakeable``). Decisions are the product's own pure functions:
-:func:`core.protocols.plan` and the assignor; the lease keeps the product's arithmetic
-(deadline = renewal start + ttl - margin, a lapse is final for the session).
+:func:`core.protocols.plan` for the member thread and :func:`core.coordinator_rules.decide`
+(with the assignor and the operator's control record) for the coordinator thread; the lease
+keeps the product's arithmetic (deadline = renewal start + ttl - margin, a lapse is final for
+the session).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from rebalancer_spark.core.assignors import get_assignor
+from rebalancer_spark.core import coordinator_rules as rules
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
+from rebalancer_spark.core.control import Control
+from rebalancer_spark.core.coordinator import (
+    Action,
+    CoordinatorState,
+    Discover,
+    Elect,
+    Emit,
+    ForgetDrains,
+    GroupView,
+    IllegalTransition,
+    Publish,
+    Settings,
+    WakeAt,
+)
 from rebalancer_spark.core.errors import (
     BackendError,
+    ControlConflict,
     FencedError,
     MemberIdInUse,
     RebalancerError,
     SessionExpired,
 )
-from rebalancer_spark.core.model import Phase
+from rebalancer_spark.core.model import CoordinatorRecord, GroupState, Phase, Target
 from rebalancer_spark.core.protocols import MemberView, plan
-from rebalancer_spark.testing.sim.store import (
-    HandleMemory,
-    SimSession,
-    SimStore,
-    StateView,
-    TargetRecord,
-)
+from rebalancer_spark.testing.sim.store import HandleMemory, SimSession, SimStore
 
 __all__ = ["MAX_WAIT", "Call", "Hooks", "MemberBugs", "SimMember", "Wait"]
 
@@ -80,11 +92,20 @@ class Hooks:
 
     acquired: Callable[[SimMember, str, int], None]
     committed: Callable[[SimMember, str, int, str], None]
-    published: Callable[[SimMember, TargetRecord, dict[str, set[str]], set[str]], None]
+    published: Callable[[SimMember, Target, dict[str, set[str]], Publish], None]
+    emitted: Callable[[SimMember, str], None]
 
 
 def _renew(sid: str, store: SimStore, now: float) -> None:
     store.renew(sid, now)
+
+
+def _elect(sid: str, memory: HandleMemory, store: SimStore, now: float) -> CoordinatorRecord | None:
+    return store.elect(sid, now, memory)
+
+
+def _update_control(expected: int, control: Control, store: SimStore, now: float) -> Control:
+    return store.update_control(expected, control, now)
 
 
 def _commit(sid: str, resource: str, epoch: int, value: int, store: SimStore, now: float) -> None:
@@ -145,8 +166,14 @@ class SimMember:
         now: Callable[[], float],
         hooks: Hooks,
         bugs: MemberBugs,
+        *,
+        static: bool = False,
+        discover: Callable[[], dict[str, float]] | None = None,
+        discovery_interval: float = 1.0,
+        rejoin_grace: float = 0.0,
     ) -> None:
         self.member_id = member_id
+        self.static = static
         self.config = config
         self.memory = memory
         self.now = now
@@ -163,13 +190,11 @@ class SimMember:
         self.running = 0
         """Member and coordinator actors still running (``stop()`` waits for them)."""
         self.commits = 0
-        # coordinator state, as CoordinatorLoop
-        self.epoch: int | None = None
-        self._assignor = get_assignor(config.assignor)
-        self._pending: tuple[frozenset[str], int] | None = None
-        self._first_change = 0.0
-        self._last_change = 0.0
-        self._stopping_since: float | None = None
+        self.discover = discover
+        # the coordinator thread's state machine, as CoordinatorLoop
+        self.coordination = CoordinatorState()
+        settings = Settings.of(config, None if discover is None else discovery_interval)
+        self.settings = dataclasses.replace(settings, rejoin_grace=rejoin_grace)
 
     # -- what the checker reads -----------------------------------------------------------------
 
@@ -231,8 +256,9 @@ class SimMember:
             yield from self._self_fence(lease.session)
             started = self.now()
             member, ttl, memory = self.member_id, self.config.session_timeout, self.memory
+            static = self.static
             session: SimSession = yield Call(
-                "join", lambda s, now: s.join(member, ttl, now, memory)
+                "join", lambda s, now: s.join(member, ttl, now, memory, static=static)
             )
             lease.start(session, started)
             self.handled_generation = 0
@@ -335,13 +361,16 @@ class SimMember:
     # -- the coordinator thread -------------------------------------------------------------------
 
     def coordinator(self) -> Actor:
+        """``CoordinatorLoop``: one read per step, the product's ``decide``, its actions."""
         self.running += 1
         while not self.stopping:
             timeout = MAX_WAIT
             try:
                 timeout = yield from self._coordinator_step()
+            except IllegalTransition:
+                raise  # a bug in the rules: end the run loudly
             except FencedError:
-                self.epoch = None
+                self.coordination = rules.fenced(self.coordination)
                 timeout = 0.0
             except BackendError:
                 timeout = min(self.config.effective_heartbeat_interval, MAX_WAIT)
@@ -352,102 +381,92 @@ class SimMember:
                 yield Wait(timeout, wakeable=True)
         self.running -= 1
 
+    @property
+    def epoch(self) -> int | None:
+        return self.coordination.epoch
+
     def _coordinator_step(self) -> Generator[Effect, Any, float]:
         session = self.lease.valid_session()
-        if session is None:
-            self.epoch = None
-            return MAX_WAIT
-        sid, memory = session.session_id, self.memory
-        state: StateView = yield Call("state", lambda s, now: s.state(now, memory))
-        coordinator = state.coordinator
-        if coordinator is None or (coordinator[0] == sid and self.epoch != coordinator[1]):
-            coordinator = yield Call("elect", lambda s, now: s.elect(sid, now, memory))
-            if coordinator is not None and coordinator[0] == sid:
-                self._pending = None
-                self._stopping_since = None
-                state = yield Call("state", lambda s, now: s.state(now, memory))
-        if coordinator is None or coordinator[0] != sid:
-            self.epoch = None
-            return MAX_WAIT
-        self.epoch = coordinator[1]
-        return (yield from self._coordinate(session, coordinator[1], state))
-
-    def _coordinate(
-        self, session: SimSession, epoch: int, state: StateView
-    ) -> Generator[Effect, Any, float]:
+        view = None
+        if session is not None:
+            sid, memory = session.session_id, self.memory
+            group: GroupState = yield Call("state", lambda s, now: s.state(now, memory))
+            view = GroupView(self.member_id, sid, group)
         now = self.now()
-        present = {m for m, rec in state.members.items() if not rec.leaving}
-        target = state.target
-        if target is not None and target.phase is Phase.STOPPING:
-            return (yield from self._finish_barrier(session, epoch, state, present, target))
-        inputs = (frozenset(present), state.resources_version)
-        if (
-            target is not None
-            and frozenset(target.assignment) == inputs[0]
-            and target.resources_version == inputs[1]
-        ):
-            self._pending = None
-            return MAX_WAIT
-        if not present and target is None:
-            return MAX_WAIT
-        if inputs != self._pending:
-            if self._pending is None:
-                self._first_change = now
-            self._pending = inputs
-            self._last_change = now
-        due = min(
-            self._last_change + self.config.stability_window,
-            self._first_change + self.config.max_rebalance_delay,
+        state, actions = rules.decide(self.coordination, view, now, self.settings)
+        for _ in range(4):
+            *done, last = actions
+            if not isinstance(last, Elect | Discover):
+                wake = yield from self._carry_out(actions, session, view)
+                self.coordination = state
+                return max(wake - self.now(), 0.0)
+            yield from self._carry_out(done, session, view)
+            assert session is not None and view is not None
+            sid, memory = session.session_id, self.memory
+            if isinstance(last, Elect):
+                record = yield Call("elect", functools.partial(_elect, sid, memory))
+                view = view.with_coordinator(record)
+                state, actions = rules.elected(state, record, view, now)
+            else:
+                changed = yield from self._list(session, view.group.resources_version)
+                state, actions = rules.listed(state, now, changed=changed)
+            self.coordination = state
+            if actions and isinstance(actions[-1], WakeAt):
+                wake = yield from self._carry_out(actions, session, view)
+                return max(wake - self.now(), 0.0)
+            yield from self._carry_out(actions, session, view)
+            state, actions = rules.decide(state, view, now, self.settings)
+        raise RebalancerError(f"the coordinator's decision did not end: {actions}")
+
+    def _list(self, session: SimSession, version: int) -> Generator[Effect, Any, bool]:
+        assert self.discover is not None
+        listing, memory = self.discover(), self.memory
+        if self.lease.valid_session() is not session:
+            return False
+        after: int = yield Call(
+            "update_resources", lambda s, now: s.update_resources(listing, now, memory)
         )
-        if now < due:
-            return min(MAX_WAIT, due - now)
-        sid, memory = session.session_id, self.memory
-        if self.config.protocol is ProtocolName.GLOBAL_BARRIER and target is not None:
-            assignment, version = target.assignment, target.resources_version
-            yield Call(
-                "publish",
-                lambda s, now: s.publish(
-                    sid, epoch, assignment, Phase.STOPPING, version, now, memory
-                ),
-            )
-            self._stopping_since = now
-            return 0.0
-        yield from self._publish(session, epoch, state, present, target)
-        return MAX_WAIT
+        return after != version
 
-    def _finish_barrier(
-        self,
-        session: SimSession,
-        epoch: int,
-        state: StateView,
-        present: set[str],
-        target: TargetRecord,
+    def _carry_out(
+        self, actions: list[Action], session: SimSession | None, view: GroupView | None
     ) -> Generator[Effect, Any, float]:
-        now = self.now()
-        if self._stopping_since is None:
-            self._stopping_since = now
-        waiting = [m for m, rec in state.members.items() if rec.acked < target.generation]
-        overdue = now - self._stopping_since >= self.config.barrier_timeout
-        if waiting and not overdue:
-            return self._stopping_since + self.config.barrier_timeout - now
-        self._stopping_since = None
-        yield from self._publish(session, epoch, state, present, target)
-        return MAX_WAIT
+        wake = self.now() + MAX_WAIT
+        for action in actions:
+            if isinstance(action, WakeAt):
+                wake = action.at
+            elif session is None or view is None:
+                continue
+            elif isinstance(action, Publish):
+                yield from self._publish(session, action, view)
+            elif isinstance(action, Emit):
+                self.hooks.emitted(self, action.reason)
+            elif isinstance(action, ForgetDrains) and self.lease.valid_session() is session:
+                control = action.control.undrain_members(action.members)
+                expected = action.control.version
+                with contextlib.suppress(ControlConflict):
+                    yield Call(
+                        "update_control", functools.partial(_update_control, expected, control)
+                    )
+        return wake
 
     def _publish(
-        self,
-        session: SimSession,
-        epoch: int,
-        state: StateView,
-        present: set[str],
-        target: TargetRecord | None,
+        self, session: SimSession, action: Publish, view: GroupView
     ) -> Generator[Effect, Any, None]:
+        sid, memory = session.session_id, self.memory
+        target = view.group.target
         previous = {m: set(rs) for m, rs in target.assignment.items()} if target else {}
-        assignment = self._assignor(present, state.resources, previous)
-        sid, memory, version = session.session_id, self.memory, state.resources_version
-        published: TargetRecord = yield Call(
+        published: Target = yield Call(
             "publish",
-            lambda s, now: s.publish(sid, epoch, assignment, Phase.RUNNING, version, now, memory),
+            lambda s, now: s.publish(
+                sid,
+                action.epoch,
+                action.assignment,
+                action.phase,
+                action.resources_version,
+                now,
+                memory,
+            ),
         )
-        self._pending = None
-        self.hooks.published(self, published, previous, present)
+        if action.phase is Phase.RUNNING:
+            self.hooks.published(self, published, previous, action)

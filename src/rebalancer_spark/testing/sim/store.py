@@ -26,16 +26,27 @@ surely run out (``restart time + longest ttl``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import (
     BackendUnavailable,
+    ControlConflict,
     FencedError,
     MemberIdInUse,
     SessionExpired,
 )
-from rebalancer_spark.core.model import Phase
+from rebalancer_spark.core.model import (
+    Claim,
+    CoordinatorRecord,
+    GroupState,
+    MemberRecord,
+    Phase,
+    Resource,
+    Target,
+)
 from rebalancer_spark.core.protocols import MemberView
 
 __all__ = ["SIM_GROUP", "HandleMemory", "SimClaim", "SimSession", "SimStore", "StoreBugs"]
@@ -66,6 +77,7 @@ class SimSession:
     expires: float
     acked: int = 0
     leaving: bool = False
+    static: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,27 +98,6 @@ class HandleMemory:
 
     def saw(self, number: int) -> None:
         self.highest = max(self.highest, number)
-
-
-@dataclass(frozen=True, slots=True)
-class TargetRecord:
-    generation: int
-    coordinator_epoch: int
-    assignment: Mapping[str, frozenset[str]]
-    phase: Phase
-    resources_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class StateView:
-    """What ``Backend.state`` returns, reduced to what the coordinator reads."""
-
-    members: Mapping[str, SimSession]
-    coordinator: tuple[str, int] | None
-    """(session id, epoch) of the live coordinator."""
-    resources: Mapping[str, float]
-    resources_version: int
-    target: TargetRecord | None
 
 
 class SimStore:
@@ -132,9 +123,10 @@ class SimStore:
         self.coordinator: tuple[str, str, int] | None = None
         self.coordinator_epoch = 0
         self.generation = 0
-        self.target: TargetRecord | None = None
+        self.target: Target | None = None
         self.resources: dict[str, float] = {}
         self.resources_version = 0
+        self.control = Control()
         self.claims: dict[str, SimClaim] = {}
         self.epochs: dict[str, int] = {}
         self.progress: dict[str, tuple[int, str, int]] = {}
@@ -204,14 +196,22 @@ class SimStore:
 
     # -- sessions ---------------------------------------------------------------------------------
 
-    def join(self, member_id: str, ttl: float, now: float, memory: HandleMemory) -> SimSession:
+    def join(
+        self,
+        member_id: str,
+        ttl: float,
+        now: float,
+        memory: HandleMemory,
+        *,
+        static: bool = False,
+    ) -> SimSession:
         self._check_up()
         self._ensure_group(now, memory)
         self._expire(now)
         if any(rec.member_id == member_id for rec in self.sessions.values()):
             raise MemberIdInUse(SIM_GROUP, member_id)
         self._next_sid += 1
-        rec = SimSession(member_id, f"s{self._next_sid}", ttl, now + ttl)
+        rec = SimSession(member_id, f"s{self._next_sid}", ttl, now + ttl, static=static)
         self.sessions[rec.session_id] = rec
         memory.longest_ttl = max(memory.longest_ttl, ttl)
         return rec
@@ -229,18 +229,41 @@ class SimStore:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def state(self, now: float, memory: HandleMemory | None = None) -> StateView:
-        """The group as one read sees it; like the Redis handle, a ``memory`` that joined this
-        incarnation of the data remembers the resource set it read (restored after a loss)."""
+    def state(self, now: float, memory: HandleMemory | None = None) -> GroupState:
+        """The group as one read sees it (``Backend.state``); like the Redis handle, a
+        ``memory`` that joined this incarnation of the data remembers the resource set it read
+        (restored after a loss)."""
         self._check_up()
         if memory is not None and memory.incarnation == self.incarnation:
             memory.resources = dict(self.resources)
-        live = {rec.member_id: rec for rec in self.sessions.values() if now < rec.expires}
+        live = {sid: rec for sid, rec in self.sessions.items() if now < rec.expires}
+        members = {
+            rec.member_id: MemberRecord(
+                rec.member_id,
+                sid,
+                acked_generation=rec.acked,
+                leaving=rec.leaving,
+                static=rec.static,
+            )
+            for sid, rec in live.items()
+        }
         coordinator = None
-        if self.coordinator is not None and self._live(self.coordinator[1], now) is not None:
-            coordinator = (self.coordinator[1], self.coordinator[2])
-        return StateView(
-            live, coordinator, dict(self.resources), self.resources_version, self.target
+        if self.coordinator is not None and self.coordinator[1] in live:
+            coordinator = CoordinatorRecord(*self.coordinator)
+        claims = {
+            r: Claim(r, c.member_id, c.session_id, c.epoch)
+            for r, c in self.claims.items()
+            if c.session_id in live
+        }
+        return GroupState(
+            "sim",
+            members,
+            coordinator,
+            {r: Resource(r, w) for r, w in self.resources.items()},
+            self.resources_version,
+            self.target,
+            claims,
+            self.control,
         )
 
     def member_view(self, sid: str, now: float) -> MemberView:
@@ -258,7 +281,7 @@ class SimStore:
 
     # -- coordinator ------------------------------------------------------------------------------
 
-    def elect(self, sid: str, now: float, memory: HandleMemory) -> tuple[str, int] | None:
+    def elect(self, sid: str, now: float, memory: HandleMemory) -> CoordinatorRecord | None:
         self._check_up()
         self._expire(now)
         if sid not in self.sessions:
@@ -267,7 +290,12 @@ class SimStore:
             self.coordinator_epoch = self._number(self.coordinator_epoch, memory)
             self.on_number("coordinator epoch", self.coordinator_epoch)
             self.coordinator = (self.sessions[sid].member_id, sid, self.coordinator_epoch)
-        return self.coordinator[1], self.coordinator[2]
+        return CoordinatorRecord(*self.coordinator)
+
+    def resign(self, sid: str, epoch: int, now: float) -> None:
+        self._check_up()
+        if self.coordinator is not None and self.coordinator[1:] == (sid, epoch):
+            self.coordinator = None
 
     def publish(
         self,
@@ -278,7 +306,7 @@ class SimStore:
         resources_version: int,
         now: float,
         memory: HandleMemory,
-    ) -> TargetRecord:
+    ) -> Target:
         self._require(sid, now)
         if self.coordinator is None or self.coordinator[1:] != (sid, epoch):
             raise FencedError(
@@ -291,7 +319,7 @@ class SimStore:
             )
         self.generation = self._number(self.generation, memory)
         self.on_number("generation", self.generation)
-        self.target = TargetRecord(
+        self.target = Target(
             self.generation,
             epoch,
             {m: frozenset(rs) for m, rs in assignment.items()},
@@ -310,6 +338,16 @@ class SimStore:
             self.resources_version = self._number(self.resources_version, memory)
         memory.resources = dict(self.resources)
         return self.resources_version
+
+    def update_control(self, expected_version: int, control: Control, now: float) -> Control:
+        """``Backend.update_control``: a compare-and-set on the record's version."""
+        self._check_up()
+        if self.control.version != expected_version:
+            raise ControlConflict(
+                f"control record at version {self.control.version}, not {expected_version}"
+            )
+        self.control = dataclasses.replace(control, version=expected_version + 1)
+        return self.control
 
     # -- ownership ---------------------------------------------------------------------------------
 

@@ -34,8 +34,9 @@ from typing import Any
 from rebalancer_spark.core.assignors import minimum_moves, moved
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
+from rebalancer_spark.core.coordinator import Publish
 from rebalancer_spark.core.errors import BackendUnavailable, RebalancerError
-from rebalancer_spark.core.model import Phase
+from rebalancer_spark.core.model import Phase, Target
 from rebalancer_spark.testing.sim.member import (
     Actor,
     Call,
@@ -44,12 +45,23 @@ from rebalancer_spark.testing.sim.member import (
     SimMember,
     Wait,
 )
-from rebalancer_spark.testing.sim.store import HandleMemory, SimStore, StoreBugs, TargetRecord
+from rebalancer_spark.testing.sim.operator import control_breach, operator_fault, shapes
+from rebalancer_spark.testing.sim.store import HandleMemory, SimStore, StoreBugs
 
 __all__ = ["FAULTS", "SimConfig", "SimResult", "Violation", "replay_command", "simulate"]
 
 
-FAULTS = ("crash", "pause", "partition", "slow", "restart", "join", "leave", "resources")
+FAULTS = (
+    "crash",
+    "pause",
+    "partition",
+    "slow",
+    "restart",
+    "join",
+    "leave",
+    "resources",
+    "control",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +74,12 @@ class SimConfig:
     settle_bound: float = 10.0
     faults: tuple[str, ...] = FAULTS
     """The kinds of fault the scheduler draws from (each equally likely)."""
+    static_members: bool = True
+    """Each first member is static (rejoins under its id, ``rejoin_grace`` = ttl) with
+    probability 0.3, drawn by the seed."""
+    discovery: bool = True
+    """Half the seeds list the resource set from a source (the coordinator's discovery, every
+    second) instead of an operator writing it to the store."""
     store_bugs: StoreBugs = field(default_factory=StoreBugs)
     member_bugs: MemberBugs = field(default_factory=MemberBugs)
 
@@ -147,7 +165,20 @@ class World:
         restart, a crashed member's restart): liveness is measured from here."""
         self.trace: list[str] | None = [] if trace else None
         self.fault_log: list[str] = []
-        self.hooks = Hooks(self._on_acquired, self._on_committed, self._on_published)
+        self.hooks = Hooks(
+            self._on_acquired, self._on_committed, self._on_published, self._on_emitted
+        )
+        # Drawn apart from the fault schedule, so that seeds keep their faults.
+        features = random.Random(f"features {seed}")
+        self.static_slots = {
+            f"m{i}"
+            for i in range(1, config.members + 1)
+            if config.static_members and features.random() < 0.3
+        }
+        self.discovery = config.discovery and features.random() < 0.5
+        self.source: dict[str, float] = {}
+        """What discovery lists (the resource set as the source has it)."""
+        self.control_events: list[str] = []
         self.member_config = MemberConfig(
             group="sim",
             backend="sqlite:///simulated.db",
@@ -237,7 +268,7 @@ class World:
             except RebalancerError as exc:  # a checker's _Broken ends the run right here
                 error = exc
             if call.label not in ("renew", "member_view", "state", "commit") and error is None:
-                self._notify()
+                self.notify()
             if call.label in ("join", "renew") and error is None:
                 self._watch_expiry()
             if error is None and self.now < self.slow_until and self.rng.random() < 0.05:
@@ -246,7 +277,7 @@ class World:
             self.log(f"{proc.member.member_id} {call.label} -> {error or result!r}")
         self.at(self.now + self._delay(), lambda: self._resume(proc, index, actor, result, error))
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         for proc in self.procs:
             self.at(self.now + self._delay(), functools.partial(self._wake, proc))
 
@@ -263,15 +294,24 @@ class World:
     def _watch_expiry(self) -> None:
         expiry = min((s.expires for s in self.store.sessions.values()), default=None)
         if expiry is not None:
-            self.at(expiry, self._notify)
+            self.at(expiry, self.notify)
 
     # -- members ----------------------------------------------------------------------------------
 
     def start_member(self, slot: str) -> _Proc:
         memory = self.memories.setdefault(slot, HandleMemory())
-        name = f"{slot}.{next(self._names)}"
+        static = slot in self.static_slots
+        name = slot if static else f"{slot}.{next(self._names)}"
         member = SimMember(
-            name, self.member_config, memory, lambda: self.now, self.hooks, self.config.member_bugs
+            name,
+            self.member_config,
+            memory,
+            lambda: self.now,
+            self.hooks,
+            self.config.member_bugs,
+            static=static,
+            discover=(lambda: dict(self.source)) if self.discovery else None,
+            rejoin_grace=self.config.ttl,  # applies to static members only
         )
         proc = _Proc(member)
         self.procs.append(proc)
@@ -334,16 +374,27 @@ class World:
     def _on_committed(self, member: SimMember, resource: str, epoch: int, session: str) -> None:
         pass
 
+    def _on_emitted(self, member: SimMember, reason: str) -> None:
+        self.control_events.append(reason)
+        if self.trace is not None:
+            self.log(f"{member.member_id} event {reason}")
+
     def _on_published(
         self,
         member: SimMember,
-        target: TargetRecord,
+        target: Target,
         previous: dict[str, set[str]],
-        present: set[str],
+        action: Publish,
     ) -> None:
         assignment = target.assignment
+        present, control = set(action.members), action.control
         if self.trace is not None:
             self.log(f"{member.member_id} published g{target.generation} {dict(assignment)}")
+        if shapes(control, present, {r for rs in assignment.values() for r in rs}):
+            breach = control_breach(target, previous, present, control)
+            if breach is not None:
+                raise _Broken("control", breach)
+            return
         counts = [len(rs) for rs in assignment.values()]
         if counts and max(counts) - min(counts) > 1:
             raise _Broken("minimal moves", f"unbalanced target {dict(assignment)}")
@@ -402,6 +453,7 @@ def _schedule_faults(world: World) -> None:
     for slot in slots:
         world.at(START + rng.uniform(0, 0.3), functools.partial(world.start_member, slot))
     resources = {f"r{i}": 1.0 for i in range(cfg.resources)}
+    world.source = resources  # what discovery lists: the same set the faults change
     world.at(START, lambda: world.store.update_resources(resources, world.now, world.operator))
     extra = itertools.count(cfg.resources)
     data_loss_at: list[float] = []
@@ -455,7 +507,7 @@ def _schedule_faults(world: World) -> None:
 
                 def back() -> None:
                     world.store.recover(world.now, lose_data=lose)
-                    world._notify()
+                    world.notify()
 
                 world.at(world.now + down, back)
                 world.lasts_until(world.now + down)
@@ -469,14 +521,19 @@ def _schedule_faults(world: World) -> None:
                 proc = rng.choice(live)
                 world.log(f"FAULT graceful stop of {proc.member.member_id}")
                 world.spawn(proc, proc.member.stopper())
+            elif kind == "control":
+                operator_fault(world, [p.member.member_id for p in live], sorted(resources))
             elif kind == "resources":
                 if rng.random() < 0.5 and len(resources) > 1:
                     del resources[rng.choice(sorted(resources))]
                 else:
                     resources[f"r{next(extra)}"] = 1.0
+                if world.discovery:
+                    world.log(f"FAULT the source now lists {sorted(resources)}")
+                    return  # the coordinator's next listing finds it
                 try:
                     world.store.update_resources(resources, world.now, world.operator)
-                    world._notify()
+                    world.notify()
                 except BackendUnavailable:
                     pass
 
