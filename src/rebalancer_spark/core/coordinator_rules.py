@@ -162,28 +162,60 @@ def _coordinate(
         and frozenset(target.assignment) == inputs[0]
         and target.resources_version == inputs[1]
     )
-    actions: list[Action] = []
-    control, applied = group.control, state.control
-    if applied is None or applied.version != control.version:
-        forced = applied is not None and control.rebalance_requests > applied.rebalance_requests
-        current = {m: frozenset(rs) for m, rs in target.assignment.items()} if target else None
-        desired = _plan(group, present, target, forced, settings)
-        # A new coordinator facing other changes too lets the stability window run.
-        now_due = applied is not None or unchanged
-        if present and now_due and (forced or desired != current):
-            cause = f"control v{control.version}" + (": rebalance requested" if forced else "")
-            state = state.update(forced=forced, operator_cause=cause)
-            state, publish = _rebalance_now(state, group, epoch, present, now, settings, desired)
-            state, adopt = _adopt(state, control, epoch)
-            return state, [*publish, *adopt, WakeAt(now)]
-        state, actions = _adopt(state, control, epoch)
+    state, actions, done = _control(state, group, epoch, present, now, settings, unchanged)
+    if done is not None:
+        return done
     state, drains = _report_drains(state, group, epoch)
     actions.extend(drains)
-
     if unchanged:
         return state.to(Role.IDLE, pending=None), [*actions, WakeAt(wake)]
     if not present and target is None:
         return state.to(_resting(state)), [*actions, WakeAt(wake)]
+    return _debounce(state, group, epoch, present, inputs, now, settings, actions, wake)
+
+
+def _control(
+    state: CoordinatorState,
+    group: GroupState,
+    epoch: int,
+    present: set[str],
+    now: float,
+    settings: Settings,
+    unchanged: bool,
+) -> tuple[CoordinatorState, list[Action], Step | None]:
+    """Adopt a new control record: a rebalance at once when it changes the plan (the step is
+    then done: third item), else only its events."""
+    control, applied, target = group.control, state.control, group.target
+    if applied is not None and applied.version == control.version:
+        return state, [], None
+    forced = applied is not None and control.rebalance_requests > applied.rebalance_requests
+    current = {m: frozenset(rs) for m, rs in target.assignment.items()} if target else None
+    desired = _plan(group, present, target, forced, settings)
+    # A new coordinator facing other changes too lets the stability window run.
+    now_due = applied is not None or unchanged
+    if present and now_due and (forced or desired != current):
+        cause = f"control v{control.version}" + (": rebalance requested" if forced else "")
+        state = state.update(forced=forced, operator_cause=cause)
+        state, publish = _rebalance_now(state, group, epoch, present, now, settings, desired)
+        state, adopt = _adopt(state, control, epoch)
+        return state, [], (state, [*publish, *adopt, WakeAt(now)])
+    state, actions = _adopt(state, control, epoch)
+    return state, list(actions), None
+
+
+def _debounce(
+    state: CoordinatorState,
+    group: GroupState,
+    epoch: int,
+    present: set[str],
+    inputs: tuple[frozenset[str], int],
+    now: float,
+    settings: Settings,
+    actions: list[Action],
+    wake: float,
+) -> Step:
+    """Members or resources changed: rebalance once the group has been quiet for the
+    stability window, or the maximum delay since the first change has passed."""
     if inputs != state.pending:
         first = now if state.pending is None else state.first_change
         state = state.update(pending=inputs, first_change=first, last_change=now)
