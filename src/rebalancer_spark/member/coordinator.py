@@ -175,43 +175,49 @@ class CoordinatorLoop:
                     if watch is None:
                         watch = self._backend.watch(self._config.group)
                     timeout = self.step()
-                except FencedError as exc:
-                    log.info("coordinator step fenced, stepping down: %s", exc)
-                    self._state = rules.fenced(self._state)
-                    timeout = 0.0
-                except BackendError as exc:
-                    log.warning("coordinator step failed, retrying: %s", exc)
-                    timeout = retry
-                except RebalancerError:
-                    log.exception("coordinator step failed")
-                    timeout = retry
-                except Exception:  # a bug must not leave the group with a silent coordinator
-                    log.exception("coordinator step failed unexpectedly; stepping down")
-                    self._step_down()
-                    timeout = retry
+                except Exception as exc:
+                    timeout = self._failed_step(exc, retry)
                 if self._wake.is_set():
                     self._wake.clear()
                     continue
                 # Waits are capped so that stop(), wake() and rediscover() act within a second.
                 timeout = min(timeout, _IDLE_WAIT)
-                if timeout <= 0:
-                    continue
-                try:
-                    if watch is None:
-                        self._stop.wait(timeout)
-                    else:
-                        watch.wait(timeout)
-                except BackendError as exc:
-                    log.warning("coordinator watch failed, watching anew: %s", exc)
-                    if watch is not None:
-                        watch.close()
+                if timeout > 0 and not self._wait(watch, timeout, retry) and watch is not None:
+                    watch.close()
                     watch = None
-                    self._stop.wait(retry)
         except Exception:
             log.exception("coordinator thread of group %s died", self._config.group)
         finally:
             if watch is not None:
                 watch.close()
+
+    def _failed_step(self, exc: Exception, retry: float) -> float:
+        """What a step's error means: how long to wait before the next step."""
+        if isinstance(exc, FencedError):
+            log.info("coordinator step fenced, stepping down: %s", exc)
+            self._state = rules.fenced(self._state)
+            return 0.0
+        if isinstance(exc, BackendError):
+            log.warning("coordinator step failed, retrying: %s", exc)
+        elif isinstance(exc, RebalancerError):
+            log.error("coordinator step failed", exc_info=exc)
+        else:  # a bug must not leave the group with a silent coordinator
+            log.error("coordinator step failed unexpectedly; stepping down", exc_info=exc)
+            self._step_down()
+        return retry
+
+    def _wait(self, watch: Watch | None, timeout: float, retry: float) -> bool:
+        """Wait for a change; False (after a pause) when the watch failed."""
+        try:
+            if watch is None:
+                self._stop.wait(timeout)
+            else:
+                watch.wait(timeout)
+        except BackendError as exc:
+            log.warning("coordinator watch failed, watching anew: %s", exc)
+            self._stop.wait(retry)
+            return False
+        return True
 
     def _step_down(self) -> None:
         """Give up the coordinator role, if held, so that another member can take it."""

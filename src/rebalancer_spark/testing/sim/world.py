@@ -412,13 +412,17 @@ class World:
 
     def stable(self) -> str | None:
         """None when the group is stable, else why not."""
-        store, now = self.store, self.now
-        if not store.up:
+        if not self.store.up:
             return "the store is down"
-        target = store.target
         alive = [p.member for p in self.procs if p.member.alive and not p.member.left]
         if not alive:
             return None  # everyone left or crashed for good: nothing to settle
+        return self._target_problem(alive) or self._claims_problem(alive)
+
+    def _target_problem(self, alive: list[SimMember]) -> str | None:
+        """Why the target does not cover the live members and the resource set, if it does
+        not."""
+        store, target = self.store, self.store.target
         # A lost set is restored by a live handle that remembers it (as with Redis without
         # persistence: if every process that knew it is gone, so is the set, until a member or
         # discovery declares it again: docs/backends/redis.md).
@@ -432,13 +436,19 @@ class World:
         names = {m.member_id for m in alive}
         if set(target.assignment) != names:
             return f"target members {sorted(target.assignment)} != live {sorted(names)}"
-        owners = {r: m for m, rs in target.assignment.items() for r in rs}
-        if set(owners) != set(store.resources):
+        if {r for rs in target.assignment.values() for r in rs} != set(store.resources):
             return "target does not cover the resource set"
-        claims = store.live_claims(now)
-        for r, m in owners.items():
-            if r not in claims or claims[r].member_id != m:
-                return f"{r!r} is not held by its target owner {m}"
+        return None
+
+    def _claims_problem(self, alive: list[SimMember]) -> str | None:
+        """Why the claims (and the members' beliefs) differ from the target, if they do."""
+        target, now = self.store.target, self.now
+        assert target is not None
+        claims = self.store.live_claims(now)
+        for m, rs in target.assignment.items():
+            for r in rs:
+                if r not in claims or claims[r].member_id != m:
+                    return f"{r!r} is not held by its target owner {m}"
         for member in alive:
             mine = {r: c.epoch for r, c in claims.items() if c.member_id == member.member_id}
             if member.believes(now) != mine:
@@ -448,96 +458,142 @@ class World:
 
 def _schedule_faults(world: World) -> None:
     rng, cfg = world.rng, world.config
-    ttl = cfg.ttl
-    slots = [f"m{i}" for i in range(1, cfg.members + 1)]
-    for slot in slots:
+    faults = _Faults(world)
+    for slot in faults.slots:
         world.at(START + rng.uniform(0, 0.3), functools.partial(world.start_member, slot))
-    resources = {f"r{i}": 1.0 for i in range(cfg.resources)}
+    resources = faults.resources
     world.source = resources  # what discovery lists: the same set the faults change
     world.at(START, lambda: world.store.update_resources(resources, world.now, world.operator))
-    extra = itertools.count(cfg.resources)
-    data_loss_at: list[float] = []
     for _ in range(rng.randint(1, 6)):
         when = START + 0.5 + rng.uniform(0, cfg.fault_time - 0.5)
         kind = rng.choice(cfg.faults)
         world.fault_log.append(f"t={when - START:.3f} {kind}")
+        world.at(when, functools.partial(faults.inject, kind))
 
-        def fault(kind: str = kind) -> None:
-            live = [p for p in world.procs if p.member.alive and not p.member.stopping]
-            if kind == "crash" and len(live) > 1:
-                proc = rng.choice(live)
-                proc.member.alive = False
-                world.log(f"FAULT crash {proc.member.member_id}")
-                slot = proc.member.member_id.split(".")[0]
-                if rng.random() < 0.7:
-                    again = world.now + rng.uniform(0.1, 2 * ttl)
-                    world.lasts_until(again)
-                    world.at(again, lambda: world.start_member(slot))
-            elif kind == "pause" and live:
-                proc = rng.choice(live)
-                proc.paused_until = world.now + rng.uniform(0.1, 2 * ttl)
-                proc.hold_requests = rng.random() < 0.5
-                world.log(f"FAULT pause {proc.member.member_id} until {proc.paused_until - START}")
-                world.at(proc.paused_until, lambda: world._unpause(proc))
-                world.lasts_until(proc.paused_until)
-            elif kind == "partition" and live:
-                proc = rng.choice(live)
-                proc.partitioned_until = world.now + rng.uniform(0.1, 2 * ttl)
-                world.lasts_until(proc.partitioned_until)
-                world.log(f"FAULT partition {proc.member.member_id}")
-            elif kind == "slow":
-                world.slow_until = max(world.slow_until, world.now + rng.uniform(0.5, 2 * ttl))
-                # a reply sent just before the spell ends may take up to 1.2 ttl
-                world.lasts_until(world.slow_until + 1.2 * ttl)
-                world.log("FAULT slow network")
-            elif kind == "restart" and world.store.up:
-                lose = rng.random() < 0.4
-                down = rng.uniform(0.05, 1.5 * ttl)
-                # The documented limit of the Redis backend (docs/backends/redis.md): a process
-                # that never saw the group and is the first to touch it after a total loss
-                # restarts the epochs. Not simulated: no data is lost while a member (live, or
-                # to be restarted) has not yet reached the group (its first join may still be
-                # on the way).
-                if any(m.incarnation == -1 for m in world.memories.values()):
-                    lose = False
-                world.store.crash()
-                if lose:
-                    data_loss_at.append(world.now)
-                world.log(f"FAULT store restart for {down:.3f}s, data lost: {lose}")
 
-                def back() -> None:
-                    world.store.recover(world.now, lose_data=lose)
-                    world.notify()
+class _Faults:
+    """The faults of one run, each drawn from the world's random source when it strikes."""
 
-                world.at(world.now + down, back)
-                world.lasts_until(world.now + down)
-            elif kind == "join":
-                recent_loss = any(world.now - t < 3 * ttl for t in data_loss_at)
-                if not recent_loss:
-                    slot = f"m{len(slots) + 1}"
-                    slots.append(slot)
-                    world.start_member(slot)
-            elif kind == "leave" and len(live) > 1:
-                proc = rng.choice(live)
-                world.log(f"FAULT graceful stop of {proc.member.member_id}")
-                world.spawn(proc, proc.member.stopper())
-            elif kind == "control":
-                operator_fault(world, [p.member.member_id for p in live], sorted(resources))
-            elif kind == "resources":
-                if rng.random() < 0.5 and len(resources) > 1:
-                    del resources[rng.choice(sorted(resources))]
-                else:
-                    resources[f"r{next(extra)}"] = 1.0
-                if world.discovery:
-                    world.log(f"FAULT the source now lists {sorted(resources)}")
-                    return  # the coordinator's next listing finds it
-                try:
-                    world.store.update_resources(resources, world.now, world.operator)
-                    world.notify()
-                except BackendUnavailable:
-                    pass
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.rng = world.rng
+        self.ttl = world.config.ttl
+        self.slots = [f"m{i}" for i in range(1, world.config.members + 1)]
+        self.resources = {f"r{i}": 1.0 for i in range(world.config.resources)}
+        self.extra = itertools.count(world.config.resources)
+        self.data_loss_at: list[float] = []
 
-        world.at(when, fault)
+    def inject(self, kind: str) -> None:
+        world = self.world
+        live = [p for p in world.procs if p.member.alive and not p.member.stopping]
+        handlers: dict[str, Callable[[list[_Proc]], None]] = {
+            "crash": self.crash,
+            "pause": self.pause,
+            "partition": self.partition,
+            "slow": self.slow,
+            "restart": self.restart,
+            "join": self.join,
+            "leave": self.leave,
+            "control": self.control,
+            "resources": self.resources_change,
+        }
+        handlers[kind](live)
+
+    def crash(self, live: list[_Proc]) -> None:
+        world, rng = self.world, self.rng
+        if len(live) <= 1:
+            return
+        proc = rng.choice(live)
+        proc.member.alive = False
+        world.log(f"FAULT crash {proc.member.member_id}")
+        slot = proc.member.member_id.split(".")[0]
+        if rng.random() < 0.7:
+            again = world.now + rng.uniform(0.1, 2 * self.ttl)
+            world.lasts_until(again)
+            world.at(again, lambda: world.start_member(slot))
+
+    def pause(self, live: list[_Proc]) -> None:
+        world, rng = self.world, self.rng
+        if not live:
+            return
+        proc = rng.choice(live)
+        proc.paused_until = world.now + rng.uniform(0.1, 2 * self.ttl)
+        proc.hold_requests = rng.random() < 0.5
+        world.log(f"FAULT pause {proc.member.member_id} until {proc.paused_until - START}")
+        world.at(proc.paused_until, lambda: world._unpause(proc))
+        world.lasts_until(proc.paused_until)
+
+    def partition(self, live: list[_Proc]) -> None:
+        world = self.world
+        if not live:
+            return
+        proc = self.rng.choice(live)
+        proc.partitioned_until = world.now + self.rng.uniform(0.1, 2 * self.ttl)
+        world.lasts_until(proc.partitioned_until)
+        world.log(f"FAULT partition {proc.member.member_id}")
+
+    def slow(self, live: list[_Proc]) -> None:
+        world = self.world
+        world.slow_until = max(world.slow_until, world.now + self.rng.uniform(0.5, 2 * self.ttl))
+        # a reply sent just before the spell ends may take up to 1.2 ttl
+        world.lasts_until(world.slow_until + 1.2 * self.ttl)
+        world.log("FAULT slow network")
+
+    def restart(self, live: list[_Proc]) -> None:
+        world, rng = self.world, self.rng
+        if not world.store.up:
+            return
+        lose = rng.random() < 0.4
+        down = rng.uniform(0.05, 1.5 * self.ttl)
+        # The documented limit of the Redis backend (docs/backends/redis.md): a process that
+        # never saw the group and is the first to touch it after a total loss restarts the
+        # epochs. Not simulated: no data is lost while a member (live, or to be restarted) has
+        # not yet reached the group (its first join may still be on the way).
+        if any(m.incarnation == -1 for m in world.memories.values()):
+            lose = False
+        world.store.crash()
+        if lose:
+            self.data_loss_at.append(world.now)
+        world.log(f"FAULT store restart for {down:.3f}s, data lost: {lose}")
+
+        def back() -> None:
+            world.store.recover(world.now, lose_data=lose)
+            world.notify()
+
+        world.at(world.now + down, back)
+        world.lasts_until(world.now + down)
+
+    def join(self, live: list[_Proc]) -> None:
+        world = self.world
+        if not any(world.now - t < 3 * self.ttl for t in self.data_loss_at):
+            slot = f"m{len(self.slots) + 1}"
+            self.slots.append(slot)
+            world.start_member(slot)
+
+    def leave(self, live: list[_Proc]) -> None:
+        if len(live) <= 1:
+            return
+        proc = self.rng.choice(live)
+        self.world.log(f"FAULT graceful stop of {proc.member.member_id}")
+        self.world.spawn(proc, proc.member.stopper())
+
+    def control(self, live: list[_Proc]) -> None:
+        operator_fault(self.world, [p.member.member_id for p in live], sorted(self.resources))
+
+    def resources_change(self, live: list[_Proc]) -> None:
+        world, rng, resources = self.world, self.rng, self.resources
+        if rng.random() < 0.5 and len(resources) > 1:
+            del resources[rng.choice(sorted(resources))]
+        else:
+            resources[f"r{next(self.extra)}"] = 1.0
+        if world.discovery:
+            world.log(f"FAULT the source now lists {sorted(resources)}")
+            return  # the coordinator's next listing finds it
+        try:
+            world.store.update_resources(resources, world.now, world.operator)
+            world.notify()
+        except BackendUnavailable:
+            pass
 
 
 def simulate(seed: int, config: SimConfig = SimConfig(), *, trace: bool = False) -> SimResult:
