@@ -1,5 +1,5 @@
 """Chaos on real backends: faults injected, rebalances, double ownerships, lost commits and
-time to recover, from the seeded schedule of ``tests/chaos.py``.
+time to recover, from the seeded schedule of ``tests/support/chaos.py``.
 
     python benchmarks/bench_chaos.py --backend all --seconds 60 --seed 1
     python benchmarks/bench_chaos.py --backend redis --seconds 30      # a server of its own
@@ -32,11 +32,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.*: the chaos driver
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tests.chaos import ChaosConfig, ChaosReport, NoStoreFaults, StoreFaults, run_chaos
-from tests.chaos_stores import EnsembleFaults, RedisFaults, StandaloneZkFaults
-from tests.procs import MemberProcesses
 from tests.servers.redis import RedisServer
 from tests.servers.zookeeper import Ensemble, ZkServer, free_ports
+from tests.support.chaos import ChaosConfig, ChaosReport, NoStoreFaults, StoreFaults, run_chaos
+from tests.support.chaos_stores import EnsembleFaults, RedisFaults, StandaloneZkFaults
+from tests.support.procs import MemberProcesses
 
 KINDS = ("sqlite", "zookeeper", "zookeeper-standalone", "redis")
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 
 from rebalancer_spark.backends import Backend, open_backend
-from tests.helpers import SqliteMembers
+from tests.support.helpers import SqliteMembers
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # Hypothesis' per-example deadline (200 ms) measures the machine's load, not the code: CI shares

@@ -14,7 +14,7 @@ from rebalancer_spark import Member, MemberConfig
 from rebalancer_spark.audit import DeltaAuditLog, load_events, verify_table
 from rebalancer_spark.audit.delta import AUDIT_COLUMNS, CHAIN_COLUMNS, audit_schema
 from rebalancer_spark.core.events import EventKind, OwnershipEvent
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 @pytest.fixture

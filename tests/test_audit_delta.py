@@ -31,7 +31,7 @@ from rebalancer_spark.audit import (
 from rebalancer_spark.audit.reader import delta_reader_available
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 from rebalancer_spark.core.events import EventKind, OwnershipEvent
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "verify_audit.py"
 T0 = 1_790_000_000.0

@@ -14,7 +14,7 @@ import pytest
 
 from rebalancer_spark.audit import DeltaAuditLog, load_events, verify_table
 from rebalancer_spark.audit.outbox import Outbox, orphans, pending_batches, table_dir
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 T0 = 1_790_000_000.0
 

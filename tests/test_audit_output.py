@@ -17,7 +17,8 @@ from rebalancer_spark.audit.output_check import parse_history, verify_output
 from rebalancer_spark.cli import main
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 from rebalancer_spark.core.output_rules import OutputCommit, check_commits, grants
-from tests.audit_tables import (
+from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
+from tests.support.audit_tables import (
     GROUP,
     OutputTable,
     as_events,
@@ -25,7 +26,6 @@ from tests.audit_tables import (
     write_audit,
     write_log_commits,
 )
-from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
 
 
 @pytest.fixture

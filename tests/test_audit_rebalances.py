@@ -11,7 +11,7 @@ import pytest
 from rebalancer_spark.audit import basis_notes, rebalances
 from rebalancer_spark.audit.rows import load_rows
 from rebalancer_spark.cli import main
-from tests.audit_tables import as_events, row, write_audit
+from tests.support.audit_tables import as_events, row, write_audit
 
 T0 = 1_790_000_000.0
 

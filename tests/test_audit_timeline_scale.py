@@ -15,7 +15,7 @@ from matplotlib.image import imread
 from rebalancer_spark.audit.timeline import member_colours, save_timeline, timeline_figure
 from rebalancer_spark.cli import main
 from rebalancer_spark.core.errors import ConfigurationError
-from tests.audit_tables import as_events, row, write_audit
+from tests.support.audit_tables import as_events, row, write_audit
 
 T0 = 1_790_000_000.0
 

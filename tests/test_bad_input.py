@@ -37,7 +37,7 @@ from rebalancer_spark.core.urls import parse_backend_url
 from rebalancer_spark.member import Member
 from rebalancer_spark.spark.layers import spark_conf_options
 from rebalancer_spark.spark.options import resolve
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 SECRET = "Zq7-hunter2-secret"  # noqa: S105 (a test value)
 """A password no generated text can contain by chance (hypothesis text has no 'Zq7-h...')."""

@@ -1,6 +1,7 @@
 """Chaos on every backend: random kill -9, SIGSTOP past the lease, coordinator loss and store
 faults (a ZooKeeper ensemble's leader killed, Redis restarted without persistence or paused),
-seeded, against real member processes. See tests/chaos.py for the schedule and the invariants.
+seeded, against real member processes. See tests/support/chaos.py for the schedule and the
+invariants.
 
 The seed is printed (``-s``) and named in every failure; ``RB_CHAOS_SEED=N`` replays a
 schedule (the faults and their timing, not the threads' interleaving), ``RB_CHAOS_SEED=random``
@@ -17,18 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import (
+from tests.servers.redis import RedisServer
+from tests.servers.zookeeper import Ensemble
+from tests.support.chaos import (
     ChaosConfig,
     ChaosReport,
     NoStoreFaults,
     StoreFaults,
     run_chaos,
 )
-from tests.chaos_invariants import count_lost_commits
-from tests.chaos_stores import EnsembleFaults, RedisFaults
-from tests.procs import MemberProcesses
-from tests.servers.redis import RedisServer
-from tests.servers.zookeeper import Ensemble
+from tests.support.chaos_invariants import count_lost_commits
+from tests.support.chaos_stores import EnsembleFaults, RedisFaults
+from tests.support.procs import MemberProcesses
 
 SECONDS = float(os.environ.get("RB_CHAOS_SECONDS", "15"))
 TTL = 3.0

@@ -24,8 +24,8 @@ import pytest
 from rebalancer_spark.audit import load_events
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core.model import GroupState
-from tests.helpers import wait_for
-from tests.procs import MemberProcesses
+from tests.support.helpers import wait_for
+from tests.support.procs import MemberProcesses
 
 TTL = 4.0
 RESOURCES = [f"r{i:02d}" for i in range(12)]

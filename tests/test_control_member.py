@@ -12,7 +12,7 @@ from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent, Pr
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.core.model import GroupState, Resource
 from rebalancer_spark.member.control import ControlRefused, GroupControl
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 RESOURCES = [f"r{i:02d}" for i in range(8)]
 

@@ -19,7 +19,7 @@ from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.delta_commit import DeltaCommitter, Landing, Mark, app_id
 from rebalancer_spark.spark.outputs import DeltaOutput, ParquetOutput
-from tests.helpers import SqliteMembers, assigned_source, read_delta, wait_for
+from tests.support.helpers import SqliteMembers, assigned_source, read_delta, wait_for
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"

@@ -31,7 +31,7 @@ from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.watchdog import DEAD_DRIVER_EXIT
 from rebalancer_spark.testing.spark_demo import SCHEMA, generate_landing
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 

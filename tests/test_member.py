@@ -34,7 +34,7 @@ from rebalancer_spark.core.model import Grant, GroupState, Resource
 from rebalancer_spark.core.protocols import MemberView
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.state import TRANSITIONS, MemberState
-from tests.helpers import FlakyStore, wait_for
+from tests.support.helpers import FlakyStore, wait_for
 
 RESOURCES = [f"r{i:02d}" for i in range(12)]
 

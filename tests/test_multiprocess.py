@@ -19,8 +19,8 @@ from rebalancer_spark.backends import Capability, Session, open_backend
 from rebalancer_spark.core.assignors import minimum_moves, moved
 from rebalancer_spark.core.errors import FencedError
 from rebalancer_spark.core.model import GroupState
-from tests.helpers import wait_for
-from tests.procs import MemberProcesses
+from tests.support.helpers import wait_for
+from tests.support.procs import MemberProcesses
 
 pytestmark = pytest.mark.slow
 

@@ -224,8 +224,8 @@ def test_the_notebook_shows_rebalances_by_generation_and_a_group_owning_nothing(
     """A table with the chain columns and the coordinator's rebalance rows: rebalances listed
     by generation with their trigger, no clustering note; every resource released at the end,
     so nobody owns anything now (said in words, no empty pandas object printed)."""
-    from tests.audit_tables import row as chain_row
-    from tests.audit_tables import write_audit
+    from tests.support.audit_tables import row as chain_row
+    from tests.support.audit_tables import write_audit
     from tests.test_audit_rebalances import T0, pin_then_drain
 
     audit = str(tmp_path / "audit")

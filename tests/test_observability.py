@@ -26,7 +26,7 @@ from rebalancer_spark.member.logfields import (
     configure_logging,
     member_logger,
 )
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 GROUP = "metered"
 RESOURCES = [f"r{i}" for i in range(6)]

@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.spark.packages import spark_submit_command
-from tests.helpers import JOB_CONF, wait_for
 from tests.servers.cloud import RabbitMq, SqsPrefix
+from tests.support.helpers import JOB_CONF, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from rebalancer_spark.spark.delta_commit import Landing
 from rebalancer_spark.spark.outputs import DeltaOutput
 from rebalancer_spark.spark.queue_loop import QueueLoop
 from rebalancer_spark.spark.queue_output import QueueOutput, Transform
-from tests.helpers import FlakyStore, read_delta, wait_for
 from tests.servers.cloud import RabbitMq, SqsPrefix
+from tests.support.helpers import FlakyStore, read_delta, wait_for
 
 # pyspark's collect() leaves its local socket to the garbage collector (tests/test_audit_delta.py)
 pytestmark = pytest.mark.filterwarnings(

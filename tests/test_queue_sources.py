@@ -26,8 +26,8 @@ from rebalancer_spark.core.model import Resource
 from rebalancer_spark.sources.queues import DedupeRule, QueueMessage, depth_weight
 from rebalancer_spark.sources.rabbitmq import RabbitMqSource
 from rebalancer_spark.sources.sqs import SqsSource
-from tests.helpers import wait_for
 from tests.servers.cloud import RabbitMq, RabbitMqNode, SqsPrefix
+from tests.support.helpers import wait_for
 
 
 def _bodies(n: int, tag: str = "m") -> list[tuple[str | None, bytes]]:

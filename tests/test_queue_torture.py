@@ -33,8 +33,8 @@ import pytest
 from deltalake import DeltaTable
 
 from rebalancer_spark.audit import verify_table
-from tests.helpers import wait_for
 from tests.servers.cloud import RabbitMq, SqsPrefix
+from tests.support.helpers import wait_for
 
 QUEUES = 6
 PER_QUEUE = 200

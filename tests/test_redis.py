@@ -41,9 +41,9 @@ from rebalancer_spark.core.model import (
     Resource,
     grant_epochs,
 )
-from tests.helpers import wait_for
-from tests.procs import MemberProcesses
 from tests.servers.redis import AclServer, RedisServer, TlsServer
+from tests.support.helpers import wait_for
+from tests.support.procs import MemberProcesses
 
 TTL = 30.0
 T = TypeVar("T")

@@ -15,9 +15,9 @@ from rebalancer_spark.audit import verify_table
 from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.sources.s3.spark_read import configure_s3a
-from tests.helpers import read_delta, wait_for
 from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
-from tests.spark_jobs import REPO, SparkJobs
+from tests.support.helpers import read_delta, wait_for
+from tests.support.spark_jobs import REPO, SparkJobs
 
 pytestmark = [
     pytest.mark.slow,

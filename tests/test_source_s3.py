@@ -17,8 +17,8 @@ from rebalancer_spark import Member, MemberConfig
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.sources import open_source
 from rebalancer_spark.sources.s3 import S3Source
-from tests.helpers import wait_for
 from tests.servers.cloud import S3Bucket
+from tests.support.helpers import wait_for
 
 
 def _url(bucket: S3Bucket, prefix: str = "root/", **options: str) -> str:

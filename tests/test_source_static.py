@@ -13,7 +13,7 @@ from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources import SOURCES, ResourceSource, open_source
 from rebalancer_spark.sources.static import StaticSource
 from rebalancer_spark.spark.options import JobConfig, parse_command_line, resolve
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 MEMBER = MemberConfig(group="g", backend="sqlite:///tmp/unused.db")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rebalancer_spark.testing.spark_demo import DemoReport, run_demo
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.session import assigned_sources, start
 from rebalancer_spark.spark.source import AssignedSource
-from tests.helpers import SqliteMembers, assigned_source, read_delta, wait_for
+from tests.support.helpers import SqliteMembers, assigned_source, read_delta, wait_for
 
 # Spark's collect() leaves its local socket to the garbage collector.
 pytestmark = pytest.mark.filterwarnings(

@@ -17,8 +17,8 @@ from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.sources.s3.spark_read import s3a_available, s3a_paths
 from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.source import AssignedSource, FileBatch
-from tests.helpers import SqliteMembers, assigned_source
 from tests.servers.cloud import SECRET_KEY, MotoServer, S3Bucket
+from tests.support.helpers import SqliteMembers, assigned_source
 
 
 def _read(spark: Any, src: AssignedSource) -> Any:

@@ -13,8 +13,8 @@ import pytest
 
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.spark.packages import spark_submit_command
-from tests.helpers import JOB_CONF, wait_for
 from tests.servers.cloud import ACCESS_KEY, REGION, SECRET_KEY, S3Bucket
+from tests.support.helpers import JOB_CONF, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.session import RebalancerNode, start
 from rebalancer_spark.spark.streaming import StreamManager, StreamStats, read_stream_output
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"

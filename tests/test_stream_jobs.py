@@ -19,7 +19,7 @@ from rebalancer_spark.audit import verify_table
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.spark.packages import spark_submit_command
 from rebalancer_spark.spark.streaming import read_stream_output
-from tests.helpers import JOB_CONF, wait_for
+from tests.support.helpers import JOB_CONF, wait_for
 
 pytestmark = [
     pytest.mark.slow,

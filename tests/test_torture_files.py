@@ -25,8 +25,8 @@ import pytest
 from rebalancer_spark.audit import verify_table
 from rebalancer_spark.audit.output_check import verify_output
 from rebalancer_spark.testing.spark_demo import SCHEMA, generate_landing
-from tests.helpers import wait_for
-from tests.spark_jobs import REPO, SparkJobs
+from tests.support.helpers import wait_for
+from tests.support.spark_jobs import REPO, SparkJobs
 
 pytestmark = pytest.mark.slow
 

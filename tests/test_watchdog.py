@@ -20,7 +20,7 @@ from rebalancer_spark.spark.watchdog import (
     parent_changed,
     watch_driver,
 )
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 class Verdicts:

@@ -45,9 +45,9 @@ from rebalancer_spark.core.model import (
     validate_resource_id,
 )
 from rebalancer_spark.core.urls import parse_backend_url
-from tests.helpers import wait_for
-from tests.procs import MemberProcesses
 from tests.servers.zookeeper import Ensemble, TcpProxy, ZkServer, free_ports
+from tests.support.helpers import wait_for
+from tests.support.procs import MemberProcesses
 
 TTL = 2.0
 ETTL = 3.0

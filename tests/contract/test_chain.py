@@ -11,7 +11,7 @@ import time
 
 from rebalancer_spark.backends import Backend, Session
 from rebalancer_spark.core.model import Freed, Grant, Phase
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 TTL = 30.0
 SHORT_TTL = 0.6

@@ -15,7 +15,7 @@ import pytest
 from rebalancer_spark.backends import Backend, Session
 from rebalancer_spark.core.errors import FencedError, MemberIdInUse, SessionExpired
 from rebalancer_spark.core.model import Phase, Resource, grant_epochs
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 TTL = 30.0
 SHORT_TTL = 0.6

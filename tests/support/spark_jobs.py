@@ -15,9 +15,9 @@ from pathlib import Path
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.packages import spark_submit_command
-from tests.helpers import JOB_CONF
+from tests.support.helpers import JOB_CONF
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import BackendError
 from rebalancer_spark.core.model import GroupState
 from rebalancer_spark.testing import member_process
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 class MemberProcesses:

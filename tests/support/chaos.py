@@ -1,9 +1,9 @@
 """A seeded chaos schedule against real member processes and a real store.
 
-:func:`run_chaos` starts ``members`` member processes (``tests/procs.py`` MemberProcesses, each
-committing a counter per owned resource every 20 ms, writing its JSON-lines trail and the Delta
-audit table), waits for a stable group, then for ``seconds`` injects random faults at random
-(seeded) intervals:
+:func:`run_chaos` starts ``members`` member processes (``tests/support/procs.py``
+MemberProcesses, each committing a counter per owned resource every 20 ms, writing its
+JSON-lines trail and the Delta audit table), waits for a stable group, then for ``seconds``
+injects random faults at random (seeded) intervals:
 
 * ``kill -9`` of a random member, restarted later under the same static id;
 * ``kill -9`` of the coordinator (leader loss on our side), restarted the same way;
@@ -50,9 +50,9 @@ from typing import Any, Protocol
 
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.core.errors import BackendError
-from tests.chaos_invariants import check, every_resource_committed
-from tests.helpers import wait_for
-from tests.procs import MemberProcesses
+from tests.support.chaos_invariants import check, every_resource_committed
+from tests.support.helpers import wait_for
+from tests.support.procs import MemberProcesses
 
 
 class StoreFaults(Protocol):

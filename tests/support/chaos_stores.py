@@ -1,4 +1,4 @@
-"""The store faults of ``tests/chaos.py`` for the servers of ``tests/servers``."""
+"""The store faults of ``tests/support/chaos.py`` for the servers of ``tests/servers``."""
 
 from __future__ import annotations
 

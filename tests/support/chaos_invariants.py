@@ -1,5 +1,5 @@
-"""The invariants of a chaos run (``tests/chaos.py``), from independent witnesses: the member
-trails, the Delta audit table and the store's progress."""
+"""The invariants of a chaos run (``tests/support/chaos.py``), from independent witnesses:
+the member trails, the Delta audit table and the store's progress."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core import audit
-from tests.procs import MemberProcesses
+from tests.support.procs import MemberProcesses
 
 if TYPE_CHECKING:
-    from tests.chaos import ChaosReport
+    from tests.support.chaos import ChaosReport
 
 
 def count_lost_commits(
