@@ -149,6 +149,7 @@ def assigned_source(
     resource: str,
     source: FileSource,
     output: Output | None = None,
+    changed: Callable[[int, str], None] | None = None,
     **read: Any,
 ) -> AssignedSource:
     """``resource`` as the job of ``member`` works on it, once ``member`` owns it: an
@@ -177,6 +178,7 @@ def assigned_source(
         who={"member_id": member.member_id, "session_id": session.session_id if session else ""},
         output=output,
         read=ReadSettings(**settings),
+        changed=changed,
     )
 
 

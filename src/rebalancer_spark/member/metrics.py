@@ -23,6 +23,9 @@ what each alert means):
   owned the resource (found locally, or by the store: the latter also emit a ``fenced``
   event);
 * ``rebalancer_lease_renew_seconds``: time a successful lease renewal took;
+* ``rebalancer_changed_files_total{action}``: processed files found rewritten under the same
+  name by this member's Spark job (``action`` = ``ignored`` or ``reread``, the file source's
+  ``on_change`` option);
 * ``rebalancer_discovery_failing``: 1 while the coordinator's last listing of the source failed
   (the group keeps its resource set meanwhile; ``Member.discovery_error`` says why).
 
@@ -143,6 +146,13 @@ class MemberMetrics:
             buckets=_RENEW_BUCKETS,
             registry=self.registry,
         ).labels(*values)
+        self._changed = Counter(
+            "rebalancer_changed_files",
+            "processed files found rewritten under the same name",
+            (*labels, "action"),
+            registry=self.registry,
+        )
+        self._values = values
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
 
@@ -155,6 +165,10 @@ class MemberMetrics:
     def refused_write(self) -> None:
         """A commit was refused: the member no longer owned the resource at that epoch."""
         self._fenced.inc()
+
+    def changed_files(self, count: int, action: str) -> None:
+        """``count`` processed files were found rewritten; ``action``: ignored or reread."""
+        self._changed.labels(*self._values, action).inc(count)
 
     def rebalanced(self, seconds: float, moved: int) -> None:
         """A target was published ``seconds`` after the first change, moving ``moved``."""

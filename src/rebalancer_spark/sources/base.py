@@ -21,12 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.core.model import Resource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FileEntry", "FileSource", "ResourceSource"]
+__all__ = ["ON_CHANGE", "FileEntry", "FileSource", "ResourceSource", "check_on_change"]
 
 
 class ResourceSource(abc.ABC):
@@ -41,15 +42,36 @@ class ResourceSource(abc.ABC):
 
 @dataclass(frozen=True, slots=True, order=True)
 class FileEntry:
-    """One input file of a resource: its name relative to the resource, size and mtime."""
+    """One input file of a resource: its name relative to the resource, size and mtime, and
+    ``version``, what changes when the file is rewritten under the same name (the ETag on
+    S3, the modification time in nanoseconds on a share; empty: ``modified`` stands in)."""
 
     name: str
     size: int
     modified: float
+    version: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        """Size and version as one string: a different fingerprint under the same name means
+        the file was replaced after it was seen."""
+        return f"{self.size}:{self.version or repr(self.modified)}"
+
+
+ON_CHANGE = ("ignore", "reread")
+"""What a file source does with a processed file found rewritten under the same name (its
+``on_change`` URL option): ``ignore`` it (the default) or ``reread`` it in a new batch."""
 
 
 class FileSource(ResourceSource):
-    """A source whose resources hold files."""
+    """A source whose resources hold files.
+
+    ``on_change`` (one of :data:`ON_CHANGE`, from the source's URL option of that name) says
+    what the Spark glue does with a file already processed that is listed again with another
+    :attr:`FileEntry.fingerprint`: ``ignore`` (default) or ``reread``; either way it warns
+    and counts it."""
+
+    on_change: str = "ignore"
 
     @abc.abstractmethod
     def files(self, resource: str) -> list[FileEntry]:
@@ -78,3 +100,14 @@ class FileSource(ResourceSource):
         """Set what ``spark`` needs to write next to this source (S3: the bucket's endpoint
         and credentials), before an output opens; the default sets nothing."""
         return None
+
+
+def check_on_change(value: str, shown_url: str) -> str:
+    """``value`` of a file source's ``on_change`` option, checked."""
+    if value not in ON_CHANGE:
+        raise ConfigurationError(
+            f"option on_change={value!r} of source {shown_url!r} is unknown: use ignore (the "
+            "default: a processed file rewritten under the same name is not read again) or "
+            "reread (it is read again in a new batch)"
+        )
+    return value

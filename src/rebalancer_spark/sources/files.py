@@ -14,8 +14,13 @@ Rules, so that a half-written file is never read:
   over the id size limit) is **skipped with a warning** naming it, so that one badly named
   directory does not stop the discovery of every other resource; rename it to have it picked up;
 * a resource's weight is 1, or its number of bytes with the URL option ``weight=bytes``
-  (``file:///dir/?weight=bytes``; ``weight=none`` is the default). That is the only option:
-  any other is refused.
+  (``file:///dir/?weight=bytes``; ``weight=none`` is the default);
+* a file processed already and then replaced under the same name (another size or
+  modification time) is not read again with ``on_change=ignore`` (the default) and is read
+  again, in a new batch, with ``on_change=reread`` (``file:///dir/?on_change=reread``); either
+  way a warning is logged and the file counted (docs/sources.md).
+
+Those two are the only options: any other is refused.
 
 :meth:`FileShareSource.location` is a ``file:`` URL holding the directory's path as it is (not
 percent-encoded): Hadoop's ``Path`` takes a string's characters literally, so names with
@@ -32,13 +37,13 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
-from rebalancer_spark.sources.base import FileEntry, FileSource
+from rebalancer_spark.sources.base import FileEntry, FileSource, check_on_change
 
 __all__ = ["FileShareSource"]
 
 log = logging.getLogger("rebalancer_spark.sources.files")
 
-OPTIONS = ("weight",)
+OPTIONS = ("on_change", "weight")
 WEIGHTS = ("none", "bytes")
 
 
@@ -90,6 +95,7 @@ class FileShareSource(FileSource):
         self.url = url
         self.root = Path(unquote(parts.path))
         self.weight = weight
+        self.on_change = check_on_change(options.get("on_change", "ignore"), url)
 
     def _resource_dir(self, resource: str) -> Path:
         path = (self.root / resource).resolve()
@@ -142,7 +148,12 @@ class FileShareSource(FileSource):
                     except FileNotFoundError:
                         continue  # removed while listing
                     found.append(
-                        FileEntry(str(full.relative_to(base)), stat.st_size, stat.st_mtime)
+                        FileEntry(
+                            str(full.relative_to(base)),
+                            stat.st_size,
+                            stat.st_mtime,
+                            str(stat.st_mtime_ns),
+                        )
                     )
         except OSError as exc:
             raise SourceError(

@@ -16,9 +16,14 @@ A pipeline adds flags of its own next to ours with ``add_arguments`` (an argpars
 group); their values are ``ctx.args``. ``--log-format json`` and every other option work the
 same in it.
 
-Exit codes: 0 after a clean stop, 2 for bad options or a source that cannot be opened (one
-line on stderr saying what to fix), 3 when the Spark JVM died or the SparkContext was stopped
-under the running node (its resources given up at once; see :mod:`.watchdog`).
+Before the source is opened or the group joined, the paths are checked
+(:mod:`.path_check`): output and audit apart, neither inside a file source nor it inside them,
+no audit table among other files.
+
+Exit codes: 0 after a clean stop, 2 for bad options, overlapping paths or a source that cannot
+be opened (one line on stderr saying what to fix), 3 when the Spark JVM died or the
+SparkContext was stopped under the running node (its resources given up at once; see
+:mod:`.watchdog`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.job_config import JobConfig
 from rebalancer_spark.spark.layers import AddArguments, parse_job_command_line
 from rebalancer_spark.spark.options import resolve, spark_conf_options
+from rebalancer_spark.spark.path_check import check_job_paths
 from rebalancer_spark.spark.session import RebalancerNode, start
 
 if TYPE_CHECKING:
@@ -96,6 +102,7 @@ def job_main(
         source_url, output = _required(job, prog, schemes)
         if check is not None:
             check(job)
+        check_job_paths(job)
         source = make_source(source_url)
         print(job.describe(), flush=True)
         node = start(spark, job, source)

@@ -201,7 +201,13 @@ class RebalancerNode:
             read=ReadSettings(
                 job.format, job.schema, dict(job.read_options), job.max_files_per_batch
             ),
+            changed=self._changed_files,
         )
+
+    def _changed_files(self, count: int, action: str) -> None:
+        metrics = self.member.metrics
+        if metrics is not None:
+            metrics.changed_files(count, action)
 
     def flush_audit(self) -> None:
         """Wait (at most 30 s) until the audit table holds every ownership event so far: call

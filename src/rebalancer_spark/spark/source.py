@@ -4,7 +4,19 @@ For a file source (any :class:`~rebalancer_spark.sources.base.FileSource`: a sha
 directories, S3 sub-prefixes) the progress of a resource is, with file names relative to the
 resource (paths under a directory, keys under a sub-prefix)::
 
-    {"done": ["a.csv", "sub/b.csv"], "batch": {"id": 7, "files": ["c.csv"]} | null, "next": 8}
+    {"done": ["a.csv", "sub/b.csv"], "batch": {"id": 7, "files": ["c.csv"]} | null, "next": 8,
+     "versions": {"a.csv": "120:1732...", ...}, "changed_files": 0}
+
+``versions`` holds the :attr:`~rebalancer_spark.sources.base.FileEntry.fingerprint` (size and
+modification time, or ETag) each done file had when it was planned (a planned batch carries its
+files' fingerprints too), and ``changed_files`` counts the done files found listed again with
+another fingerprint (rewritten under the same name). The source's ``on_change`` option says
+what then happens: ``ignore`` records the new fingerprint so the change is reported once, and
+the file is not read again; ``reread`` takes the file out of ``done``, so the next batch plans
+it, once per change, fenced like any batch. Either way the job logs a warning and counts it in
+the member's metrics. Both keys are optional: a record written before them (no ``versions``)
+is read as it is, and its done files get their fingerprints recorded the first time they are
+listed, without counting as changed.
 
 and work goes in **batches** (:class:`~rebalancer_spark.spark.batch.Batch`), which is what
 makes file processing exactly-once:
@@ -31,12 +43,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from rebalancer_spark.core.errors import CorruptStateError, FencedError, RebalancerError
 from rebalancer_spark.core.model import JsonValue
-from rebalancer_spark.sources.base import FileSource, ResourceSource
+from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,10 +63,18 @@ log = logging.getLogger("rebalancer_spark.ingest")
 
 @dataclass(frozen=True, slots=True)
 class FileBatch:
-    """The files of one batch of one resource, under a batch id that never changes."""
+    """The files of one batch of one resource, under a batch id that never changes, and the
+    fingerprints they had when the batch was planned (empty in records of earlier versions)."""
 
     id: int
     files: tuple[str, ...]
+    versions: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "files": list(self.files)}
+        if self.versions:
+            out["versions"] = dict(sorted(self.versions.items()))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +92,8 @@ class _FileProgress:
     done: frozenset[str]
     batch: FileBatch | None
     next: int
+    versions: Mapping[str, str] = field(default_factory=dict)
+    changed_files: int = 0
 
     @classmethod
     def parse(cls, resource: str, value: JsonValue) -> _FileProgress:
@@ -81,8 +103,14 @@ class _FileProgress:
             batch = value.get("batch")
             return cls(
                 frozenset(str(f) for f in value["done"]),
-                None if batch is None else FileBatch(int(batch["id"]), tuple(batch["files"])),
+                None
+                if batch is None
+                else FileBatch(
+                    int(batch["id"]), tuple(batch["files"]), _versions(batch.get("versions"))
+                ),
                 int(value["next"]),
+                _versions(value.get("versions")),
+                int(value.get("changed_files", 0)),
             )
         except (AttributeError, KeyError, TypeError, ValueError):
             raise CorruptStateError(
@@ -94,14 +122,24 @@ class _FileProgress:
     def as_json(self, extra: JsonValue = None) -> JsonValue:
         out: dict[str, Any] = {
             "done": sorted(self.done),
-            "batch": None
-            if self.batch is None
-            else {"id": self.batch.id, "files": list(self.batch.files)},
+            "batch": None if self.batch is None else self.batch.as_json(),
             "next": self.next,
         }
+        if self.versions:
+            out["versions"] = {k: self.versions[k] for k in sorted(self.versions)}
+        if self.changed_files:
+            out["changed_files"] = self.changed_files
         if extra is not None:
             out["extra"] = extra
         return out
+
+
+def _versions(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError("versions is not a mapping")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 class AssignedSource:
@@ -121,7 +159,11 @@ class AssignedSource:
         who: Mapping[str, str],
         output: Output | None = None,
         read: ReadSettings | None = None,
+        changed: Callable[[int, str], None] | None = None,
     ) -> None:
+        """``changed(count, action)`` is told of processed files found rewritten under the
+        same name (``action``: ``ignored`` or ``reread``), after the progress recorded them:
+        the node counts them in the member's metrics."""
         self.group = group
         self.resource = resource
         self.epoch = epoch
@@ -134,6 +176,7 @@ class AssignedSource:
         self._commit = commit
         self._owns = owns
         self._before_first_read = before_first_read
+        self._changed = changed
         self._first = True
 
     def __repr__(self) -> str:
@@ -198,12 +241,16 @@ class AssignedSource:
         elif state.batch is not None and self.output is not None:
             state = self._skip_landed(state, self.output.landed(self.resource))
         if state.batch is None:
-            pending = self.pending_files()[: self.read_settings.max_files_per_batch]
+            listed = self.files_source().files(self.resource)
+            state = self._take_changes(state, listed)
+            pending = [f for f in listed if f.name not in state.done]
+            pending = pending[: self.read_settings.max_files_per_batch]
             if not pending:
                 return None
             self._start_work()
-            batch = FileBatch(state.next, tuple(pending))
-            self._store(_FileProgress(state.done, batch, state.next + 1).as_json())
+            names = tuple(f.name for f in pending)
+            batch = FileBatch(state.next, names, {f.name: f.fingerprint for f in pending})
+            self._store(replace(state, batch=batch, next=state.next + 1).as_json())
             state = _FileProgress.parse(self.resource, self.progress)
         assert state.batch is not None
         return Batch(self, spark, state.batch)
@@ -212,6 +259,58 @@ class AssignedSource:
         if self._first:
             self._before_first_read()
             self._first = False
+
+    def _take_changes(self, state: _FileProgress, listed: list[FileEntry]) -> _FileProgress:
+        """Compare the listed files with the fingerprints of the done ones: record the missing
+        fingerprints (records of earlier versions), and handle files rewritten under the same
+        name by the source's ``on_change`` (see the module docstring). Commits, fenced, only
+        when something is new; warns and counts after the commit."""
+        versions = dict(state.versions)
+        changed: list[FileEntry] = []
+        for entry in listed:
+            if entry.name not in state.done:
+                continue
+            seen = versions.get(entry.name)
+            if seen is None:
+                versions[entry.name] = entry.fingerprint
+            elif seen != entry.fingerprint:
+                changed.append(entry)
+        if not changed and versions == state.versions:
+            return state
+        self.check_owner()
+        reread = self.files_source().on_change == "reread"
+        done = state.done
+        if reread:
+            done = done - {e.name for e in changed}
+            for entry in changed:
+                del versions[entry.name]
+        else:
+            versions.update((e.name, e.fingerprint) for e in changed)
+        self._store(
+            replace(
+                state,
+                done=done,
+                versions=versions,
+                changed_files=state.changed_files + len(changed),
+            ).as_json()
+        )
+        action = "reread" if reread else "ignored"
+        for entry in changed:
+            log.warning(
+                "%s: %s was rewritten under the same name after it was processed (%s, now "
+                "%s); on_change=%s: %s",
+                self,
+                entry.name,
+                state.versions[entry.name],
+                entry.fingerprint,
+                "reread" if reread else "ignore",
+                "it is read again in a new batch"
+                if reread
+                else "it is not read again (add ?on_change=reread to the source to read it)",
+            )
+        if changed and self._changed is not None:
+            self._changed(len(changed), action)
+        return _FileProgress.parse(self.resource, self.progress)
 
     def _skip_landed(self, state: _FileProgress, landed: int | None) -> _FileProgress:
         if state.batch is None or landed is None or landed < state.batch.id:
@@ -233,7 +332,8 @@ class AssignedSource:
                 f"({None if state.batch is None else state.batch.id}): it was committed already"
             )
         done = state.done | frozenset(batch.files)
-        self._store(_FileProgress(done, None, state.next).as_json(extra))
+        versions = {**state.versions, **state.batch.versions}
+        self._store(replace(state, done=done, batch=None, versions=versions).as_json(extra))
 
     # -- committing ------------------------------------------------------------------------
 

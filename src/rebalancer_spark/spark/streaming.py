@@ -214,6 +214,12 @@ class StreamManager:
                 f"streaming needs a file source to read each resource from, got "
                 f"{node.job.source!r}: give the job --source file:///dir/"
             )
+        if node.source.on_change == "reread":
+            raise RebalancerError(
+                f"source {node.job.source!r} asks on_change=reread, which streaming cannot do: "
+                "Spark's file stream reads each path once; remove the option, or use the batch "
+                "job (jobs/ingest_files.py) to re-read rewritten files"
+            )
         inferred = spark.conf.get("spark.sql.streaming.schemaInference", "false") == "true"
         if node.job.schema is None and not inferred:
             raise RebalancerError(

@@ -17,6 +17,9 @@ URL options (query string), each at most once; anything else is refused:
                     (see :mod:`.spark_read`)
 ``connect_timeout`` seconds per connection attempt (default 5)
 ``retries``         attempts per request, standard boto3 retry mode (default 3)
+``on_change``       ``ignore`` (default) or ``reread``: what to do with an object processed
+                    already and then rewritten under the same key (another size or ETag);
+                    either way a warning is logged and the object counted
 ==================  ======================================================================
 
 Credentials come from the standard boto3 chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
@@ -48,7 +51,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
 from rebalancer_spark.core.urls import redact_url
-from rebalancer_spark.sources.base import FileEntry, FileSource
+from rebalancer_spark.sources.base import FileEntry, FileSource, check_on_change
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -62,6 +65,7 @@ log = logging.getLogger("rebalancer_spark.sources.s3")
 OPTIONS = (
     "connect_timeout",
     "endpoint_url",
+    "on_change",
     "page_size",
     "profile",
     "reader",
@@ -136,6 +140,7 @@ class S3Source(FileSource):
         self.profile = options.get("profile") or None
         self.weight = options.get("weight", "none")
         self.reader = options.get("reader", "auto")
+        self.on_change = check_on_change(options.get("on_change", "ignore"), shown)
         for name, value, allowed in (
             ("weight", self.weight, WEIGHTS),
             ("reader", self.reader, READERS),
@@ -311,7 +316,14 @@ class S3Source(FileSource):
                 name = str(obj["Key"])[len(base) :]
                 if not name or name.endswith("/") or any(_hidden(s) for s in name.split("/")):
                     continue
-                found.append(FileEntry(name, int(obj["Size"]), obj["LastModified"].timestamp()))
+                found.append(
+                    FileEntry(
+                        name,
+                        int(obj["Size"]),
+                        obj["LastModified"].timestamp(),
+                        str(obj.get("ETag", "")).strip('"'),
+                    )
+                )
         return sorted(found)
 
     def location(self, resource: str) -> str:
