@@ -18,8 +18,8 @@ from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.source import AssignedSource
-from tests.helpers import SqliteMembers, assigned_source
 from tests.servers.cloud import S3Bucket
+from tests.support.helpers import SqliteMembers, assigned_source
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"

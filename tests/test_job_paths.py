@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rebalancer_spark.spark.packages import spark_submit_command
-from tests.helpers import JOB_CONF
+from tests.support.helpers import JOB_CONF
 
 pytestmark = pytest.mark.slow
 
