@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from rebalancer_spark.backends import Backend, open_backend
 from tests.support.helpers import SqliteMembers
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-# Hypothesis' per-example deadline (200 ms) measures the machine's load, not the code: CI shares
-# two cores with servers and Spark, so no example is judged by its time.
-settings.register_profile("rebalancer", deadline=None)
+# Hypothesis' per-example deadline (200 ms) and its "data generation is too slow" health check
+# measure the machine's load, not the code: CI shares two cores with servers and Spark, so no
+# example is judged by its time.
+settings.register_profile("rebalancer", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("rebalancer")
 
 # The tests' default store and audit outboxes live in a directory of this run, not in the
