@@ -55,6 +55,7 @@ def test_no_seed_breaks_an_invariant_under_slow_replies_and_partitions() -> None
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 7,000 seeds: about 150 s alone, three times that on a loaded machine
 @pytest.mark.parametrize("protocol", list(ProtocolName))
 def test_many_more_seeds_break_no_invariant(protocol: ProtocolName) -> None:
     _run(protocol, range(100_000, 100_000 + 10 * SEEDS))
