@@ -291,10 +291,12 @@ class DeltaAuditLog:
         flushed = self.flush(timeout)
         if not flushed:
             with self._cond:
-                lost = self._accepted - self._written
-                self._abandon = True
+                self._abandon = True  # the writer keeps what it has not kept yet, then ends
                 self._cond.notify_all()
-            kept = self._kept >= self._accepted and self._outbox is not None
+        self._thread.join(_JOIN_TIMEOUT)
+        if not flushed:
+            with self._cond:
+                lost, kept = self._accepted - self._written, self._kept >= self._accepted
             log.error(
                 "audit log %s closed with %d events not written (last error: %s); %s",
                 _shown(self._path),
@@ -302,10 +304,9 @@ class DeltaAuditLog:
                 self.last_error,
                 f"they are kept in {self.outbox} and written by the next audit log opened on "
                 "this table from this host"
-                if kept
-                else "they are lost",
+                if kept and self._outbox is not None
+                else "those not kept in an outbox are lost",
             )
-        self._thread.join(_JOIN_TIMEOUT)
         if self._outbox is not None and not self._thread.is_alive():
             self._outbox.close(delete=flushed)
 
@@ -333,13 +334,13 @@ class DeltaAuditLog:
         while True:
             with self._cond:
                 due = self._next_batch_due()
-                if due is None:
-                    return
                 fresh = [(i, row) for _, i, row in self._pending if i > self._kept]
                 size = in_doubt if uncertain else _MAX_BATCH
                 batch = list(itertools.islice(self._pending, size)) if due else []
                 number = self._batches + 1
             self._keep(fresh)
+            if due is None:
+                return  # stopped: whatever is not in the table is in the outbox
             if not batch:
                 continue
             rows = [row for _, _, row in batch]
@@ -360,8 +361,11 @@ class DeltaAuditLog:
                 log.warning("%s; retrying in %.1f s", message, delay)
                 with self._cond:
                     self._last_error = message
-                    if self._cond.wait_for(lambda: self._abandon, timeout=delay):
-                        return
+                    abandoned = self._cond.wait_for(lambda: self._abandon, timeout=delay)
+                    fresh = [(i, row) for _, i, row in self._pending if i > self._kept]
+                if abandoned:
+                    self._keep(fresh)
+                    return
                 continue
             if failures:
                 log.info("audit table %s written again", _shown(self._path))
