@@ -15,6 +15,7 @@ from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
@@ -89,6 +90,18 @@ class FlakyStore(Backend):
 
     def _member_view(self, session: Session) -> MemberView:
         return self._reach().member_view(session)
+
+    def _head(self, group: str) -> GroupHead:
+        return self._reach().head(group)
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        return self._reach().resources(group)
+
+    def _target(self, group: str) -> Target | None:
+        return self._reach().target(group)
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        return self._reach().holders(group, sessions)
 
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         return self._reach().progress(group, resources)

@@ -47,10 +47,12 @@ from types import TracebackType
 from typing import ClassVar, Self
 
 from rebalancer_spark.core.control import Control
+from rebalancer_spark.core.coordinator import GroupView
 from rebalancer_spark.core.errors import ConfigurationError, FencedError, SessionExpired
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     JsonValue,
     Phase,
@@ -68,6 +70,7 @@ from rebalancer_spark.core.urls import BackendUrl
 __all__ = [
     "Backend",
     "Capability",
+    "GroupReader",
     "Session",
     "Watch",
     "expired",
@@ -174,6 +177,30 @@ class Backend(abc.ABC):
     def member_view(self, session: Session) -> MemberView:
         """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
         return self._member_view(session)
+
+    def head(self, group: str) -> GroupHead:
+        """The small part of the group in one consistent read (members, coordinator, control,
+        the resource set's version and the target's generation): its cost follows the members,
+        not the resources. :class:`GroupReader` builds the coordinator's view on it."""
+        validate_group(group)
+        return self._head(group)
+
+    def resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        """The group's resource set and its version, read together."""
+        validate_group(group)
+        return self._resources(group)
+
+    def target(self, group: str) -> Target | None:
+        """The current target (None if none was published), read whole and consistently."""
+        validate_group(group)
+        return self._target(group)
+
+    def holders(self, group: str, sessions: Mapping[str, str]) -> frozenset[str]:
+        """Which of ``sessions`` (member id → session id) hold at least one claim. Cheap for
+        a few members on SQLite and Redis; ZooKeeper keeps no claims per session, so there it
+        reads every claim (the coordinator asks only while a drain is unfinished)."""
+        validate_group(group)
+        return self._holders(group, dict(sessions)) if sessions else frozenset()
 
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
         """The last committed progress of each resource that has any. A member needs none of
@@ -311,6 +338,18 @@ class Backend(abc.ABC):
     def _member_view(self, session: Session) -> MemberView: ...
 
     @abc.abstractmethod
+    def _head(self, group: str) -> GroupHead: ...
+
+    @abc.abstractmethod
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]: ...
+
+    @abc.abstractmethod
+    def _target(self, group: str) -> Target | None: ...
+
+    @abc.abstractmethod
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]: ...
+
+    @abc.abstractmethod
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         """Never called with no resources."""
 
@@ -419,3 +458,79 @@ def fenced_coordinator(
         current_epoch=current_epoch,
         why=why,
     )
+
+
+class GroupReader:
+    """The coordinator's view of one group, read in proportion to what changed.
+
+    Each :meth:`read` reads the group's head (:meth:`Backend.head`: members, coordinator,
+    control, versions; its size follows the members), and the resource set or the target only
+    when the head says they changed since the copy kept here: a wake-up of an idle coordinator,
+    a join or a leave read no resource and no target at 100,000 resources. A target this
+    coordinator published itself is kept as it was written (:meth:`published`), so it is never
+    read back. Not thread-safe: one reader per coordinator thread.
+    """
+
+    def __init__(self, backend: Backend, group: str) -> None:
+        self._backend = backend
+        self._group = group
+        self._resources: tuple[int, Mapping[str, Resource]] | None = None
+        self._target: Target | None = None
+        self.reads = {"head": 0, "resources": 0, "target": 0, "holders": 0}
+        """How many reads of each kind this reader made (benchmarks, tests)."""
+
+    def read(self, member_id: str, session_id: str) -> GroupView:
+        """The group as the coordinator rules need it. A follower (the role held by another
+        live session) reads only the head: its view carries no resources and no target, which
+        :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
+        member holds the role; with the role vacant or held, everything is brought up to date."""
+        head = self._backend.head(self._group)
+        self.reads["head"] += 1
+        coordinator = head.coordinator
+        if coordinator is not None and coordinator.session_id != session_id:
+            return GroupView(
+                member_id, session_id, head.members, coordinator, {}, -1, None, head.control
+            )
+        if self._resources is None or self._resources[0] != head.resources_version:
+            self._resources = self._backend.resources(self._group)
+            self.reads["resources"] += 1
+        known = self._target
+        if head.generation == 0:
+            self._target = None
+        elif known is None or known.generation != head.generation:
+            self._target = self._backend.target(self._group)
+            self.reads["target"] += 1
+        version, resources = self._resources
+        return GroupView(
+            member_id,
+            session_id,
+            head.members,
+            head.coordinator,
+            resources,
+            version,
+            self._target,
+            head.control,
+            self._holders(head, self._target),
+        )
+
+    def _holders(self, head: GroupHead, target: Target | None) -> frozenset[str]:
+        """Drained members still present with nothing in the target: whether they hold
+        claims is the one fact of claims a coordinator needs (``drain done``)."""
+        sessions = {
+            m: rec.session_id
+            for m, rec in head.members.items()
+            if m in head.control.drain and not (target and target.assignment.get(m))
+        }
+        if not sessions:
+            return frozenset()
+        self.reads["holders"] += 1
+        return self._backend.holders(self._group, sessions)
+
+    def published(self, target: Target) -> None:
+        """Keep ``target``, which this coordinator has just published."""
+        self._target = target
+
+    def forget(self) -> None:
+        """Drop what is kept (after an error: the next read starts afresh)."""
+        self._resources = None
+        self._target = None

@@ -29,11 +29,15 @@ from rebalancer_spark.backends.redis.connection import OPTIONS
 from rebalancer_spark.backends.redis.decode import (
     CLAIM_ROW,
     decode_grant,
+    decode_head,
     decode_member_view,
     decode_progress_record,
+    decode_resources,
     decode_state,
+    decode_target,
     encode_progress_record,
     number,
+    pairs,
 )
 from rebalancer_spark.backends.redis.errors import Refusal
 from rebalancer_spark.backends.redis.keys import check_session_id, prefix
@@ -47,6 +51,7 @@ from rebalancer_spark.core.errors import ControlConflict
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
@@ -167,6 +172,37 @@ class RedisBackend(Backend):
         if decoded.incarnation and joined in ("", decoded.incarnation):
             self._memory.saw_resources(group, decoded.resources)
         return decoded.state
+
+    def _head(self, group: str) -> GroupHead:
+        decoded = decode_head(group, self._runner.run("HEAD", group, [], "reading the group"))
+        self._memory.see(group, decoded.numbers)
+        self._memory.saw_ttls(group, decoded.ttls_ms)
+        return decoded.head
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        text, incarnation, flat = self._runner.run(
+            "RESOURCES", group, [], "reading the resource set"
+        )
+        version = number(group, "resources_version", text)
+        weights = pairs(flat)
+        self._memory.see(group, [version])
+        joined = self._memory.snapshot(group).incarnation
+        if incarnation and joined in ("", str(incarnation)):
+            self._memory.saw_resources(group, weights)
+        return version, decode_resources(group, weights)
+
+    def _target(self, group: str) -> Target | None:
+        meta, flat = self._runner.run("TARGET", group, [], "reading the target")
+        target = decode_target(group, pairs(meta), flat)
+        if target is not None:
+            self._memory.see(group, [target.generation, target.coordinator_epoch])
+        return target
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        owners = {sid: m for m, sid in sessions.items()}
+        sids = [check_session_id(group, owners[sid], sid) for sid in owners]
+        found = self._runner.run("HOLDERS", group, sids, "reading which members hold claims")
+        return frozenset(owners[str(sid)] for sid in found)
 
     def _member_view(self, session: Session) -> MemberView:
         try:

@@ -32,6 +32,7 @@ from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
@@ -138,6 +139,22 @@ class SqliteBackend(Backend):
     def _member_view(self, session: Session) -> MemberView:
         with self._transaction(_READ) as db:
             return reads.member_view(db, self._clock, session)
+
+    def _head(self, group: str) -> GroupHead:
+        with self._transaction(_READ) as db:
+            return reads.head(db, self._clock, group)
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        with self._transaction(_READ) as db:
+            return reads.resources(db, group)
+
+    def _target(self, group: str) -> Target | None:
+        with self._transaction(_READ) as db:
+            return reads.target(db, group)
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        with self._transaction(_READ) as db:
+            return reads.holders(db, group, sessions)
 
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         with self._transaction(_READ) as db:

@@ -52,6 +52,7 @@ from rebalancer_spark.core.errors import (
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
@@ -204,6 +205,24 @@ class ZookeeperBackend(Backend):
         if paths is None:
             return GroupState(group, {}, None, {}, 0, None, {})
         return self._snapshot(paths).state()
+
+    def _head(self, group: str) -> GroupHead:
+        paths = self._paths(group, create=False)
+        if paths is None:
+            return GroupHead(group, {}, None, 0, 0)
+        return self._snapshot(paths).head()
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        paths = self._paths(group, create=False)
+        return (0, {}) if paths is None else self._snapshot(paths).resources()
+
+    def _target(self, group: str) -> Target | None:
+        paths = self._paths(group, create=False)
+        return None if paths is None else self._snapshot(paths).target()
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        paths = self._paths(group, create=False)
+        return frozenset() if paths is None else self._snapshot(paths).holders(sessions)
 
     def _member_view(self, session: Session) -> MemberView:
         return ownership.member_view(self._hosted(session), self.settings)

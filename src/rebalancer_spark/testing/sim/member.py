@@ -391,7 +391,7 @@ class SimMember:
         if session is not None:
             sid, memory = session.session_id, self.memory
             group: GroupState = yield Call("state", lambda s, now: s.state(now, memory))
-            view = GroupView(self.member_id, sid, group)
+            view = GroupView.of(self.member_id, sid, group)
         now = self.now()
         state, actions = rules.decide(self.coordination, view, now, self.settings)
         for _ in range(4):
@@ -408,7 +408,7 @@ class SimMember:
                 view = view.with_coordinator(record)
                 state, actions = rules.elected(state, record, view, now)
             else:
-                changed = yield from self._list(session, view.group.resources_version)
+                changed = yield from self._list(session, view.resources_version)
                 state, actions = rules.listed(state, now, changed=changed)
             self.coordination = state
             if actions and isinstance(actions[-1], WakeAt):
@@ -454,7 +454,7 @@ class SimMember:
         self, session: SimSession, action: Publish, view: GroupView
     ) -> Generator[Effect, Any, None]:
         sid, memory = session.session_id, self.memory
-        target = view.group.target
+        target = view.target
         previous = {m: set(rs) for m, rs in target.assignment.items()} if target else {}
         published: Target = yield Call(
             "publish",
