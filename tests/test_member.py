@@ -10,7 +10,6 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -819,7 +818,8 @@ def _state_of(member: Member) -> MemberState:
 def test_a_coordinator_step_reads_the_group_once_even_when_it_elects_and_lists(
     tmp_path: Any,
 ) -> None:
-    """Taking the role and listing the source used to read the group three times in one step."""
+    """Taking the role and listing the source used to read the group three times in one step;
+    now a step reads the head once, and the resource set only when its version moved."""
     url = f"sqlite://{tmp_path}/g.db"
     backend = open_backend(url)
     config = MemberConfig(group="g", backend=url, member_id="a")
@@ -829,14 +829,39 @@ def test_a_coordinator_step_reads_the_group_once_even_when_it_elects_and_lists(
         config, backend, SystemClock(), lambda: session, discover=lambda: listing
     )
     try:
-        with mock.patch.object(backend, "state", wraps=backend.state) as state:
-            assert loop.step() == 0.0  # elected, listed: the set changed, so look again now
-            assert state.call_count == 1 and loop.epoch == 1 and _role(loop) is Role.IDLE
-            loop.step()  # reads the new set once; the stability window starts
-            assert state.call_count == 2 and _role(loop) is Role.DEBOUNCING
+        assert loop.step() == 0.0  # elected, listed: the set changed, so look again now
+        assert loop.epoch == 1 and _role(loop) is Role.IDLE
+        assert loop.reads == {"head": 1, "resources": 1, "target": 0, "holders": 0}
+        loop.step()  # reads the new set once; the stability window starts
+        assert _role(loop) is Role.DEBOUNCING
+        assert loop.reads == {"head": 2, "resources": 2, "target": 0, "holders": 0}
+        loop.step()  # nothing changed: the head only
+        assert loop.reads == {"head": 3, "resources": 2, "target": 0, "holders": 0}
         assert set(backend.state("g").resources) == {"r1", "r2"}
     finally:
         backend.close()
+
+
+def test_a_join_and_a_leave_cost_the_coordinator_no_read_of_resources_or_target(
+    grp: Group,
+) -> None:
+    """The coordinator keeps the target it published and the resource set it read: members
+    coming and going are read from the group's head alone."""
+    resources = [f"r{i:03d}" for i in range(60)]
+    a = grp.start("a", resources=resources)
+    wait_for(lambda: a.is_coordinator, timeout=10, what="a to coordinate")
+    grp.wait_settled(1)
+    loop = a._coordinator
+    assert loop is not None
+    before = loop.reads
+    b = grp.start("b")
+    grp.wait_settled(2)
+    b.stop()
+    grp.wait_settled(1)
+    after = loop.reads
+    assert after["head"] > before["head"]
+    assert (after["resources"], after["target"]) == (before["resources"], before["target"])
+    assert a.is_coordinator  # the same coordinator did it all
 
 
 def _role(loop: CoordinatorLoop) -> Role:

@@ -271,3 +271,48 @@ def test_renewals_wake_nobody_and_every_change_wakes_the_watch_at_once(
             assert time.monotonic() - started < 1.0
     finally:
         watch.close()
+
+
+# -- the coordinator's partial reads agree with the whole snapshot ----------------------------
+
+
+def _agree(store: Backend, group: str) -> None:
+    whole = store.state(group)
+    head = store.head(group)
+    assert head.members == whole.members
+    assert head.coordinator == whole.coordinator
+    assert head.control == whole.control
+    assert head.resources_version == whole.resources_version
+    assert head.generation == (whole.target.generation if whole.target else 0)
+    assert store.resources(group) == (whole.resources_version, dict(whole.resources))
+    assert store.target(group) == whole.target
+
+
+def test_head_resources_target_and_holders_agree_with_the_snapshot(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    a, b = open_store(), open_store()
+    _agree(a, group)  # a group that does not exist yet
+    assert a.head(group).members == {} and a.target(group) is None
+    s1, s2 = _join(a, group, "m1"), _join(b, group, "m2")
+    epoch = _lead(a, s1)
+    _agree(a, group)
+    version = a.update_resources(group, replace=[Resource("r", 2.0), Resource("q")])
+    _agree(b, group)
+    assert a.resources(group)[0] == version == a.head(group).resources_version
+    gen = a.publish(
+        s1, epoch, {"m1": ["r"], "m2": ["q"]}, phase=Phase.RUNNING, resources_version=version
+    ).generation
+    _agree(b, group)
+    assert b.head(group).generation == gen
+    sessions = {"m1": s1.session_id, "m2": s2.session_id}
+    assert a.holders(group, sessions) == frozenset()
+    a.claim(s1, ["r"], gen)
+    assert a.holders(group, sessions) == {"m1"}
+    b.claim(s2, ["q"], gen)
+    assert b.holders(group, sessions) == {"m1", "m2"}
+    assert b.holders(group, {"m2": s2.session_id}) == {"m2"}
+    a.release(s1, {"r": 1})
+    assert a.holders(group, sessions) == {"m2"}
+    assert a.holders(group, {}) == frozenset()
+    _agree(a, group)
