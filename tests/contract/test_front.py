@@ -316,3 +316,44 @@ def test_head_resources_target_and_holders_agree_with_the_snapshot(
     assert a.holders(group, sessions) == {"m2"}
     assert a.holders(group, {}) == frozenset()
     _agree(a, group)
+
+
+def test_a_target_published_as_a_change_reads_back_whole(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    """``publish(previous=…)`` writes the difference where the store still holds that
+    generation, and the whole target where it does not: either way the target reads back as
+    the assignment given."""
+    store, other = open_store(), open_store()
+    s1 = _join(store, group, "m1")
+    s2 = _join(other, group, "m2")
+    epoch = _lead(store, s1)
+    ids = [f"r{i}" for i in range(30)]
+    first = store.publish(
+        s1, epoch, {"m1": ids[:20], "m2": ids[20:]}, phase=Phase.RUNNING, resources_version=0
+    )
+    # m2 joins a third member's share, m1 gives some up, one id vanishes, one is new.
+    wanted = {"m1": ids[:12], "m2": [*ids[20:], *ids[12:18]], "m3": [*ids[18:19], "new"]}
+    second = store.publish(
+        s1, epoch, wanted, phase=Phase.RUNNING, resources_version=0, previous=first
+    )
+    assert second.generation == first.generation + 1
+    read = other.target(group)
+    assert read is not None and read.generation == second.generation
+    assert {m: set(rs) for m, rs in read.assignment.items()} == {
+        m: set(rs) for m, rs in wanted.items()
+    }
+    # A member dropped from the target, from a stale base (first, not second): written whole.
+    third = store.publish(
+        s1, epoch, {"m1": ids[:25]}, phase=Phase.RUNNING, resources_version=0, previous=first
+    )
+    read = other.target(group)
+    assert read is not None and read.generation == third.generation
+    assert {m: set(rs) for m, rs in read.assignment.items()} == {"m1": set(ids[:25])}
+    # And from the right base, dropping a member.
+    fourth = store.publish(
+        s1, epoch, {"m2": ids[:3]}, phase=Phase.STOPPING, resources_version=0, previous=third
+    )
+    read = other.target(group)
+    assert read == fourth
+    assert s2.member_id == "m2"

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.backends.base import Backend, Session, TargetChange, Watch
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
@@ -120,6 +120,7 @@ class FlakyStore(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         return self._reach().publish(
             session, epoch, assignment, phase=phase, resources_version=resources_version

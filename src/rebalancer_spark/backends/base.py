@@ -72,6 +72,7 @@ __all__ = [
     "Capability",
     "GroupReader",
     "Session",
+    "TargetChange",
     "Watch",
     "expired",
     "fenced_commit",
@@ -230,12 +231,30 @@ class Backend(abc.ABC):
         *,
         phase: Phase,
         resources_version: int,
+        previous: Target | None = None,
     ) -> Target:
         """Publish a new target generation; :class:`FencedError` unless ``epoch`` is current
-        and ``session`` is the live coordinator."""
-        checked = {validate_member_id(m): _ids(owned) for m, owned in assignment.items()}
+        and ``session`` is the live coordinator.
+
+        ``previous``: the target the caller believes current (the coordinator's kept copy).
+        The backend may then write only the difference (:class:`TargetChange`), after checking
+        in the same atomic step that the store still holds that generation; otherwise, or
+        without ``previous``, it writes the whole target. Only the ids new to a member are
+        validated again: those of ``previous`` were checked when it was published."""
+        change = None if previous is None else TargetChange.between(previous, assignment)
+        checked: dict[str, list[str]] = {}
+        for m, owned in assignment.items():
+            ids = list(dict.fromkeys(owned))
+            new = ids if change is None else change.added.get(m, ())
+            _ids(new)  # validation only
+            checked[validate_member_id(m)] = ids
         return self._publish(
-            session, epoch, checked, phase=phase, resources_version=resources_version
+            session,
+            epoch,
+            checked,
+            phase=phase,
+            resources_version=resources_version,
+            change=change,
         )
 
     def resign(self, session: Session, epoch: int) -> None:
@@ -368,6 +387,7 @@ class Backend(abc.ABC):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target: ...
 
     @abc.abstractmethod
@@ -401,6 +421,45 @@ class Backend(abc.ABC):
     def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         """``text``: the progress as JSON (:func:`~rebalancer_spark.core.model.encode_progress`),
         to store as it is or inside the backend's own record."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChange:
+    """A target as the difference from the one published at generation :attr:`base`: what a
+    backend writes when the store still holds ``base`` (:meth:`Backend.publish`). A join or a
+    leave that moves k resources changes k ids, whatever the total."""
+
+    base: int
+    """The generation this change applies to."""
+    added: Mapping[str, frozenset[str]]
+    """Member → ids it gets that it did not have at ``base`` (members with none left out)."""
+    removed: Mapping[str, frozenset[str]]
+    """Member → ids it had at ``base`` and no longer has (members with none left out)."""
+    dropped: frozenset[str]
+    """Members of ``base`` that the new target no longer names."""
+
+    @classmethod
+    def between(cls, previous: Target, assignment: Mapping[str, Collection[str]]) -> TargetChange:
+        added: dict[str, frozenset[str]] = {}
+        removed: dict[str, frozenset[str]] = {}
+        old = previous.assignment
+        for m, owned in assignment.items():
+            now, before = frozenset(owned), old.get(m, frozenset())
+            if now != before:
+                if gained := now - before:
+                    added[m] = gained
+                if lost := before - now:
+                    removed[m] = lost
+        dropped = frozenset(old) - frozenset(assignment)
+        for m in dropped:
+            if old[m]:
+                removed[m] = old[m]
+        return cls(previous.generation, added, removed, dropped)
+
+    @property
+    def size(self) -> int:
+        """Ids this change writes."""
+        return sum(map(len, self.added.values())) + sum(map(len, self.removed.values()))
 
 
 def _ids(resources: Collection[str]) -> list[str]:
@@ -525,6 +584,11 @@ class GroupReader:
             return frozenset()
         self.reads["holders"] += 1
         return self._backend.holders(self._group, sessions)
+
+    @property
+    def target(self) -> Target | None:
+        """The target as last read or published (the base of the next publication)."""
+        return self._target
 
     def published(self, target: Target) -> None:
         """Keep ``target``, which this coordinator has just published."""

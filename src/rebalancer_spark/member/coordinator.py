@@ -333,6 +333,7 @@ class CoordinatorLoop:
             action.assignment,
             phase=action.phase,
             resources_version=action.resources_version,
+            previous=self._reader.target,
         )
         self._reader.published(published)
         if action.phase is Phase.STOPPING:

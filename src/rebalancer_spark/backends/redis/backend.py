@@ -23,7 +23,7 @@ from typing import ClassVar
 import redis
 from redis.client import Pipeline
 
-from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
 from rebalancer_spark.backends.redis import messages
 from rebalancer_spark.backends.redis.connection import OPTIONS
 from rebalancer_spark.backends.redis.decode import (
@@ -43,7 +43,12 @@ from rebalancer_spark.backends.redis.errors import Refusal
 from rebalancer_spark.backends.redis.keys import check_session_id, prefix
 from rebalancer_spark.backends.redis.memory import Memory
 from rebalancer_spark.backends.redis.runner import ScriptRunner
-from rebalancer_spark.backends.redis.staging import chunks, stage_resources, stage_target
+from rebalancer_spark.backends.redis.staging import (
+    chunks,
+    stage_change,
+    stage_resources,
+    stage_target,
+)
 from rebalancer_spark.backends.redis.watch import RedisWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
@@ -255,25 +260,52 @@ class RedisBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         group, sid = session.group, self._sid(session)
         members = list(assignment)
         nonce = uuid.uuid4().hex
-        wanted = assignment
-        fill = stage_target(group, nonce, wanted)
-        args = [sid, epoch, phase.value, resources_version, nonce, len(members), *members]
+        head = [sid, epoch, phase.value, resources_version, nonce]
         try:
-            generation = int(self._runner.run_staged("PUBLISH", group, fill, args, "publishing"))
+            generation = None
+            if change is not None:
+                generation = self._publish_change(group, nonce, head, members, change)
+            if generation is None:
+                fill = stage_target(group, nonce, assignment)
+                args = [*head, len(members), *members]
+                generation = int(
+                    self._runner.run_staged("PUBLISH", group, fill, args, "publishing")
+                )
         except Refusal as exc:
             raise messages.fenced_coordinator_refused(session, epoch, exc) from None
         self._memory.see(group, [epoch, generation])
         return Target(
             generation=generation,
             coordinator_epoch=epoch,
-            assignment={m: frozenset(rs) for m, rs in wanted.items()},
+            assignment={m: frozenset(rs) for m, rs in assignment.items()},
             phase=phase,
             resources_version=resources_version,
         )
+
+    def _publish_change(
+        self,
+        group: str,
+        nonce: str,
+        head: list[object],
+        members: list[str],
+        change: TargetChange,
+    ) -> int | None:
+        """PUBLISH_CHANGE: only the moved ids travel; None if the stored target is no
+        longer ``change.base`` (then the caller publishes the whole target)."""
+        fill = stage_change(group, nonce, members, change.added, change.removed)
+        dropped = sorted(change.dropped)
+        args = [*head, change.base, len(members), *members, len(dropped), *dropped]
+        try:
+            return int(self._runner.run_staged("PUBLISH_CHANGE", group, fill, args, "publishing"))
+        except Refusal as exc:
+            if exc.code == "STALE":
+                return None
+            raise
 
     def _resign(self, session: Session, epoch: int) -> None:
         self._runner.run("RESIGN", session.group, [self._sid(session), epoch], "resigning")

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
-from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
 from rebalancer_spark.backends.sqlite import control as _control
 from rebalancer_spark.backends.sqlite import (
     coordinator,
@@ -177,6 +177,7 @@ class SqliteBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         with self._transaction(_WRITE) as db:
             return coordinator.publish(
@@ -187,6 +188,7 @@ class SqliteBackend(Backend):
                 assignment,
                 phase=phase,
                 resources_version=resources_version,
+                change=change,
             )
 
     def _resign(self, session: Session, epoch: int) -> None:

@@ -25,6 +25,7 @@ from rebalancer_spark.backends.base import (
     Backend,
     Capability,
     Session,
+    TargetChange,
     expired,
     fenced_coordinator,
 )
@@ -256,6 +257,7 @@ class ZookeeperBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         zs = self._sessions.get(session.session_id)
         if zs is None:
@@ -265,6 +267,9 @@ class ZookeeperBackend(Backend):
                 why=f"its session {session.session_id} is not open in this backend object, so "
                 "it cannot be the coordinator",
             )
+        # The target's chunks live under one directory per generation (a reader sees one whole
+        # target or the previous one), so a change is written as the whole new target.
+        del change
         return coordination.publish(zs, self.settings, epoch, assignment, phase, resources_version)
 
     def _resign(self, session: Session, epoch: int) -> None:
