@@ -30,7 +30,7 @@ from rebalancer_spark.core.clock import SystemClock
 from rebalancer_spark.core.coordinator import Role
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
 from rebalancer_spark.core.model import Grant, GroupState, Resource
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.state import TRANSITIONS, MemberState
 from tests.support.helpers import FlakyStore, wait_for
@@ -866,3 +866,50 @@ def test_a_join_and_a_leave_cost_the_coordinator_no_read_of_resources_or_target(
 
 def _role(loop: CoordinatorLoop) -> Role:
     return loop.role
+
+
+class CountingViews(FlakyStore):
+    """Counts the member thread's reads: whole views and heads."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.views = 0
+        self.heads = 0
+
+    def member_view(self, session: Session) -> MemberView:
+        self.views += 1
+        return super().member_view(session)
+
+    def member_head(self, session: Session) -> MemberHead:
+        self.heads += 1
+        return super().member_head(session)
+
+
+def test_an_idle_member_reads_no_view_on_changes_that_do_not_concern_it(grp: Group) -> None:
+    """A settled member woken by changes of the group that publish no new target (here other
+    members' control notes) reads only its head: O(1), not its part of the target and its
+    claims. A new target makes it read the view again."""
+    store = CountingViews(open_backend(grp.url))
+    a = grp.start("a", RESOURCES, backend=store)
+    grp.start("b")
+    grp.wait_settled(2)
+    control = grp.observer.state(grp.name).control
+
+    def note(what: str) -> None:  # a write that wakes every watcher and changes no target
+        nonlocal control
+        control = grp.observer.update_control(
+            grp.name, control.version, control.noted(time.time(), what)
+        )
+
+    heads = store.heads
+    note("first")
+    wait_for(lambda: store.heads > heads, timeout=10, what="a to find itself idle")
+    views, heads = store.views, store.heads
+    for i in range(3):
+        note(f"note {i}")
+    wait_for(lambda: store.heads > heads, timeout=10, what="a's member thread to look")
+    assert store.views == views
+    grp.start("c")
+    grp.wait_settled(3)
+    wait_for(lambda: store.views > views, timeout=10, what="a to read its new part")
+    assert len(a.assigned()) == len(RESOURCES) // 3

@@ -22,7 +22,7 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 if TYPE_CHECKING:
     from rebalancer_spark.member import Member
@@ -90,6 +90,9 @@ class FlakyStore(Backend):
 
     def _member_view(self, session: Session) -> MemberView:
         return self._reach().member_view(session)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        return self._reach().member_head(session)
 
     def _head(self, group: str) -> GroupHead:
         return self._reach().head(group)

@@ -64,7 +64,7 @@ from rebalancer_spark.core.model import (
     validate_member_id,
     validate_resource_id,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = [
@@ -178,6 +178,12 @@ class Backend(abc.ABC):
     def member_view(self, session: Session) -> MemberView:
         """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
         return self._member_view(session)
+
+    def member_head(self, session: Session) -> MemberHead:
+        """The target's generation, phase and coordinator epoch, in O(1);
+        :class:`SessionExpired` if the session is gone. A member whose head has not moved and
+        that has nothing left to do need not read its view (:func:`~.protocols.idle`)."""
+        return self._member_head(session)
 
     def head(self, group: str) -> GroupHead:
         """The small part of the group in one consistent read (members, coordinator, control,
@@ -355,6 +361,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _member_view(self, session: Session) -> MemberView: ...
+
+    @abc.abstractmethod
+    def _member_head(self, session: Session) -> MemberHead: ...
 
     @abc.abstractmethod
     def _head(self, group: str) -> GroupHead: ...

@@ -33,7 +33,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.events import EventKind
-from rebalancer_spark.core.protocols import MemberView, plan
+from rebalancer_spark.core.protocols import MemberView, head_of, idle, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.lease import Lease
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
@@ -73,6 +73,10 @@ class Reconciler:
         self._lifecycle = lifecycle
         self._handled_generation = 0
         self._target: tuple[int, int] | None = None
+        self._view: tuple[str, MemberView] | None = None
+        """The session and the view its last step read: while the session lives only this
+        member's own calls change its claims, so an idle member whose head (generation, phase)
+        has not moved skips reading its view again (:func:`~.protocols.idle`)."""
         """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._backend: Backend | None = None
         self._coordinator: CoordinatorLoop | None = None
@@ -268,9 +272,19 @@ class Reconciler:
             return 0.0
         session = snap.session
         assert session is not None
+        wait = max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
+        epochs = self._ownership.epochs()
+        last = self._view
+        if (
+            last is not None
+            and last[0] == session.session_id
+            and idle(self._config.protocol, last[1], epochs, self._handled_generation)
+            and backend.member_head(session) == head_of(last[1])
+        ):
+            return wait  # nothing to do, and nothing that could give us any has changed
+        self._view = None  # read afresh unless the step ends in a view we know is current
         view = backend.member_view(session)
         self._target = (view.generation, view.coordinator_epoch)
-        epochs = self._ownership.epochs()
         step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
             self._ownership.lost(
@@ -294,7 +308,8 @@ class Reconciler:
             self._handled_generation = step.generation
         if step.claim and not self._draining.is_set():
             self._acquire(backend, session, step.claim, view)
-        return max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
+        self._view = (session.session_id, view)
+        return wait
 
     def _acquire(
         self, backend: Backend, session: Session, wanted: Collection[str], view: MemberView

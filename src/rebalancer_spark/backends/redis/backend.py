@@ -24,6 +24,7 @@ import redis
 from redis.client import Pipeline
 
 from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
+from rebalancer_spark.backends.records import parse_phase
 from rebalancer_spark.backends.redis import messages
 from rebalancer_spark.backends.redis.connection import OPTIONS
 from rebalancer_spark.backends.redis.decode import (
@@ -63,7 +64,7 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["RedisBackend"]
@@ -208,6 +209,20 @@ class RedisBackend(Backend):
         sids = [check_session_id(group, owners[sid], sid) for sid in owners]
         found = self._runner.run("HOLDERS", group, sids, "reading which members hold claims")
         return frozenset(owners[str(sid)] for sid in found)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        try:
+            reply = self._runner.run("MEMBER_HEAD", session.group, [self._sid(session)], "reading")
+        except Refusal:
+            raise messages.expired(session, "reading the member's view") from None
+        generation, phase, epoch = (str(v) for v in reply)
+        head = MemberHead(
+            number(session.group, "generation", generation),
+            parse_phase(session.group, phase, store="Redis"),
+            number(session.group, "target epoch", epoch),
+        )
+        self._memory.see(session.group, [head.generation])
+        return head
 
     def _member_view(self, session: Session) -> MemberView:
         try:

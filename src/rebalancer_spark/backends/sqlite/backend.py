@@ -39,7 +39,7 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["SqliteBackend"]
@@ -139,6 +139,10 @@ class SqliteBackend(Backend):
     def _member_view(self, session: Session) -> MemberView:
         with self._transaction(_READ) as db:
             return reads.member_view(db, self._clock, session)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        with self._transaction(_READ) as db:
+            return reads.member_head(db, self._clock, session)
 
     def _head(self, group: str) -> GroupHead:
         with self._transaction(_READ) as db:

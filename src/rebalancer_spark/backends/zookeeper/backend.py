@@ -61,7 +61,7 @@ from rebalancer_spark.core.model import (
     Target,
     validate_group,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["ZookeeperBackend"]
@@ -224,6 +224,9 @@ class ZookeeperBackend(Backend):
     def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
         paths = self._paths(group, create=False)
         return frozenset() if paths is None else self._snapshot(paths).holders(sessions)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        return ownership.member_head(self._hosted(session), self.settings)
 
     def _member_view(self, session: Session) -> MemberView:
         return ownership.member_view(self._hosted(session), self.settings)
