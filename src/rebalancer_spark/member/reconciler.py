@@ -33,7 +33,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.events import EventKind
-from rebalancer_spark.core.protocols import MemberView, head_of, idle, plan
+from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, idle, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.lease import Lease
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
@@ -73,10 +73,11 @@ class Reconciler:
         self._lifecycle = lifecycle
         self._handled_generation = 0
         self._target: tuple[int, int] | None = None
-        self._view: tuple[str, MemberView] | None = None
-        """The session and the view its last step read: while the session lives only this
-        member's own calls change its claims, so an idle member whose head (generation, phase)
-        has not moved skips reading its view again (:func:`~.protocols.idle`)."""
+        self._idle: tuple[str, MemberHead, int] | None = None
+        """Set when a step found nothing to do (:func:`~.protocols.idle`): the session, the
+        view's head and the ownership's version. While the session lives only this member's
+        own calls change its claims, so until the head or what is held moves, a wake-up reads
+        the head (O(1)) and neither the view nor the held set (O(owned))."""
         """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._backend: Backend | None = None
         self._coordinator: CoordinatorLoop | None = None
@@ -273,18 +274,21 @@ class Reconciler:
         session = snap.session
         assert session is not None
         wait = max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
-        epochs = self._ownership.epochs()
-        last = self._view
+        mark = self._idle
         if (
-            last is not None
-            and last[0] == session.session_id
-            and idle(self._config.protocol, last[1], epochs, self._handled_generation)
-            and backend.member_head(session) == head_of(last[1])
+            mark is not None
+            and mark[0] == session.session_id
+            and mark[2] == self._ownership.version
+            and backend.member_head(session) == mark[1]
         ):
             return wait  # nothing to do, and nothing that could give us any has changed
-        self._view = None  # read afresh unless the step ends in a view we know is current
+        self._idle = None
+        version, epochs = self._ownership.version, self._ownership.epochs()
         view = backend.member_view(session)
         self._target = (view.generation, view.coordinator_epoch)
+        if idle(self._config.protocol, view, epochs, self._handled_generation):
+            self._idle = (session.session_id, head_of(view), version)
+            return wait
         step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
             self._ownership.lost(
@@ -308,7 +312,6 @@ class Reconciler:
             self._handled_generation = step.generation
         if step.claim and not self._draining.is_set():
             self._acquire(backend, session, step.claim, view)
-        self._view = (session.session_id, view)
         return wait
 
     def _acquire(
