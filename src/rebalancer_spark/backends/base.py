@@ -544,6 +544,7 @@ class GroupReader:
         self._group = group
         self._resources: tuple[int, Mapping[str, Resource]] | None = None
         self._target: Target | None = None
+        self._session: str | None = None
         self.reads = {"head": 0, "resources": 0, "target": 0, "holders": 0}
         """How many reads of each kind this reader made (benchmarks, tests)."""
 
@@ -552,6 +553,11 @@ class GroupReader:
         live session) reads only the head: its view carries no resources and no target, which
         :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
         member holds the role; with the role vacant or held, everything is brought up to date."""
+        if session_id != self._session:
+            # A new session: the store may have lost the group (and numbered it afresh) since
+            # anything here was read, so nothing kept is trusted.
+            self.forget()
+            self._session = session_id
         head = self._backend.head(self._group)
         self.reads["head"] += 1
         coordinator = head.coordinator
