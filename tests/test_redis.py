@@ -26,7 +26,7 @@ from redis.crc import key_slot
 
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.redis import RedisBackend
-from rebalancer_spark.backends.redis.runner import SCRIPT_MODULES, Lua
+from rebalancer_spark.backends.redis.store.runner import SCRIPT_MODULES, Lua
 from rebalancer_spark.core.errors import (
     BackendUnavailable,
     ConfigurationError,

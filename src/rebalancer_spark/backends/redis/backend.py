@@ -26,8 +26,9 @@ from redis.client import Pipeline
 from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
 from rebalancer_spark.backends.records import parse_phase
 from rebalancer_spark.backends.redis import messages
-from rebalancer_spark.backends.redis.connection import OPTIONS
-from rebalancer_spark.backends.redis.decode import (
+from rebalancer_spark.backends.redis.errors import Refusal
+from rebalancer_spark.backends.redis.store.connection import OPTIONS
+from rebalancer_spark.backends.redis.store.decode import (
     CLAIM_ROW,
     decode_grant,
     decode_head,
@@ -40,11 +41,10 @@ from rebalancer_spark.backends.redis.decode import (
     number,
     pairs,
 )
-from rebalancer_spark.backends.redis.errors import Refusal
-from rebalancer_spark.backends.redis.keys import check_session_id, prefix
-from rebalancer_spark.backends.redis.memory import Memory
-from rebalancer_spark.backends.redis.runner import Lua, ScriptRunner
-from rebalancer_spark.backends.redis.staging import (
+from rebalancer_spark.backends.redis.store.keys import check_session_id, prefix
+from rebalancer_spark.backends.redis.store.memory import Memory
+from rebalancer_spark.backends.redis.store.runner import Lua, ScriptRunner
+from rebalancer_spark.backends.redis.store.staging import (
     chunks,
     stage_change,
     stage_resources,

@@ -6,7 +6,7 @@ strings). They write nothing, except MEMBER_VIEW noting when a lost group was fi
 
 from __future__ import annotations
 
-from rebalancer_spark.backends.redis.prelude import PRELUDE
+from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 
 __all__ = [
     "HEAD",

@@ -16,7 +16,7 @@ member view, lease deadlines) in :mod:`.reads`, the shared helpers in :mod:`.pre
 
 from __future__ import annotations
 
-from rebalancer_spark.backends.redis.prelude import PRELUDE
+from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 
 __all__ = [
     "ELECT",

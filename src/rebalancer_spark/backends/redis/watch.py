@@ -34,8 +34,8 @@ import redis
 from redis.client import PubSub
 
 from rebalancer_spark.backends.base import Watch
-from rebalancer_spark.backends.redis.keys import channel
-from rebalancer_spark.backends.redis.runner import Lua
+from rebalancer_spark.backends.redis.store.keys import channel
+from rebalancer_spark.backends.redis.store.runner import Lua
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import RebalancerError
 

@@ -18,13 +18,17 @@ from rebalancer_spark.backends.base import Backend, Capability, Session, TargetC
 from rebalancer_spark.backends.sqlite import control as _control
 from rebalancer_spark.backends.sqlite import (
     coordinator,
-    groups,
     ownership,
     reads,
-    schema,
     sessions,
 )
-from rebalancer_spark.backends.sqlite.connection import OPTIONS, open_database, positive, translate
+from rebalancer_spark.backends.sqlite.store import groups, schema
+from rebalancer_spark.backends.sqlite.store.connection import (
+    OPTIONS,
+    open_database,
+    positive,
+    translate,
+)
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control

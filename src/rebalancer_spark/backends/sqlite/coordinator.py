@@ -11,9 +11,9 @@ import sqlite3
 from collections.abc import Collection, Mapping
 
 from rebalancer_spark.backends.base import Session, TargetChange, fenced_coordinator
-from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
-from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.sessions import alive
+from rebalancer_spark.backends.sqlite.store.chain import end_sessions, wall_time
+from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import CoordinatorRecord, Freed, Phase, Target
 

@@ -21,10 +21,10 @@ from dataclasses import replace
 
 from rebalancer_spark.backends.base import Session, fenced_commit
 from rebalancer_spark.backends.records import parse_count
-from rebalancer_spark.backends.sqlite.chain import wall_time
-from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.reads import progress
 from rebalancer_spark.backends.sqlite.sessions import alive, require_alive
+from rebalancer_spark.backends.sqlite.store.chain import wall_time
+from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import Freed, Grant, Phase
 

@@ -18,14 +18,17 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from rebalancer_spark.backends.zookeeper.chain import (
+from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progresses
+from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
+from rebalancer_spark.backends.zookeeper.store.chain import (
     grant_data,
     held_grant,
     next_grant,
     released_data,
 )
-from rebalancer_spark.backends.zookeeper.client import Settings, wait
-from rebalancer_spark.backends.zookeeper.fence import (
+from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
+from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     require_live,
     session_gone,
@@ -33,16 +36,13 @@ from rebalancer_spark.backends.zookeeper.fence import (
     session_sync,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.layout import REQUEST_BYTES
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused
-from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progresses
-from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
-from rebalancer_spark.backends.zookeeper.records import (
+from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused
+from rebalancer_spark.backends.zookeeper.store.records import (
     claim_data,
     read_claim,
     read_target_pointer,
 )
-from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
 from rebalancer_spark.core.model import Freed, Grant, Phase, Progress
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 

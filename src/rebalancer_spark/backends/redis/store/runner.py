@@ -23,9 +23,9 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 
 from rebalancer_spark.backends.redis import ownership, reads, scripts
-from rebalancer_spark.backends.redis.connection import open_client
 from rebalancer_spark.backends.redis.errors import refusal, translate
-from rebalancer_spark.backends.redis.keys import meta_key
+from rebalancer_spark.backends.redis.store.connection import open_client
+from rebalancer_spark.backends.redis.store.keys import meta_key
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.urls import BackendUrl
 

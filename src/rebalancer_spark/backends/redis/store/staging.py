@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from redis.client import Pipeline
 
-from rebalancer_spark.backends.redis.keys import stage_key
+from rebalancer_spark.backends.redis.store.keys import stage_key
 
 __all__ = ["CHUNK", "chunks", "stage_change", "stage_resources", "stage_target"]
 
