@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -179,6 +180,12 @@ def assigned_source(
         return now is not None and now.epoch == epoch
 
     settings = {"schema": "id STRING, value INT", "max_files_per_batch": 2, **read}
+    history = None
+    if output is None:  # the group's history, shared by its members, in the temp directory
+        from rebalancer_spark.spark.file_history import FileHistory
+
+        where = Path(tempfile.gettempdir()) / "rebalancer-test-history" / member.group
+        history = FileHistory(str(where), member.group)
     return AssignedSource(
         group=member.group,
         resource=resource,
@@ -192,6 +199,7 @@ def assigned_source(
         output=output,
         read=ReadSettings(**settings),
         changed=changed,
+        history=history,
     )
 
 

@@ -37,18 +37,27 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
-from rebalancer_spark.sources.base import FileEntry, FileSource, check_on_change
+from rebalancer_spark.sources.base import FileEntry, FileSource, check_listing, check_on_change
 
 __all__ = ["FileShareSource"]
 
 log = logging.getLogger("rebalancer_spark.sources.files")
 
-OPTIONS = ("on_change", "weight")
+OPTIONS = ("lookback", "on_change", "order", "weight")
 WEIGHTS = ("none", "bytes")
 
 
 def _hidden(name: str) -> bool:
     return name.startswith((".", "_"))
+
+
+def _may_hold(directory: str, after: str | None) -> bool:
+    """Whether the directory ``directory`` (relative) may hold a name sorting above
+    ``after``: every name under it starts with ``directory + "/"``."""
+    if after is None:
+        return True
+    head = directory + "/"
+    return after < head or after.startswith(head)
 
 
 class FileShareSource(FileSource):
@@ -71,8 +80,9 @@ class FileShareSource(FileSource):
                 close = difflib.get_close_matches(name, OPTIONS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 raise ConfigurationError(
-                    f"source {url!r} has the unknown option {name!r}{hint}: the only option of "
-                    f"a file share is weight={'|'.join(WEIGHTS)}"
+                    f"source {url!r} has the unknown option {name!r}{hint}: the options of a "
+                    "file share are weight=none|bytes, on_change=ignore|reread, order=none|name "
+                    "and lookback=DURATION"
                 )
             if name in options:
                 raise ConfigurationError(f"source {url!r} gives the option {name!r} twice")
@@ -96,6 +106,7 @@ class FileShareSource(FileSource):
         self.root = Path(unquote(parts.path))
         self.weight = weight
         self.on_change = check_on_change(options.get("on_change", "ignore"), url)
+        self.order, self.lookback = check_listing(options, url)
 
     def _resource_dir(self, resource: str) -> Path:
         path = (self.root / resource).resolve()
@@ -133,14 +144,21 @@ class FileShareSource(FileSource):
             Resource(name, float(max(sum(f.size for f in self.files(name)), 1))) for name in entries
         ]
 
-    def files(self, resource: str) -> list[FileEntry]:
+    def files(self, resource: str, after: str | None = None) -> list[FileEntry]:
+        """A sorted walk: a sub-directory whose every name sorts at or below ``after`` is not
+        entered, and only the files above ``after`` are looked at (stat), so the cost follows
+        the new files plus the names of the directories on the way (docs/sources.md)."""
         base = self._resource_dir(resource)
         found: list[FileEntry] = []
         try:
             for dirpath, dirnames, filenames in os.walk(base):
-                dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
+                rel = os.path.relpath(dirpath, base)
+                prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+                dirnames[:] = sorted(
+                    d for d in dirnames if not _hidden(d) and _may_hold(prefix + d, after)
+                )
                 for name in filenames:
-                    if _hidden(name):
+                    if _hidden(name) or (after is not None and prefix + name <= after):
                         continue
                     full = Path(dirpath) / name
                     try:
@@ -149,7 +167,7 @@ class FileShareSource(FileSource):
                         continue  # removed while listing
                     found.append(
                         FileEntry(
-                            str(full.relative_to(base)),
+                            prefix + name,
                             stat.st_size,
                             stat.st_mtime,
                             str(stat.st_mtime_ns),

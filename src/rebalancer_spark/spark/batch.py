@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING
 
 from rebalancer_spark.core.errors import FencedError, RebalancerError, SourceError
 from rebalancer_spark.spark.delta_commit import Landing
-from rebalancer_spark.spark.source import AssignedSource, FileBatch
+from rebalancer_spark.spark.file_progress import FileBatch
+from rebalancer_spark.spark.source import AssignedSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

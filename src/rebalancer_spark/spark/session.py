@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from rebalancer_spark.audit.delta import DeltaAuditLog
 from rebalancer_spark.core.errors import RebalancerError
@@ -29,8 +30,9 @@ from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import FileSource, ResourceSource, open_source
+from rebalancer_spark.spark.file_history import FileHistory
 from rebalancer_spark.spark.options import JobConfig
-from rebalancer_spark.spark.outputs import Output, open_output
+from rebalancer_spark.spark.outputs import Output, open_output, s3_storage_options
 from rebalancer_spark.spark.source import AssignedSource, ReadSettings
 from rebalancer_spark.spark.watchdog import DriverWatchdog, watch_driver
 
@@ -202,7 +204,20 @@ class RebalancerNode:
                 job.format, job.schema, dict(job.read_options), job.max_files_per_batch
             ),
             changed=self._changed_files,
+            history=self._files_history(),
         )
+
+    def _files_history(self) -> FileHistory | None:
+        """The ``--files-history`` table, or None: next to the output."""
+        if self.job.files_history is None:
+            return None
+        uri = self.job.files_history
+        options: dict[str, str] = {}
+        if uri.startswith(("s3://", "s3a://")):
+            bucket = urlsplit(uri).netloc
+            uri = "s3://" + uri.split("://", 1)[1]
+            options = s3_storage_options(self.spark, bucket)
+        return FileHistory(uri, self.member.group, storage_options=options)
 
     def _changed_files(self, count: int, action: str) -> None:
         metrics = self.member.metrics
