@@ -106,7 +106,7 @@ def run(work: Path, files: int, per_dir: int, batch: int) -> None:
         src = _source(member, source, history, batch)
         largest, batches = 0, 0
         start = time.perf_counter()
-        while (planned := src.next_batch(None)) is not None:  # type: ignore[arg-type]
+        while (planned := src.next_batch(None)) is not None:
             largest = max(largest, len(encode_progress("d", src.progress).encode()))
             src.mark_done(planned.planned)
             largest = max(largest, len(encode_progress("d", src.progress).encode()))

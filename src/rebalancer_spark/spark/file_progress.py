@@ -17,7 +17,10 @@ What the store holds for a file resource (names are relative to the resource)::
 * ``batch``: the open batch, planned and not yet committed (its files, and their fingerprints
   when the source re-reads rewritten files, ``on_change=reread``);
 * ``next``: the next batch id; ``files``: how many files the committed batches processed;
-  ``changed_files``: processed files found rewritten under the same name.
+  ``changed_files``: processed files found rewritten under the same name;
+* ``pending`` (the lag: files and bytes listed and not processed yet, as the owner last
+  listed them) and ``stuck`` (why the owner cannot make progress: its listing or a read
+  fails), both optional; ``rebalancer-spark status`` and ``assignments`` show them.
 
 The names of the files processed are not here: they are rows of the file history
 (:mod:`.file_history`). A record of the earlier format (``{"done": [every name], "batch": …,
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rebalancer_spark.core.errors import CorruptStateError
-from rebalancer_spark.core.model import JsonValue
+from rebalancer_spark.core.model import JsonValue, UnreadableProgress
 
 __all__ = ["FORMAT", "FileBatch", "FileProgress", "parse"]
 
@@ -69,6 +72,10 @@ class FileProgress:
     files: int = 0
     changed_files: int = 0
     extra: JsonValue = None
+    pending: tuple[int, int] | None = None
+    """Files and bytes listed and not processed yet, as the owner last listed them."""
+    stuck: str | None = None
+    """Why the owner cannot make progress (a listing or a read that fails), or None."""
     legacy_done: frozenset[str] = frozenset()
     """Names listed by a record of the earlier format, not yet moved to the history."""
     legacy_versions: Mapping[str, str] = field(default_factory=dict)
@@ -92,6 +99,10 @@ class FileProgress:
             out["changed_files"] = self.changed_files
         if self.extra is not None:
             out["extra"] = self.extra
+        if self.pending is not None:
+            out["pending"] = {"files": self.pending[0], "bytes": self.pending[1]}
+        if self.stuck is not None:
+            out["stuck"] = self.stuck
         return out
 
     def done(self, batch: FileBatch, now: float, lookback: float | None) -> FileProgress:
@@ -151,6 +162,14 @@ def _marks(value: object) -> tuple[tuple[float, str], ...]:
     return tuple((float(t), str(name)) for t, name in value)
 
 
+def _pending(value: object) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError("pending is not a mapping")
+    return int(value["files"]), int(value["bytes"])
+
+
 def _name(value: object) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError("not a name")
@@ -162,6 +181,8 @@ def parse(resource: str, value: JsonValue) -> FileProgress:
     :class:`CorruptStateError` for anything else."""
     if value is None:
         return FileProgress()
+    if isinstance(value, UnreadableProgress):
+        raise value.error()
     try:
         if not isinstance(value, Mapping):
             raise TypeError("not a mapping")
@@ -175,6 +196,8 @@ def parse(resource: str, value: JsonValue) -> FileProgress:
                 files=int(value.get("files", 0)),
                 changed_files=int(value.get("changed_files", 0)),
                 extra=value.get("extra"),
+                pending=_pending(value.get("pending")),
+                stuck=None if value.get("stuck") is None else str(value["stuck"]),
             )
         if "format" in value:
             raise ValueError("unknown format")

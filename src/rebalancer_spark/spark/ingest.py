@@ -61,10 +61,17 @@ def run_ingest(spark: SparkSession, node: RebalancerNode, stop: threading.Event)
             except RebalancerError as exc:
                 stats.errors += 1
                 log.warning("%s: %s; the batch is retried", batch, exc)
+                batch.source.note_stuck(exc)
                 continue
-            except Exception:  # a Spark read or write failed: the batch stays planned
+            except Exception as exc:  # a Spark read or write failed: the batch stays planned
                 stats.errors += 1
-                log.exception("%s failed; it is retried (same files, same batch id)", batch)
+                if batch.source.stuck is None:
+                    log.exception("%s failed; it is retried (same files, same batch id)", batch)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                batch.source.note_stuck(
+                    f"batch {batch.id} fails ({type(exc).__name__}: {first}); fix or replace "
+                    f"the file, or `rebalancer-spark progress skip --batch {batch.id}`"
+                )
                 continue
             if batch.outcome == "fenced":
                 stats.fenced += 1

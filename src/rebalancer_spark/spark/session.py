@@ -205,7 +205,13 @@ class RebalancerNode:
             ),
             changed=self._changed_files,
             history=self._files_history(),
+            watch=self._watch,
         )
+
+    def _watch(self, resource: str, stuck: str | None, pending: tuple[int, int] | None) -> None:
+        metrics = self.member.metrics
+        if metrics is not None:
+            metrics.resource_state(resource, stuck, pending)
 
     def _files_history(self) -> FileHistory | None:
         """The ``--files-history`` table, or None: next to the output."""
@@ -257,6 +263,10 @@ class RebalancerNode:
         with self._lock:
             for o in owned:
                 self._sources.pop((o.resource, o.epoch), None)
+        metrics = self.member.metrics
+        if metrics is not None:
+            for o in owned:
+                metrics.resource_gone(o.resource)
 
 
 def start(

@@ -94,10 +94,13 @@ class AssignedSource:
         changed: Callable[[int, str], None] | None = None,
         history: FileHistory | None = None,
         clock: Callable[[], float] = time.time,
+        watch: Callable[[str, str | None, tuple[int, int] | None], None] | None = None,
     ) -> None:
-        """``changed(count, action)`` is told of processed files found rewritten under the
-        same name (``action``: ``ignored`` or ``reread``), after the progress recorded them:
-        the node counts them in the member's metrics."""
+        """``watch(resource, stuck, pending)`` is told, after each planning or failure, why
+        the resource is stuck (None: it is not) and its lag (files, bytes; None: unknown): the
+        node shows them in the member's metrics. ``changed(count, action)`` is told of
+        processed files found rewritten under the same name (``action``: ``ignored`` or
+        ``reread``), after the progress recorded them: the node counts them in the metrics."""
         self.group = group
         self.resource = resource
         self.epoch = epoch
@@ -118,6 +121,9 @@ class AssignedSource:
         """The history of the names a listing may return, read on first use."""
         self._known_floor: str | None = None
         self._prints: dict[str, str] = {}
+        self._watch = watch
+        self.stuck: str | None = None
+        """Why this job cannot make progress on the resource now (None: it can)."""
         """Fingerprints of the open batch's files as this job listed them."""
 
     def __repr__(self) -> str:
@@ -230,9 +236,16 @@ class AssignedSource:
             listed = self.listed()
             changed = self._take_changes(state, listed)
             state = self.state()
-            pending = changed + self.pending(listed)
-            pending = pending[: self.read_settings.max_files_per_batch]
+            every = changed + self.pending(listed)
+            pending = every[: self.read_settings.max_files_per_batch]
+            rest = every[len(pending) :]
+            lag = (len(rest), sum(f.size for f in rest))
+            self.stuck = None
+            if self._watch is not None:
+                self._watch(self.resource, None, (len(every), sum(f.size for f in every)))
             if not pending:
+                if state.pending != lag or state.stuck is not None:
+                    self._store(replace(state, pending=lag, stuck=None).as_json())
                 return None
             self._start_work()
             names = tuple(f.name for f in pending)
@@ -246,6 +259,8 @@ class AssignedSource:
                     batch=batch,
                     next=state.next + 1,
                     changed_files=state.changed_files + counted,
+                    pending=lag,
+                    stuck=None,
                 ).as_json()
             )
             if counted:
@@ -253,6 +268,26 @@ class AssignedSource:
             state = self.state()
         assert state.batch is not None
         return Batch(self, spark, state.batch)
+
+    def note_stuck(self, error: BaseException | str) -> None:
+        """Record that this resource cannot make progress now (its progress record is
+        unreadable, its listing or a read fails): in memory, in the metrics and, when the
+        record is readable and the error new, in the record (fenced), which ``status`` shows.
+        The next successful planning clears it."""
+        text = " ".join(str(error).split())[:400]
+        self.stuck = text
+        if self._watch is not None:
+            self._watch(self.resource, text, None)
+        try:
+            state = self.state()
+        except RebalancerError:
+            return  # an unreadable record is its own evidence: it is not overwritten
+        if state.stuck == text or not self.owned():
+            return
+        try:
+            self._store(replace(state, stuck=text).as_json())
+        except RebalancerError as exc:
+            log.info("%s: cannot record that it is stuck: %s", self, exc)
 
     def _start_work(self) -> None:
         if self._first:
