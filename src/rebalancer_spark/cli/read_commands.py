@@ -67,13 +67,25 @@ def cmd_assignments(args: argparse.Namespace) -> int:
     backend, state, progress = _read(args, progress=True)
     rows = assignment_statuses(state, progress)
     heads = ("RESOURCE", "OWNER", "EPOCH", "TARGET OWNER", "PROGRESS EPOCH", "PENDING", "BYTES")
-    keys = ("resource", "owner", "epoch", "target_owner", "progress_epoch", "pending_files")
-    cells = [[*(getattr(r, k) for k in keys), r.pending_bytes, _short(r.stuck)] for r in rows]
+    keys = ("resource", "owner", "epoch", "target_owner", "progress_epoch")
+    cells = [
+        [*(getattr(r, k) for k in keys), *_lag(r.pending_files, r.pending_bytes, r.pending_more),
+         _short(r.stuck)]
+        for r in rows
+    ]  # fmt: skip
     text = table((*heads, "STUCK"), cells)
     empty = f"no resources in group {state.group} on {backend}"
     data = {"group": state.group, "backend": backend, "assignments": [asdict(r) for r in rows]}
     emit(args.json, data, lambda: print(text if rows else empty))
     return EXIT_OK
+
+
+def _lag(files: int | None, size: int | None, more: bool) -> tuple[str | None, str | None]:
+    """The PENDING and BYTES cells: ``N+`` when the owner's listing stopped early."""
+    if files is None:
+        return None, None
+    mark = "+" if more else ""
+    return f"{files}{mark}", f"{size}{mark}"
 
 
 def _short(stuck: str | None) -> str | None:

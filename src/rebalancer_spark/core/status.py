@@ -67,6 +67,8 @@ class AssignmentStatus:
     """Files listed and not processed yet, as the owner last listed them (None: not known,
     e.g. a resource that is not read in file batches)."""
     pending_bytes: int | None = None
+    pending_more: bool = False
+    """True when the owner's listing stopped early (``order=name``): at least that many."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class ProgressView:
     stuck: str | None = None
     pending_files: int | None = None
     pending_bytes: int | None = None
+    pending_more: bool = False
 
 
 def progress_view(resource: str, value: JsonValue) -> ProgressView:
@@ -88,14 +91,16 @@ def progress_view(resource: str, value: JsonValue) -> ProgressView:
     stuck = value.get("stuck")
     pending = value.get("pending")
     files = nbytes = None
+    more = False
     if isinstance(pending, Mapping):
         files, nbytes = _int(pending.get("files")), _int(pending.get("bytes"))
+        more = pending.get("more") is True
     if stuck is not None:
         stuck = (
             f"{stuck}; see `rebalancer-spark progress show --resource {resource}` "
             "(reset or skip fix what cannot be read)"
         )
-    return ProgressView(None if stuck is None else str(stuck), files, nbytes)
+    return ProgressView(None if stuck is None else str(stuck), files, nbytes, more)
 
 
 def _int(value: object) -> int | None:
@@ -222,6 +227,7 @@ def assignment_statuses(
                 stuck=view.stuck,
                 pending_files=view.pending_files,
                 pending_bytes=view.pending_bytes,
+                pending_more=view.pending_more,
             )
         )
     return tuple(out)

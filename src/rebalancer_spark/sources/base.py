@@ -92,10 +92,13 @@ class FileSource(ResourceSource):
     lookback: float = 0.0
 
     @abc.abstractmethod
-    def files(self, resource: str, after: str | None = None) -> list[FileEntry]:
+    def files(
+        self, resource: str, after: str | None = None, limit: int | None = None
+    ) -> list[FileEntry]:
         """The visible files of ``resource`` sorted by name; only those whose name sorts
-        above ``after`` when it is given (listed in proportion to them where the source can:
-        S3 ``StartAfter``, a sorted walk that skips directories below ``after``)."""
+        above ``after`` when it is given, and only the first ``limit`` (listed in proportion
+        to them where the source can: S3 ``StartAfter``, a sorted walk that skips directories
+        below ``after`` and stops at ``limit``)."""
 
     @abc.abstractmethod
     def location(self, resource: str) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -49,6 +50,25 @@ WEIGHTS = ("none", "bytes")
 
 def _hidden(name: str) -> bool:
     return name.startswith((".", "_"))
+
+
+def _walk(folder: Path, prefix: str, after: str | None) -> Iterator[tuple[str, Path]]:
+    """(relative name, path) of the visible files under ``folder`` sorting above ``after``,
+    in name order: a directory ``d`` is keyed ``d/``, so its files come as one block exactly
+    where their names sort."""
+    with os.scandir(folder) as listing:
+        entries = [
+            (e.name + "/" if e.is_dir() else e.name, e.is_dir())
+            for e in listing
+            if not _hidden(e.name)
+        ]
+    for key, is_dir in sorted(entries):
+        name = prefix + key
+        if is_dir:
+            if _may_hold(name[:-1], after):
+                yield from _walk(folder / key[:-1], name, after)
+        elif after is None or name > after:
+            yield name, folder / key
 
 
 def _may_hold(directory: str, after: str | None) -> bool:
@@ -144,40 +164,31 @@ class FileShareSource(FileSource):
             Resource(name, float(max(sum(f.size for f in self.files(name)), 1))) for name in entries
         ]
 
-    def files(self, resource: str, after: str | None = None) -> list[FileEntry]:
-        """A sorted walk: a sub-directory whose every name sorts at or below ``after`` is not
-        entered, and only the files above ``after`` are looked at (stat), so the cost follows
-        the new files plus the names of the directories on the way (docs/sources.md)."""
+    def files(
+        self, resource: str, after: str | None = None, limit: int | None = None
+    ) -> list[FileEntry]:
+        """A walk in name order: a sub-directory whose every name sorts at or below ``after``
+        is not entered, only the files above ``after`` are looked at (``stat``), and the walk
+        ends after ``limit`` files; so its cost follows the files returned plus the names of
+        the directories on the way (docs/sources.md)."""
         base = self._resource_dir(resource)
         found: list[FileEntry] = []
+        if not base.is_dir():
+            return found  # gone: the next discovery drops the resource
         try:
-            for dirpath, dirnames, filenames in os.walk(base):
-                rel = os.path.relpath(dirpath, base)
-                prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-                dirnames[:] = sorted(
-                    d for d in dirnames if not _hidden(d) and _may_hold(prefix + d, after)
-                )
-                for name in filenames:
-                    if _hidden(name) or (after is not None and prefix + name <= after):
-                        continue
-                    full = Path(dirpath) / name
-                    try:
-                        stat = full.stat()
-                    except FileNotFoundError:
-                        continue  # removed while listing
-                    found.append(
-                        FileEntry(
-                            prefix + name,
-                            stat.st_size,
-                            stat.st_mtime,
-                            str(stat.st_mtime_ns),
-                        )
-                    )
+            for name, full in _walk(base, "", after):
+                try:
+                    stat = full.stat()
+                except FileNotFoundError:
+                    continue  # removed while listing
+                found.append(FileEntry(name, stat.st_size, stat.st_mtime, str(stat.st_mtime_ns)))
+                if limit is not None and len(found) >= limit:
+                    break
         except OSError as exc:
             raise SourceError(
                 f"cannot list files of resource {resource!r} in {self.url!r}: {exc}"
             ) from None
-        return sorted(found)
+        return found
 
     def location(self, resource: str) -> str:
         # Not Path.as_uri(): Hadoop does not decode %-escapes in a path string, it takes every

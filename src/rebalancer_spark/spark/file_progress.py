@@ -72,8 +72,9 @@ class FileProgress:
     files: int = 0
     changed_files: int = 0
     extra: JsonValue = None
-    pending: tuple[int, int] | None = None
-    """Files and bytes listed and not processed yet, as the owner last listed them."""
+    pending: tuple[int, int, bool] | None = None
+    """Files and bytes listed and not processed yet, as the owner last listed them, and
+    whether there are more (an ``order=name`` listing stops at what the next batch needs)."""
     stuck: str | None = None
     """Why the owner cannot make progress (a listing or a read that fails), or None."""
     legacy_done: frozenset[str] = frozenset()
@@ -100,7 +101,8 @@ class FileProgress:
         if self.extra is not None:
             out["extra"] = self.extra
         if self.pending is not None:
-            out["pending"] = {"files": self.pending[0], "bytes": self.pending[1]}
+            files, size, more = self.pending
+            out["pending"] = {"files": files, "bytes": size, **({"more": True} if more else {})}
         if self.stuck is not None:
             out["stuck"] = self.stuck
         return out
@@ -162,12 +164,12 @@ def _marks(value: object) -> tuple[tuple[float, str], ...]:
     return tuple((float(t), str(name)) for t, name in value)
 
 
-def _pending(value: object) -> tuple[int, int] | None:
+def _pending(value: object) -> tuple[int, int, bool] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise TypeError("pending is not a mapping")
-    return int(value["files"]), int(value["bytes"])
+    return int(value["files"]), int(value["bytes"]), bool(value.get("more", False))
 
 
 def _name(value: object) -> str | None:

@@ -196,8 +196,20 @@ class AssignedSource:
         return self._known
 
     def listed(self) -> list[FileEntry]:
-        """The files a listing returns now: above the floor with ``order=name``."""
-        return self.files_source().files(self.resource, after=self._floor(self.state()))
+        """The files a listing returns now: every file with ``order=none``; with
+        ``order=name`` those above the floor, in name order, only as many as the next batch
+        needs (plus those the history holds above the floor)."""
+        return self._list(self.state())[0]
+
+    def _list(self, state: FileProgress) -> tuple[list[FileEntry], bool]:
+        """(:meth:`listed`, whether it is the whole listing)."""
+        source = self.files_source()
+        if source.order != "name":
+            return source.files(self.resource), True
+        known = self._known_names(state)
+        limit = self.read_settings.max_files_per_batch + len(known) + 1
+        found = source.files(self.resource, after=self._floor(state), limit=limit)
+        return found, len(found) < limit
 
     def pending(self, listed: list[FileEntry] | None = None) -> list[FileEntry]:
         """Files listed now that no committed batch processed yet (nor the open one), sorted."""
@@ -233,13 +245,13 @@ class AssignedSource:
         elif state.batch is not None and self.output is not None:
             state = self._skip_landed(state, self.output.landed(self.resource))
         if state.batch is None:
-            listed = self.listed()
+            listed, complete = self._list(state)
             changed = self._take_changes(state, listed)
             state = self.state()
             every = changed + self.pending(listed)
             pending = every[: self.read_settings.max_files_per_batch]
             rest = every[len(pending) :]
-            lag = (len(rest), sum(f.size for f in rest))
+            lag = (len(rest), sum(f.size for f in rest), not complete)
             self.stuck = None
             if self._watch is not None:
                 self._watch(self.resource, None, (len(every), sum(f.size for f in every)))

@@ -316,7 +316,9 @@ class S3Source(FileSource):
             )
         return f"{self.prefix}{resource}/"
 
-    def files(self, resource: str, after: str | None = None) -> list[FileEntry]:
+    def files(
+        self, resource: str, after: str | None = None, limit: int | None = None
+    ) -> list[FileEntry]:
         base = self.key_prefix(resource)
         found: list[FileEntry] = []
         start = {} if after is None else {"StartAfter": base + after}
@@ -334,7 +336,10 @@ class S3Source(FileSource):
                         str(obj.get("ETag", "")).strip('"'),
                     )
                 )
-        return sorted(found)
+            if limit is not None and len(found) >= limit:
+                break  # keys come in order: the next pages hold only later keys
+        found.sort()
+        return found if limit is None else found[:limit]
 
     def location(self, resource: str) -> str:
         return f"s3://{self.bucket}/{self.key_prefix(resource)}"
