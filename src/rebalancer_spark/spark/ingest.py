@@ -12,6 +12,13 @@ the resource epoch inside Delta; :mod:`.outputs`) and then committed in the stor
 found fenced anywhere is dropped (the new owner re-runs or skips it); a batch whose Spark read
 or write fails stays planned and is retried with the same files and batch id; a resource whose
 files cannot be listed is retried on the next pass.
+
+With ``once`` (``jobs/ingest_files.py --once``, for a scheduler: Airflow, cron) the loop ends
+by itself once the *group* has nothing pending: every resource of the group has an owner whose
+last planning found no file pending and no batch open (as the progress records in the store
+say), or is stuck. The job then stops as on SIGTERM, draining on the way, so N copies started
+together all exit once everything that was there is ingested. :attr:`IngestStats.stuck` says
+which resources were stuck at the end (the job then exits 1).
 """
 
 from __future__ import annotations
@@ -45,10 +52,15 @@ class IngestStats:
     landed_before: int = 0
     """Batches found already in the output (a previous attempt or owner landed them)."""
     per_resource: dict[str, int] = field(default_factory=dict)
+    stuck: dict[str, str] = field(default_factory=dict)
+    """With ``once``: the resources stuck when the loop ended, and why."""
 
 
-def run_ingest(spark: SparkSession, node: RebalancerNode, stop: threading.Event) -> IngestStats:
-    """Run the loop until ``stop`` is set; see the module docstring."""
+def run_ingest(
+    spark: SparkSession, node: RebalancerNode, stop: threading.Event, *, once: bool = False
+) -> IngestStats:
+    """Run the loop until ``stop`` is set (with ``once``: also until the group has nothing
+    pending); see the module docstring."""
     stats = IngestStats()
     while not stop.is_set():
         worked = False
@@ -91,5 +103,43 @@ def run_ingest(spark: SparkSession, node: RebalancerNode, stop: threading.Event)
                 batch.outcome,
             )
         if not worked:
+            if once and _group_done(node, stats):
+                log.info("--once: the group has nothing pending; stopping")
+                break
             stop.wait(node.job.poll_interval)
     return stats
+
+
+def _group_done(node: RebalancerNode, stats: IngestStats) -> bool:
+    """Whether every resource of the group is owned and, by its progress record, has no file
+    pending and no batch open, or is stuck (then named in ``stats.stuck``)."""
+    from rebalancer_spark.backends import open_backend
+    from rebalancer_spark.core.status import progress_view
+
+    for src in node.assigned_sources():
+        if src.planned is not None or (src.stuck is None and src.pending_files()):
+            return False
+    group = node.member.group
+    with open_backend(node.job.member.backend) as store:
+        state = store.state(group)
+        names = sorted(state.resources)
+        if set(names) - set(state.claims):
+            return False  # a resource nobody owns yet
+        progress = store.progress(group, names)
+    stuck: dict[str, str] = {}
+    for name in names:
+        if name not in progress:
+            return False  # its owner has not planned yet
+        view = progress_view(name, progress[name].value)
+        value = progress[name].value
+        if view.stuck is not None:
+            stuck[name] = view.stuck
+        elif (
+            not isinstance(value, dict)
+            or value.get("batch") is not None
+            or view.pending_files != 0
+            or view.pending_more
+        ):
+            return False
+    stats.stuck = stuck
+    return True
