@@ -164,6 +164,7 @@ def assigned_source(
     source: FileSource,
     output: Output | None = None,
     changed: Callable[[int, str], None] | None = None,
+    event: Callable[[str, str, int, str], None] | None = None,
     **read: Any,
 ) -> AssignedSource:
     """``resource`` as the job of ``member`` works on it, once ``member`` owns it: an
@@ -200,6 +201,7 @@ def assigned_source(
         read=ReadSettings(**settings),
         changed=changed,
         history=history,
+        event=event,
     )
 
 

@@ -20,7 +20,8 @@ What the store holds for a file resource (names are relative to the resource)::
   ``changed_files``: processed files found rewritten under the same name;
 * ``pending`` (the lag: files and bytes listed and not processed yet, as the owner last
   listed them) and ``stuck`` (why the owner cannot make progress: its listing or a read
-  fails), both optional; ``rebalancer-spark status`` and ``assignments`` show them.
+  fails), both optional; ``rebalancer-spark status`` and ``assignments`` show them;
+* ``reset``: the last ``rebalancer-spark progress reset`` (:mod:`.progress_requests`).
 
 The names of the files processed are not here: they are rows of the file history
 (:mod:`.file_history`). A record of the earlier format (``{"done": [every name], "batch": …,
@@ -77,6 +78,9 @@ class FileProgress:
     whether there are more (an ``order=name`` listing stops at what the next batch needs)."""
     stuck: str | None = None
     """Why the owner cannot make progress (a listing or a read that fails), or None."""
+    reset: tuple[str | None, int] | None = None
+    """The last ``progress reset``: history rows of batches before the second item, of names
+    above the first (None: every name), are disregarded."""
     legacy_done: frozenset[str] = frozenset()
     """Names listed by a record of the earlier format, not yet moved to the history."""
     legacy_versions: Mapping[str, str] = field(default_factory=dict)
@@ -105,7 +109,16 @@ class FileProgress:
             out["pending"] = {"files": files, "bytes": size, **({"more": True} if more else {})}
         if self.stuck is not None:
             out["stuck"] = self.stuck
+        if self.reset is not None:
+            out["reset"] = {"after": self.reset[0], "batch": self.reset[1]}
         return out
+
+    def disregards(self, name: str, batch: int) -> bool:
+        """Whether a history row of ``name`` from ``batch`` is void after the last reset."""
+        if self.reset is None:
+            return False
+        after, first = self.reset
+        return batch < first and (after is None or name > after)
 
     def done(self, batch: FileBatch, now: float, lookback: float | None) -> FileProgress:
         """This record once ``batch`` is committed at ``now``: the watermark and the floor
@@ -172,6 +185,14 @@ def _pending(value: object) -> tuple[int, int, bool] | None:
     return int(value["files"]), int(value["bytes"]), bool(value.get("more", False))
 
 
+def _reset(value: object) -> tuple[str | None, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError("reset is not a mapping")
+    return _name(value.get("after")), int(value["batch"])
+
+
 def _name(value: object) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError("not a name")
@@ -200,6 +221,7 @@ def parse(resource: str, value: JsonValue) -> FileProgress:
                 extra=value.get("extra"),
                 pending=_pending(value.get("pending")),
                 stuck=None if value.get("stuck") is None else str(value["stuck"]),
+                reset=_reset(value.get("reset")),
             )
         if "format" in value:
             raise ValueError("unknown format")

@@ -19,13 +19,14 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rebalancer_spark.audit.delta import DeltaAuditLog
 from rebalancer_spark.core.errors import RebalancerError
-from rebalancer_spark.core.events import EventSink
+from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
@@ -206,7 +207,20 @@ class RebalancerNode:
             changed=self._changed_files,
             history=self._files_history(),
             watch=self._watch,
+            event=self._event,
         )
+
+    def _event(self, kind: str, resource: str, epoch: int, reason: str) -> None:
+        """A ``stuck`` or ``progress`` event of this job, to the audit table and metrics."""
+        session = self.member.session
+        now = time.time()
+        event = OwnershipEvent(
+            EventKind(kind), self.member.group, resource, self.member.member_id,
+            "" if session is None else session.session_id, epoch, now, now, reason,
+        )  # fmt: skip
+        for sink in (self.audit, self.member.metrics):
+            if sink is not None:
+                sink(event)
 
     def _watch(self, resource: str, stuck: str | None, pending: tuple[int, int] | None) -> None:
         metrics = self.member.metrics

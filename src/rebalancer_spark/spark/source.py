@@ -47,11 +47,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from rebalancer_spark.core.errors import FencedError, RebalancerError
+from rebalancer_spark.core.errors import ConfigurationError, FencedError, RebalancerError
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
 from rebalancer_spark.spark.file_history import FileHistory, HistoryEntry
 from rebalancer_spark.spark.file_progress import FileBatch, FileProgress, parse
+from rebalancer_spark.spark.progress_requests import ProgressRequest, request_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -95,10 +96,14 @@ class AssignedSource:
         history: FileHistory | None = None,
         clock: Callable[[], float] = time.time,
         watch: Callable[[str, str | None, tuple[int, int] | None], None] | None = None,
+        event: Callable[[str, str, int, str], None] | None = None,
     ) -> None:
         """``watch(resource, stuck, pending)`` is told, after each planning or failure, why
         the resource is stuck (None: it is not) and its lag (files, bytes; None: unknown): the
-        node shows them in the member's metrics. ``changed(count, action)`` is told of
+        node shows them in the member's metrics. ``event(kind, resource, epoch, reason)`` is
+        told when the resource gets stuck (``stuck``) and when an operator's request is applied
+        (``progress``): the node records them in the audit table.
+        ``changed(count, action)`` is told of
         processed files found rewritten under the same name (``action``: ``ignored`` or
         ``reread``), after the progress recorded them: the node counts them in the metrics."""
         self.group = group
@@ -122,6 +127,7 @@ class AssignedSource:
         self._known_floor: str | None = None
         self._prints: dict[str, str] = {}
         self._watch = watch
+        self._event = event
         self.stuck: str | None = None
         """Why this job cannot make progress on the resource now (None: it can)."""
         """Fingerprints of the open batch's files as this job listed them."""
@@ -186,7 +192,8 @@ class AssignedSource:
         """The history above the listing floor, read once, then kept up to date here."""
         floor = self._floor(state)
         if self._known is None:
-            self._known = self.history().load(self.resource, after=floor)
+            loaded = self.history().load(self.resource, after=floor)
+            self._known = {k: v for k, v in loaded.items() if not state.disregards(k, v.batch)}
             self._known_floor = floor
             for name in state.legacy_done:
                 self._known.setdefault(name, HistoryEntry(0, state.legacy_versions.get(name, "")))
@@ -244,6 +251,7 @@ class AssignedSource:
             state = self._skip_landed(state, landed)
         elif state.batch is not None and self.output is not None:
             state = self._skip_landed(state, self.output.landed(self.resource))
+        state = self._take_request(state)
         if state.batch is None:
             listed, complete = self._list(state)
             changed = self._take_changes(state, listed)
@@ -281,12 +289,55 @@ class AssignedSource:
         assert state.batch is not None
         return Batch(self, spark, state.batch)
 
+    def _take_request(self, state: FileProgress) -> FileProgress:
+        """Apply an operator's request (:mod:`.progress_requests`), fenced like any commit:
+        ``skip`` of the open batch at once, the others between batches."""
+        if self._history is None and self.output is None:
+            return state
+        try:
+            path = request_path(self.history().uri, self.resource)
+        except ConfigurationError:
+            return state  # a history on S3: no requests (the command refuses them)
+        request = ProgressRequest.read(path)
+        if request is None:
+            return state
+        self.check_owner()
+        if request.action == "skip" and request.batch is not None:
+            if state.batch is None or state.batch.id != request.batch:
+                log.warning("%s: %s ignored: batch %s is not open (open: %s)", self,
+                            request.describe(), request.batch,
+                            None if state.batch is None else state.batch.id)  # fmt: skip
+            else:
+                self.mark_done(state.batch)
+        elif state.batch is not None:
+            return state  # after the open batch
+        elif request.action == "skip" and request.file is not None:
+            rows = [(request.file, "")]
+            batch = max(state.next - 1, 0)
+            self.history().append(self.resource, batch, self.epoch, rows, transaction=False)
+            self._known_names(state)[request.file] = HistoryEntry(batch, "", self._clock())
+        elif request.action == "reset":
+            after = request.after
+            marks: tuple[tuple[float, str], ...] = ()
+            self._store(replace(state, reset=(after, state.next), floor=after,
+                                watermark=after, marks=marks, stuck=None).as_json())  # fmt: skip
+            self._known = None  # read again, without the disregarded rows
+        path.unlink(missing_ok=True)
+        log.warning("%s: applied the operator's request %s (%s, by %s)", self,
+                    request.id, request.describe(), request.by)  # fmt: skip
+        if self._event is not None:
+            what = f"{request.describe()} (by {request.by})"
+            self._event("progress", self.resource, self.epoch, what)
+        return self.state()
+
     def note_stuck(self, error: BaseException | str) -> None:
         """Record that this resource cannot make progress now (its progress record is
         unreadable, its listing or a read fails): in memory, in the metrics and, when the
         record is readable and the error new, in the record (fenced), which ``status`` shows.
         The next successful planning clears it."""
         text = " ".join(str(error).split())[:400]
+        if text != self.stuck and self._event is not None:
+            self._event("stuck", self.resource, self.epoch, text)
         self.stuck = text
         if self._watch is not None:
             self._watch(self.resource, text, None)
