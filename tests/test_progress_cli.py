@@ -50,18 +50,15 @@ def test_show_reset_and_skip(
     with pytest.raises(SystemExit) as refused:
         cli(["progress", "reset", *store, "--all", "--output", str(out)])
     assert refused.value.code == 3 and "owned by member a" in capsys.readouterr().err
-    assert (
-        cli(["progress", "reset", *store, "--after", "a.csv", "--output", str(out), "--force"]) == 0
-    )
+    forced = ["--output", str(out), "--force"]
+    assert cli(["progress", "reset", *store, "--after", "a.csv", *forced]) == 0
     assert "member a applies it" in capsys.readouterr().out
     assert _drain(spark, src) == [("b.csv", "c.csv")], "read again above a.csv"
     assert events and events[-1][0] == "progress" and "above 'a.csv'" in events[-1][1]
     assert _drain(spark, src) == []
 
     (folder / "d.csv").write_text("poison\n")
-    assert (
-        cli(["progress", "skip", *store, "--file", "d.csv", "--output", str(out), "--force"]) == 0
-    )
+    assert cli(["progress", "skip", *store, "--file", "d.csv", *forced]) == 0
     assert _drain(spark, src) == [], "the skipped file is not read"
     assert "d.csv" in src.history().load("d")
 
