@@ -34,7 +34,8 @@ def test_an_unreadable_progress_record_stalls_only_its_resource(
     spark: Any, backend_url: str, group: str, tmp_path: Path
 ) -> None:
     source = _landing(tmp_path, "bad", "good")
-    output = ParquetOutput(str(tmp_path / "out"))
+    out = tmp_path / "out"
+    output = ParquetOutput(str(out))
     g = Group(backend_url, group)
     try:
         a = g.start("a", resources=["bad", "good"])
@@ -58,6 +59,11 @@ def test_an_unreadable_progress_record_stalls_only_its_resource(
             bad.next_batch(spark)
         bad.note_stuck(CorruptStateError("unreadable"))
         assert bad.stuck == "unreadable"
+        reset = ["progress", "reset", "--backend", backend_url, "--group", group]
+        assert cli([*reset, "--resource", "bad", "--all", "--output", str(out), "--force"]) == 0
+        again = bad.next_batch(spark)  # the owner replaces the record on the operator's request
+        assert again is not None and again.files == ("a.csv",)
+        assert isinstance(bad.progress, dict) and bad.progress["reset"]["after"] is None
         good = assigned_source(b, "good", source, output)
         batch = good.next_batch(spark)
         assert batch is not None and batch.files == ("a.csv",)

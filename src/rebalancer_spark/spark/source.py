@@ -47,7 +47,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from rebalancer_spark.core.errors import ConfigurationError, FencedError, RebalancerError
+from rebalancer_spark.core.errors import (
+    ConfigurationError,
+    CorruptStateError,
+    FencedError,
+    RebalancerError,
+)
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
 from rebalancer_spark.spark.file_history import FileHistory, HistoryEntry
@@ -238,7 +243,10 @@ class AssignedSource:
         from rebalancer_spark.spark.batch import Batch
 
         self.check_owner()
-        state = self.state()
+        try:
+            state = self.state()
+        except CorruptStateError:
+            state = self._recover()  # raises again unless an operator asked for a reset
         if state.legacy:
             state = self._migrate(state)
         if self._first and state.batch is not None:
@@ -327,6 +335,33 @@ class AssignedSource:
                     request.id, request.describe(), request.by)  # fmt: skip
         if self._event is not None:
             what = f"{request.describe()} (by {request.by})"
+            self._event("progress", self.resource, self.epoch, what)
+        return self.state()
+
+    def _recover(self) -> FileProgress:
+        """Replace an unreadable progress record when an operator asked for a reset: a new
+        record whose batch ids go on above every batch the output and the history hold (so
+        none is mistaken for one that landed); raises the record's error otherwise."""
+        try:
+            path = request_path(self.history().uri, self.resource)
+        except ConfigurationError:
+            path = None
+        request = None if path is None else ProgressRequest.read(path)
+        if path is None or request is None or request.action != "reset":
+            self.state()  # raises the record's error
+        assert path is not None and request is not None
+        self.check_owner()
+        landed = None if self.output is None else self.output.landed(self.resource)
+        after = max(landed or 0, self.history().recorded_batch(self.resource)) + 1
+        fresh = FileProgress(next=after, reset=(request.after, after), floor=request.after,
+                             watermark=request.after)  # fmt: skip
+        self._store(fresh.as_json())
+        self._known = None
+        path.unlink(missing_ok=True)
+        log.warning("%s: replaced its unreadable progress record on the operator's request %s "
+                    "(%s, by %s)", self, request.id, request.describe(), request.by)  # fmt: skip
+        if self._event is not None:
+            what = f"{request.describe()}, replacing an unreadable record (by {request.by})"
             self._event("progress", self.resource, self.epoch, what)
         return self.state()
 
