@@ -3,6 +3,7 @@ and the cost of picking up one new file, without Spark.
 
     nice -n 10 python benchmarks/bench_file_progress.py                 # 1,000,000 files
     nice -n 10 python benchmarks/bench_file_progress.py --files 20000   # a quick run
+    nice -n 10 python benchmarks/bench_file_progress.py --spark --files 20000  # with Spark
 
 It writes ``--files`` empty files into one resource of a file share (``--per-dir`` per
 directory, ``d/h0000/f00000000``: names that sort by arrival), joins a group on SQLite with one
@@ -16,6 +17,10 @@ and ``tests/test_file_progress.py`` cover them with Spark). It prints:
 * exactly once: rows in the history, distinct names, and the files on disk (all equal);
 * with every file processed, one new file: the time of the listing with ``order=name`` (starts
   after the floor) and of a full listing (``order=none``), and what each returned.
+
+With ``--spark`` it runs the real ingest instead (``run_ingest(once=True)``: Spark reads each
+batch, one row per file, and writes it to a Delta output), watching the largest progress record
+in the store while it runs, and checks the output holds every row once.
 """
 
 from __future__ import annotations
@@ -82,13 +87,81 @@ def main() -> None:
     parser.add_argument("--per-dir", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=200, help="max files per batch")
     parser.add_argument("--dir", help="work directory (default: a new temporary one)")
+    parser.add_argument("--spark", action="store_true", help="the real ingest, with Spark")
     args = parser.parse_args()
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-file-progress-"))
     try:
-        run(work, args.files, args.per_dir, args.batch)
+        if args.spark:
+            run_spark(work, args.files, args.per_dir, args.batch)
+        else:
+            run(work, args.files, args.per_dir, args.batch)
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def run_spark(work: Path, files: int, per_dir: int, batch: int) -> None:
+    """The real ingest of ``files`` one-row CSV files by one job, once."""
+    import threading
+
+    import deltalake
+    from pyspark.sql import SparkSession
+
+    from rebalancer_spark.backends import open_backend
+    from rebalancer_spark.spark.ingest import run_ingest
+    from rebalancer_spark.spark.options import JobConfig
+    from rebalancer_spark.spark.session import start
+
+    landing = work / "landing" / "d"
+    t0 = time.perf_counter()
+    for i in range(files):
+        folder = landing / f"h{i // per_dir:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{i:08d}.csv").write_text(f"r{i},{i}\n")
+    print(f"wrote {files:,} one-row files in {time.perf_counter() - t0:.1f} s")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]").appName("bench-file-progress")
+        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    backend = f"sqlite://{work / 'groups.db'}"
+    job = JobConfig(
+        member=MemberConfig(group="bench", backend=backend, member_id="job-1",
+                            session_timeout=30.0, stability_window=0.02),
+        source=f"{(work / 'landing').as_uri()}/?order=name", output=str(work / "out"),
+        schema="id STRING, value LONG", max_files_per_batch=batch, poll_interval=0.05,
+        discovery_interval=5.0,
+    )  # fmt: skip
+    node = start(spark, job)
+    largest = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        with open_backend(backend) as store:
+            while not done.wait(0.2):
+                for p in store.progress("bench", ["d"]).values():
+                    largest[0] = max(largest[0], len(encode_progress("d", p.value).encode()))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    t0 = time.perf_counter()
+    try:
+        stats = run_ingest(spark, node, threading.Event(), once=True)
+    finally:
+        took = time.perf_counter() - t0
+        done.set()
+        watcher.join()
+        node.stop()
+    rows = deltalake.DeltaTable(str(work / "out")).to_pyarrow_table(columns=["id"])
+    ids = rows.column("id").to_pylist()
+    print(
+        f"Spark ingest of {files:,} files in {stats.batches:,} batches of up to {batch}: "
+        f"{took:.1f} s, {files / took:,.0f} files/s; largest progress record seen "
+        f"{largest[0]} bytes; output: {len(ids):,} rows, {len(set(ids)):,} distinct"
+    )
+    spark.stop()
 
 
 def run(work: Path, files: int, per_dir: int, batch: int) -> None:

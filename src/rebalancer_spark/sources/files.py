@@ -20,7 +20,13 @@ Rules, so that a half-written file is never read:
   again, in a new batch, with ``on_change=reread`` (``file:///dir/?on_change=reread``); either
   way a warning is logged and the file counted (docs/sources.md).
 
-Those two are the only options: any other is refused.
+* ``order=name`` (files arrive in name order: dates, hours, timestamps first) makes a listing
+  start after the last name processed, walking the directories in name order, skipping those
+  below it and ``stat``-ing only the files above it, and stop at what the next batch needs;
+  ``lookback=DURATION`` keeps the start that far behind, for late files; ``order=none`` (the
+  default) lists everything every time (docs/sources.md).
+
+Any other option is refused.
 
 :meth:`FileShareSource.location` is a ``file:`` URL holding the directory's path as it is (not
 percent-encoded): Hadoop's ``Path`` takes a string's characters literally, so names with
