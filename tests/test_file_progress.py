@@ -17,6 +17,10 @@ from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.source import AssignedSource
 from tests.support.helpers import SqliteMembers, assigned_source
 
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
+)
+
 
 def _drain(spark: Any, src: AssignedSource, limit: int = 50) -> list[tuple[str, ...]]:
     done: list[tuple[str, ...]] = []
@@ -129,3 +133,39 @@ def test_without_lookback_a_listing_starts_after_the_last_name(
     (folder / "f4.csv").write_text("new,1\n")
     assert [f.name for f in src.listed()] == ["f4.csv"]
     assert _drain(spark, src) == [("f4.csv",)]
+
+
+def test_nested_layouts_are_resources_at_a_depth(tmp_path: Path) -> None:
+    for name in ["date=1/hour=00/a.csv", "date=1/hour=01/b.csv", "date=2/hour=00/c.csv"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "date=2" / "_tmp").mkdir()
+    source = FileShareSource(tmp_path.as_uri() + "/?depth=2")
+    found = [r.id for r in source.discover()]
+    assert found == ["date=1/hour=00", "date=1/hour=01", "date=2/hour=00"]
+    assert [f.name for f in source.files("date=1/hour=01")] == ["b.csv"]
+    assert [r.id for r in FileShareSource(tmp_path.as_uri() + "/").discover()] == [
+        "date=1",
+        "date=2",
+    ]
+    with pytest.raises(ConfigurationError, match="depth='0'"):
+        FileShareSource(tmp_path.as_uri() + "/?depth=0")
+
+
+def test_a_nested_resource_is_ingested_like_any_other(
+    spark: Any, members: SqliteMembers, tmp_path: Path
+) -> None:
+    folder = tmp_path / "landing" / "date=1" / "hour=00"
+    folder.mkdir(parents=True)
+    (folder / "a.csv").write_text("a,1\n")
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/?depth=2")
+    a = members.start("a", resources=["date=1/hour=00"])
+    out = ParquetOutput(str(tmp_path / "out"))
+    src = assigned_source(a, "date=1/hour=00", source, out)
+    batch = src.next_batch(spark)
+    assert batch is not None
+    with batch:
+        batch.write(batch.read())
+    assert batch.outcome == "written" and src.next_batch(spark) is None
+    assert [r["id"] for r in spark.read.parquet(out.location).collect()] == ["a"]
+    assert list(src.history().load("date=1/hour=00")) == ["a.csv"]

@@ -26,6 +26,10 @@ Rules, so that a half-written file is never read:
   ``lookback=DURATION`` keeps the start that far behind, for late files; ``order=none`` (the
   default) lists everything every time (docs/sources.md).
 
+* ``depth=N`` (1 to 8, default 1): the resources are the directories N levels below the root,
+  named by their path (``depth=2`` over ``date=*/hour=*``: ``date=2026-11-25/hour=10``), each
+  still one owner's; files of shallower directories belong to no resource.
+
 Any other option is refused.
 
 :meth:`FileShareSource.location` is a ``file:`` URL holding the directory's path as it is (not
@@ -50,7 +54,7 @@ __all__ = ["FileShareSource"]
 
 log = logging.getLogger("rebalancer_spark.sources.files")
 
-OPTIONS = ("lookback", "on_change", "order", "weight")
+OPTIONS = ("depth", "lookback", "on_change", "order", "weight")
 WEIGHTS = ("none", "bytes")
 
 
@@ -107,8 +111,8 @@ class FileShareSource(FileSource):
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 raise ConfigurationError(
                     f"source {url!r} has the unknown option {name!r}{hint}: the options of a "
-                    "file share are weight=none|bytes, on_change=ignore|reread, order=none|name "
-                    "and lookback=DURATION"
+                    "file share are weight=none|bytes, on_change=ignore|reread, order=none|name, "
+                    "lookback=DURATION and depth=N"
                 )
             if name in options:
                 raise ConfigurationError(f"source {url!r} gives the option {name!r} twice")
@@ -131,6 +135,14 @@ class FileShareSource(FileSource):
         self.url = url
         self.root = Path(unquote(parts.path))
         self.weight = weight
+        depth = options.get("depth", "1")
+        if not depth.isdigit() or not 1 <= int(depth) <= 8:
+            raise ConfigurationError(
+                f"option depth={depth!r} of source {url!r} is not a number from 1 to 8: the "
+                "resources are the directories that many levels below the root (2: "
+                "date=*/hour=*)"
+            )
+        self.depth = int(depth)
         self.on_change = check_on_change(options.get("on_change", "ignore"), url)
         self.order, self.lookback = check_listing(options, url)
 
@@ -145,9 +157,14 @@ class FileShareSource(FileSource):
 
     def discover(self) -> list[Resource]:
         try:
-            listed = sorted(
-                e.name for e in os.scandir(self.root) if e.is_dir() and not _hidden(e.name)
-            )
+            listed = [""]
+            for _ in range(self.depth):  # the directories `depth` levels down, by path
+                listed = sorted(
+                    f"{parent}{e.name}"
+                    for parent in (f"{p}/" if p else "" for p in listed)
+                    for e in os.scandir(self.root / parent)
+                    if e.is_dir() and not _hidden(e.name)
+                )
         except OSError as exc:
             raise SourceError(
                 f"cannot list source {self.url!r} ({exc.strerror or exc}): check that the "

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.core.model import Progress
 from rebalancer_spark.spark.batch import batches
 from rebalancer_spark.spark.session import RebalancerNode
 
@@ -111,10 +113,10 @@ def run_ingest(
 
 
 def _group_done(node: RebalancerNode, stats: IngestStats) -> bool:
-    """Whether every resource of the group is owned and, by its progress record, has no file
-    pending and no batch open, or is stuck (then named in ``stats.stuck``)."""
+    """Whether the source was listed, the assignment of that listing is out, and every
+    resource of the group is owned and, by its progress record, has no file pending and no
+    batch open, or is stuck (then named in ``stats.stuck``)."""
     from rebalancer_spark.backends import open_backend
-    from rebalancer_spark.core.status import progress_view
 
     for src in node.assigned_sources():
         if src.planned is not None or (src.stuck is None and src.pending_files()):
@@ -122,16 +124,34 @@ def _group_done(node: RebalancerNode, stats: IngestStats) -> bool:
     group = node.member.group
     with open_backend(node.job.member.backend) as store:
         state = store.state(group)
+        target = state.target
         names = sorted(state.resources)
-        if set(names) - set(state.claims):
-            return False  # a resource nobody owns yet
+        listed = (
+            target is not None
+            and state.resources_version > 0  # the source was listed
+            and target.resources_version == state.resources_version  # and assigned
+            and not set(names) - set(state.claims)  # and every resource is owned
+        )
+        if not listed:
+            return False
         progress = store.progress(group, names)
+    stuck = _stuck_or_pending(names, progress)
+    if stuck is None:
+        return False
+    stats.stuck = stuck
+    return True
+
+
+def _stuck_or_pending(names: list[str], progress: Mapping[str, Progress]) -> dict[str, str] | None:
+    """The stuck resources among ``names``, or None while one of the others has work."""
+    from rebalancer_spark.core.status import progress_view
+
     stuck: dict[str, str] = {}
     for name in names:
         if name not in progress:
-            return False  # its owner has not planned yet
-        view = progress_view(name, progress[name].value)
+            return None  # its owner has not planned yet
         value = progress[name].value
+        view = progress_view(name, value)
         if view.stuck is not None:
             stuck[name] = view.stuck
         elif (
@@ -140,6 +160,5 @@ def _group_done(node: RebalancerNode, stats: IngestStats) -> bool:
             or view.pending_files != 0
             or view.pending_more
         ):
-            return False
-    stats.stuck = stuck
-    return True
+            return None
+    return stuck
