@@ -123,6 +123,7 @@ def run_spark(work: Path, files: int, per_dir: int, batch: int) -> None:
     spark = (
         SparkSession.builder.master("local[2]").appName("bench-file-progress")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )  # fmt: skip
     spark.sparkContext.setLogLevel("ERROR")
