@@ -58,11 +58,12 @@ from typing import IO, Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from rebalancer_spark.backends import Backend, open_backend
+from rebalancer_spark.backends.registry import default_store_url
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.assignors import minimum_moves, moved
 from rebalancer_spark.core.errors import BackendError, RebalancerError
 from rebalancer_spark.core.model import GroupState
-from rebalancer_spark.core.urls import default_sqlite_url, parse_backend_url
+from rebalancer_spark.core.urls import parse_backend_url
 from rebalancer_spark.testing import member_process
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -542,7 +543,7 @@ def table(rows: Sequence[Mapping[str, Any]], scheme: str, n_resources: int) -> s
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    url = args.backend or default_sqlite_url(str(workdir))
+    url = args.backend or default_store_url(str(workdir))
     n, n_resources = args.members, args.resources
     resources = [f"r{i:04d}" for i in range(n_resources)]
     group = Group(url, f"bench-{uuid.uuid4().hex[:10]}", workdir, args.session_timeout)

@@ -384,7 +384,7 @@ class Raw:
         return restore, present
 
     def _redis(self, group: str, where: str) -> tuple[Restore, Callable[[], bool]]:
-        from rebalancer_spark.backends.redis.keys import prefix
+        from rebalancer_spark.backends.redis.store.keys import prefix
 
         key, field = {
             "generation": ("meta", "generation"),

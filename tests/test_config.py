@@ -11,6 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from rebalancer_spark.backends import SCHEMES
+from rebalancer_spark.backends.registry import default_store_url
 from rebalancer_spark.core import config as config_module
 from rebalancer_spark.core import urls as urls_module
 from rebalancer_spark.core.config import (
@@ -23,7 +24,6 @@ from rebalancer_spark.core.config import (
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.core.urls import (
     BackendUrl,
-    default_sqlite_url,
     parse_backend_url,
     redact_url,
 )
@@ -36,7 +36,6 @@ def test_public_surface_is_pinned() -> None:
     assert urls_module.__all__ == [
         "BackendUrl",
         "SplitUrl",
-        "default_sqlite_url",
         "did_you_mean",
         "parse_backend_url",
         "redact_url",
@@ -332,7 +331,7 @@ def test_option_with_a_secret_name_never_shows_its_value() -> None:
     assert "secret" not in str(twice.value)
 
 
-# --- redact_url and default_sqlite_url ---------------------------------------------------------
+# --- redact_url and default_store_url ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -357,19 +356,19 @@ def test_redact_url(text: str, expected: str) -> None:
     assert redact_url(expected) == expected
 
 
-def test_default_sqlite_url() -> None:
-    assert default_sqlite_url("/var/lib/rebalancer") == SQLITE
-    assert default_sqlite_url("/var/lib/rebalancer/") == SQLITE
-    assert default_sqlite_url("/") == "sqlite:///groups.db"
+def test_default_store_url() -> None:
+    assert default_store_url("/var/lib/rebalancer") == SQLITE
+    assert default_store_url("/var/lib/rebalancer/") == SQLITE
+    assert default_store_url("/") == "sqlite:///groups.db"
     with pytest.raises(ConfigurationError, match=r"'state' is not an absolute path"):
-        default_sqlite_url("state")
+        default_store_url("state")
 
 
 @given(st.lists(st.text(min_size=1).filter(lambda s: "/" not in s and s.isprintable()), max_size=4))
 def test_default_sqlite_url_round_trips_any_directory(parts: list[str]) -> None:
     assume(not parts or (parts[0] not in (".", "..") and not parts[0].startswith("~")))
     directory = "/" + "/".join(parts)
-    parsed = parse_backend_url(default_sqlite_url(directory))
+    parsed = parse_backend_url(default_store_url(directory))
     assert parsed.path == directory.rstrip("/") + "/groups.db"
 
 

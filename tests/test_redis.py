@@ -26,7 +26,7 @@ from redis.crc import key_slot
 
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.redis import RedisBackend
-from rebalancer_spark.backends.redis.runner import SCRIPT_MODULES
+from rebalancer_spark.backends.redis.store.runner import SCRIPT_MODULES, Lua
 from rebalancer_spark.core.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -128,8 +128,8 @@ def test_a_flushed_script_cache_is_reloaded(store: RedisBackend) -> None:
 def test_a_join_retried_with_the_same_session_id_is_not_a_duplicate(store: RedisBackend) -> None:
     group, sid = _group(), uuid.uuid4().hex
     args = ["m1", sid, 30_000, "{}", "0", 0, "", 0, -1]
-    store.run("JOIN", group, args, "joining")
-    store.run("JOIN", group, args, "joining")  # the reply of the first was lost
+    store.run(Lua.JOIN, group, args, "joining")
+    store.run(Lua.JOIN, group, args, "joining")  # the reply of the first was lost
     assert store.state(group).members["m1"].session_id == sid
 
 

@@ -27,7 +27,12 @@ from kazoo.security import make_digest_acl_credential
 from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.zookeeper import ZookeeperBackend
-from rebalancer_spark.backends.zookeeper.layout import CHUNK_BYTES, REQUEST_BYTES, escape, unescape
+from rebalancer_spark.backends.zookeeper.store.layout import (
+    CHUNK_BYTES,
+    REQUEST_BYTES,
+    escape,
+    unescape,
+)
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import (
     BackendError,

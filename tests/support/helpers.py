@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.backends.base import Backend, Session, TargetChange, Watch
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
@@ -23,7 +23,7 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 if TYPE_CHECKING:
     from rebalancer_spark.member import Member
@@ -92,6 +92,9 @@ class FlakyStore(Backend):
     def _member_view(self, session: Session) -> MemberView:
         return self._reach().member_view(session)
 
+    def _member_head(self, session: Session) -> MemberHead:
+        return self._reach().member_head(session)
+
     def _head(self, group: str) -> GroupHead:
         return self._reach().head(group)
 
@@ -121,6 +124,7 @@ class FlakyStore(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         return self._reach().publish(
             session, epoch, assignment, phase=phase, resources_version=resources_version

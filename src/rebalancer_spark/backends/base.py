@@ -64,7 +64,7 @@ from rebalancer_spark.core.model import (
     validate_member_id,
     validate_resource_id,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "Capability",
     "GroupReader",
     "Session",
+    "TargetChange",
     "Watch",
     "expired",
     "fenced_commit",
@@ -178,6 +179,12 @@ class Backend(abc.ABC):
         """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
         return self._member_view(session)
 
+    def member_head(self, session: Session) -> MemberHead:
+        """The target's generation, phase and coordinator epoch, in O(1);
+        :class:`SessionExpired` if the session is gone. A member whose head has not moved and
+        that has nothing left to do need not read its view (:func:`~.protocols.idle`)."""
+        return self._member_head(session)
+
     def head(self, group: str) -> GroupHead:
         """The small part of the group in one consistent read (members, coordinator, control,
         the resource set's version and the target's generation): its cost follows the members,
@@ -230,12 +237,30 @@ class Backend(abc.ABC):
         *,
         phase: Phase,
         resources_version: int,
+        previous: Target | None = None,
     ) -> Target:
         """Publish a new target generation; :class:`FencedError` unless ``epoch`` is current
-        and ``session`` is the live coordinator."""
-        checked = {validate_member_id(m): _ids(owned) for m, owned in assignment.items()}
+        and ``session`` is the live coordinator.
+
+        ``previous``: the target the caller believes current (the coordinator's kept copy).
+        The backend may then write only the difference (:class:`TargetChange`), after checking
+        in the same atomic step that the store still holds that generation; otherwise, or
+        without ``previous``, it writes the whole target. Only the ids new to a member are
+        validated again: those of ``previous`` were checked when it was published."""
+        change = None if previous is None else TargetChange.between(previous, assignment)
+        checked: dict[str, list[str]] = {}
+        for m, owned in assignment.items():
+            ids = list(dict.fromkeys(owned))
+            new = ids if change is None else change.added.get(m, ())
+            _ids(new)  # validation only
+            checked[validate_member_id(m)] = ids
         return self._publish(
-            session, epoch, checked, phase=phase, resources_version=resources_version
+            session,
+            epoch,
+            checked,
+            phase=phase,
+            resources_version=resources_version,
+            change=change,
         )
 
     def resign(self, session: Session, epoch: int) -> None:
@@ -338,6 +363,9 @@ class Backend(abc.ABC):
     def _member_view(self, session: Session) -> MemberView: ...
 
     @abc.abstractmethod
+    def _member_head(self, session: Session) -> MemberHead: ...
+
+    @abc.abstractmethod
     def _head(self, group: str) -> GroupHead: ...
 
     @abc.abstractmethod
@@ -368,6 +396,7 @@ class Backend(abc.ABC):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target: ...
 
     @abc.abstractmethod
@@ -401,6 +430,45 @@ class Backend(abc.ABC):
     def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         """``text``: the progress as JSON (:func:`~rebalancer_spark.core.model.encode_progress`),
         to store as it is or inside the backend's own record."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChange:
+    """A target as the difference from the one published at generation :attr:`base`: what a
+    backend writes when the store still holds ``base`` (:meth:`Backend.publish`). A join or a
+    leave that moves k resources changes k ids, whatever the total."""
+
+    base: int
+    """The generation this change applies to."""
+    added: Mapping[str, frozenset[str]]
+    """Member → ids it gets that it did not have at ``base`` (members with none left out)."""
+    removed: Mapping[str, frozenset[str]]
+    """Member → ids it had at ``base`` and no longer has (members with none left out)."""
+    dropped: frozenset[str]
+    """Members of ``base`` that the new target no longer names."""
+
+    @classmethod
+    def between(cls, previous: Target, assignment: Mapping[str, Collection[str]]) -> TargetChange:
+        added: dict[str, frozenset[str]] = {}
+        removed: dict[str, frozenset[str]] = {}
+        old = previous.assignment
+        for m, owned in assignment.items():
+            now, before = frozenset(owned), old.get(m, frozenset())
+            if now != before:
+                if gained := now - before:
+                    added[m] = gained
+                if lost := before - now:
+                    removed[m] = lost
+        dropped = frozenset(old) - frozenset(assignment)
+        for m in dropped:
+            if old[m]:
+                removed[m] = old[m]
+        return cls(previous.generation, added, removed, dropped)
+
+    @property
+    def size(self) -> int:
+        """Ids this change writes."""
+        return sum(map(len, self.added.values())) + sum(map(len, self.removed.values()))
 
 
 def _ids(resources: Collection[str]) -> list[str]:
@@ -476,6 +544,7 @@ class GroupReader:
         self._group = group
         self._resources: tuple[int, Mapping[str, Resource]] | None = None
         self._target: Target | None = None
+        self._session: str | None = None
         self.reads = {"head": 0, "resources": 0, "target": 0, "holders": 0}
         """How many reads of each kind this reader made (benchmarks, tests)."""
 
@@ -484,6 +553,11 @@ class GroupReader:
         live session) reads only the head: its view carries no resources and no target, which
         :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
         member holds the role; with the role vacant or held, everything is brought up to date."""
+        if session_id != self._session:
+            # A new session: the store may have lost the group (and numbered it afresh) since
+            # anything here was read, so nothing kept is trusted.
+            self.forget()
+            self._session = session_id
         head = self._backend.head(self._group)
         self.reads["head"] += 1
         coordinator = head.coordinator
@@ -525,6 +599,11 @@ class GroupReader:
             return frozenset()
         self.reads["holders"] += 1
         return self._backend.holders(self._group, sessions)
+
+    @property
+    def target(self) -> Target | None:
+        """The target as last read or published (the base of the next publication)."""
+        return self._target
 
     def published(self, target: Target) -> None:
         """Keep ``target``, which this coordinator has just published."""

@@ -27,10 +27,12 @@ if TYPE_CHECKING:
     from rebalancer_spark.backends.base import Backend
 
 __all__ = [
+    "DEFAULT_STORE",
     "PLUGINS",
     "SCHEMES",
     "backend_class",
     "check_backend_url",
+    "default_store_url",
     "grammar",
     "parse_backend_url",
     "plugin",
@@ -176,3 +178,15 @@ def _no_slashes(scheme: str, text: str, shown: str) -> str | None:
 
 
 set_backend_parser(lambda url, allowed: parse_backend_url(url, allowed_options=allowed))
+
+
+DEFAULT_STORE = "sqlite"
+"""The backend a member uses when given no URL: one file per user and host."""
+
+
+def default_store_url(state_dir: str) -> str:
+    """The URL of the default store in the absolute directory ``state_dir``
+    (``sqlite:///…/groups.db``), from the SQLite plug-in's own grammar."""
+    module = importlib.import_module(f"{_HERE}.{DEFAULT_STORE}.url")
+    url: str = module.url_in(state_dir)
+    return url

@@ -38,7 +38,6 @@ from rebalancer_spark.core.errors import ConfigurationError
 __all__ = [
     "BackendUrl",
     "SplitUrl",
-    "default_sqlite_url",
     "did_you_mean",
     "parse_backend_url",
     "redact_url",
@@ -251,18 +250,6 @@ def redact_url(text: str) -> str:
     raw ``@`` inside an option value, can defeat it.
     """
     return _SECRET_QUERY.sub(r"\g<head>***", _USERINFO.sub(r"\g<head>***@", text))
-
-
-def default_sqlite_url(state_dir: str) -> str:
-    """The URL of ``groups.db`` in the absolute directory ``state_dir``, for example
-    ``sqlite:///var/lib/rebalancer/groups.db``; special characters are percent-encoded so that
-    :func:`parse_backend_url` gives back exactly that path."""
-    if not state_dir.startswith("/"):
-        raise ConfigurationError(
-            f"state directory {show(state_dir)} is not an absolute path: give the full path "
-            "from the root, e.g. /var/lib/rebalancer"
-        )
-    return "sqlite://" + quote(state_dir.rstrip("/") + "/groups.db", safe="/:@")
 
 
 def did_you_mean(word: str, choices: Collection[str]) -> str:

@@ -1,6 +1,7 @@
 """The coordinator thread: it carries out what :func:`core.coordinator_rules.decide` says.
 
-Every member runs one. A step reads the group once (``Backend.state``), hands that read to the
+Every member runs one. A step reads the group once (a :class:`~.backends.base.GroupReader`:
+the group's head, and the resource set or target only when they changed), hands that read to the
 pure state machine (:mod:`rebalancer_spark.core.coordinator`: the roles follower, candidate,
 idle, debouncing and barrier, with their transitions table) and carries out the actions it
 returns, in order: elect, list the source (discovery), publish a target (fenced by the
@@ -139,6 +140,12 @@ class CoordinatorLoop:
     def listed_resources(self) -> int:
         """Resources in the group's set, as this member last read it coordinating."""
         return self._state.listed_resources
+
+    @property
+    def reads(self) -> dict[str, int]:
+        """How many reads of each kind (head, resources, target, holders) this thread made:
+        the cost of coordinating, for benchmarks and tests."""
+        return dict(self._reader.reads)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -326,6 +333,7 @@ class CoordinatorLoop:
             action.assignment,
             phase=action.phase,
             resources_version=action.resources_version,
+            previous=self._reader.target,
         )
         self._reader.published(published)
         if action.phase is Phase.STOPPING:

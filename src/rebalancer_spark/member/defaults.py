@@ -8,7 +8,7 @@ import re
 import socket
 import uuid
 
-from rebalancer_spark.core.urls import default_sqlite_url
+from rebalancer_spark.backends.registry import default_store_url
 
 __all__ = ["default_backend_url", "generated_member_id"]
 
@@ -25,4 +25,4 @@ def default_backend_url() -> str:
     home = os.environ.get("REBALANCER_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "state", "rebalancer-spark"
     )
-    return default_sqlite_url(os.path.abspath(home))
+    return default_store_url(os.path.abspath(home))

@@ -23,10 +23,12 @@ from typing import ClassVar
 import redis
 from redis.client import Pipeline
 
-from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
+from rebalancer_spark.backends.records import parse_phase
 from rebalancer_spark.backends.redis import messages
-from rebalancer_spark.backends.redis.connection import OPTIONS
-from rebalancer_spark.backends.redis.decode import (
+from rebalancer_spark.backends.redis.errors import Refusal
+from rebalancer_spark.backends.redis.store.connection import OPTIONS
+from rebalancer_spark.backends.redis.store.decode import (
     CLAIM_ROW,
     decode_grant,
     decode_head,
@@ -39,11 +41,15 @@ from rebalancer_spark.backends.redis.decode import (
     number,
     pairs,
 )
-from rebalancer_spark.backends.redis.errors import Refusal
-from rebalancer_spark.backends.redis.keys import check_session_id, prefix
-from rebalancer_spark.backends.redis.memory import Memory
-from rebalancer_spark.backends.redis.runner import ScriptRunner
-from rebalancer_spark.backends.redis.staging import chunks, stage_resources, stage_target
+from rebalancer_spark.backends.redis.store.keys import check_session_id, prefix
+from rebalancer_spark.backends.redis.store.memory import Memory
+from rebalancer_spark.backends.redis.store.runner import Lua, ScriptRunner
+from rebalancer_spark.backends.redis.store.staging import (
+    chunks,
+    stage_change,
+    stage_resources,
+    stage_target,
+)
 from rebalancer_spark.backends.redis.watch import RedisWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
@@ -58,7 +64,7 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["RedisBackend"]
@@ -116,7 +122,7 @@ class RedisBackend(Backend):
         args = [member_id, session_id, ttl_ms, json.dumps(info, sort_keys=True)]
         args += ["1" if static else "0", known.high, known.incarnation, quarantine, uptime]
         try:
-            incarnation, evidence = self._runner.run("JOIN", group, args, "joining")
+            incarnation, evidence = self._runner.run(Lua.JOIN, group, args, "joining")
         except Refusal as exc:
             raise messages.in_use(group, member_id, exc) from None
         self._memory.joined(group, str(incarnation), ttl_ms)
@@ -149,23 +155,25 @@ class RedisBackend(Backend):
         ttl_ms = max(1, math.ceil(session.ttl * 1000))
         args = [self._sid(session), ttl_ms, self._memory.high(session.group)]
         try:
-            self._runner.run("RENEW", session.group, args, "renewing a lease")
+            self._runner.run(Lua.RENEW, session.group, args, "renewing a lease")
         except Refusal:
             raise messages.expired(session, "renewing") from None
 
     def _set_leaving(self, session: Session) -> None:
         try:
-            self._runner.run("SET_LEAVING", session.group, [self._sid(session)], "marking a drain")
+            self._runner.run(
+                Lua.SET_LEAVING, session.group, [self._sid(session)], "marking a drain"
+            )
         except Refusal:
             raise messages.expired(session, "announcing the drain") from None
 
     def _leave(self, session: Session) -> None:
-        self._runner.run("LEAVE", session.group, [self._sid(session)], "leaving")
+        self._runner.run(Lua.LEAVE, session.group, [self._sid(session)], "leaving")
 
     # -- reading ---------------------------------------------------------------------------
 
     def _state(self, group: str) -> GroupState:
-        decoded = decode_state(group, self._runner.run("STATE", group, [], "reading the group"))
+        decoded = decode_state(group, self._runner.run(Lua.STATE, group, [], "reading the group"))
         self._memory.see(group, decoded.numbers)
         self._memory.saw_ttls(group, decoded.ttls_ms)
         joined = self._memory.snapshot(group).incarnation
@@ -174,14 +182,14 @@ class RedisBackend(Backend):
         return decoded.state
 
     def _head(self, group: str) -> GroupHead:
-        decoded = decode_head(group, self._runner.run("HEAD", group, [], "reading the group"))
+        decoded = decode_head(group, self._runner.run(Lua.HEAD, group, [], "reading the group"))
         self._memory.see(group, decoded.numbers)
         self._memory.saw_ttls(group, decoded.ttls_ms)
         return decoded.head
 
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         text, incarnation, flat = self._runner.run(
-            "RESOURCES", group, [], "reading the resource set"
+            Lua.RESOURCES, group, [], "reading the resource set"
         )
         version = number(group, "resources_version", text)
         weights = pairs(flat)
@@ -192,7 +200,7 @@ class RedisBackend(Backend):
         return version, decode_resources(group, weights)
 
     def _target(self, group: str) -> Target | None:
-        meta, flat = self._runner.run("TARGET", group, [], "reading the target")
+        meta, flat = self._runner.run(Lua.TARGET, group, [], "reading the target")
         target = decode_target(group, pairs(meta), flat)
         if target is not None:
             self._memory.see(group, [target.generation, target.coordinator_epoch])
@@ -201,12 +209,30 @@ class RedisBackend(Backend):
     def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
         owners = {sid: m for m, sid in sessions.items()}
         sids = [check_session_id(group, owners[sid], sid) for sid in owners]
-        found = self._runner.run("HOLDERS", group, sids, "reading which members hold claims")
+        found = self._runner.run(Lua.HOLDERS, group, sids, "reading which members hold claims")
         return frozenset(owners[str(sid)] for sid in found)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        try:
+            reply = self._runner.run(
+                Lua.MEMBER_HEAD, session.group, [self._sid(session)], "reading"
+            )
+        except Refusal:
+            raise messages.expired(session, "reading the member's view") from None
+        generation, phase, epoch = (str(v) for v in reply)
+        head = MemberHead(
+            number(session.group, "generation", generation),
+            parse_phase(session.group, phase, store="Redis"),
+            number(session.group, "target epoch", epoch),
+        )
+        self._memory.see(session.group, [head.generation])
+        return head
 
     def _member_view(self, session: Session) -> MemberView:
         try:
-            reply = self._runner.run("MEMBER_VIEW", session.group, [self._sid(session)], "reading")
+            reply = self._runner.run(
+                Lua.MEMBER_VIEW, session.group, [self._sid(session)], "reading"
+            )
         except Refusal:
             raise messages.expired(session, "reading the member's view") from None
         view, _ = decode_member_view(session.group, reply)
@@ -239,7 +265,7 @@ class RedisBackend(Backend):
     # -- coordinator ---------------------------------------------------------------------------
 
     def _elect(self, session: Session) -> CoordinatorRecord | None:
-        reply = self._runner.run("ELECT", session.group, [self._sid(session)], "electing")
+        reply = self._runner.run(Lua.ELECT, session.group, [self._sid(session)], "electing")
         if reply is None:
             return None
         member, sid, text = (str(v) for v in reply)
@@ -255,35 +281,62 @@ class RedisBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         group, sid = session.group, self._sid(session)
         members = list(assignment)
         nonce = uuid.uuid4().hex
-        wanted = assignment
-        fill = stage_target(group, nonce, wanted)
-        args = [sid, epoch, phase.value, resources_version, nonce, len(members), *members]
+        head = [sid, epoch, phase.value, resources_version, nonce]
         try:
-            generation = int(self._runner.run_staged("PUBLISH", group, fill, args, "publishing"))
+            generation = None
+            if change is not None:
+                generation = self._publish_change(group, nonce, head, members, change)
+            if generation is None:
+                fill = stage_target(group, nonce, assignment)
+                args = [*head, len(members), *members]
+                generation = int(
+                    self._runner.run_staged(Lua.PUBLISH, group, fill, args, "publishing")
+                )
         except Refusal as exc:
             raise messages.fenced_coordinator_refused(session, epoch, exc) from None
         self._memory.see(group, [epoch, generation])
         return Target(
             generation=generation,
             coordinator_epoch=epoch,
-            assignment={m: frozenset(rs) for m, rs in wanted.items()},
+            assignment={m: frozenset(rs) for m, rs in assignment.items()},
             phase=phase,
             resources_version=resources_version,
         )
 
+    def _publish_change(
+        self,
+        group: str,
+        nonce: str,
+        head: list[object],
+        members: list[str],
+        change: TargetChange,
+    ) -> int | None:
+        """PUBLISH_CHANGE: only the moved ids travel; None if the stored target is no
+        longer ``change.base`` (then the caller publishes the whole target)."""
+        fill = stage_change(group, nonce, members, change.added, change.removed)
+        dropped = sorted(change.dropped)
+        args = [*head, change.base, len(members), *members, len(dropped), *dropped]
+        try:
+            return int(self._runner.run_staged(Lua.PUBLISH_CHANGE, group, fill, args, "publishing"))
+        except Refusal as exc:
+            if exc.code == "STALE":
+                return None
+            raise
+
     def _resign(self, session: Session, epoch: int) -> None:
-        self._runner.run("RESIGN", session.group, [self._sid(session), epoch], "resigning")
+        self._runner.run(Lua.RESIGN, session.group, [self._sid(session), epoch], "resigning")
 
     # -- resources -------------------------------------------------------------------------
 
     def _update_control(self, group: str, expected_version: int, control: Control) -> Control:
         body = control.encode()
         written, version = self._runner.run(
-            "UPDATE_CONTROL", group, [expected_version, body], "changing the control record"
+            Lua.UPDATE_CONTROL, group, [expected_version, body], "changing the control record"
         )
         if str(written) != "1":
             raise ControlConflict(
@@ -326,7 +379,7 @@ class RedisBackend(Backend):
         fill = stage_resources(group, nonce, staged)
         args = [mode, nonce, known.high, known.incarnation, ttl_ms, uptime, *removed]
         version = int(
-            self._runner.run_staged("UPDATE_RESOURCES", group, fill, args, "updating resources")
+            self._runner.run_staged(Lua.UPDATE_RESOURCES, group, fill, args, "updating resources")
         )
         self._memory.see(group, [version])
         return version
@@ -336,7 +389,7 @@ class RedisBackend(Backend):
     def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
         args = [self._sid(session), generation, *resources]
         try:
-            flat = self._runner.run("CLAIM", session.group, args, "claiming")
+            flat = self._runner.run(Lua.CLAIM, session.group, args, "claiming")
         except Refusal:
             raise messages.expired(session, "claiming resources") from None
         rows = [flat[i : i + CLAIM_ROW] for i in range(0, len(flat) - CLAIM_ROW + 1, CLAIM_ROW)]
@@ -351,17 +404,17 @@ class RedisBackend(Backend):
         for rid, epoch in claims.items():
             args += [rid, epoch]
         self._memory.see(session.group, claims.values())
-        self._runner.run("RELEASE", session.group, args, "releasing")
+        self._runner.run(Lua.RELEASE, session.group, args, "releasing")
 
     def _acknowledge(self, session: Session, generation: int) -> None:
         args = [self._sid(session), generation]
-        self._runner.run("ACKNOWLEDGE", session.group, args, "acknowledging")
+        self._runner.run(Lua.ACKNOWLEDGE, session.group, args, "acknowledging")
 
     def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         record = encode_progress_record(epoch, session.member_id, text)
         args = [self._sid(session), resource, epoch, record]
         try:
-            self._runner.run("COMMIT", session.group, args, "committing progress")
+            self._runner.run(Lua.COMMIT, session.group, args, "committing progress")
         except Refusal as exc:
             raise messages.fenced_commit_refused(session, resource, epoch, exc) from None
         # Only once Redis confirmed it: an epoch the store never handed out must not look

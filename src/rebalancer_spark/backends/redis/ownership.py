@@ -5,7 +5,7 @@ Same conventions as :mod:`.scripts`.
 
 from __future__ import annotations
 
-from rebalancer_spark.backends.redis.prelude import PRELUDE
+from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 
 __all__ = ["ACKNOWLEDGE", "CLAIM", "COMMIT", "RELEASE"]
 

@@ -6,9 +6,18 @@ strings). They write nothing, except MEMBER_VIEW noting when a lost group was fi
 
 from __future__ import annotations
 
-from rebalancer_spark.backends.redis.prelude import PRELUDE
+from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 
-__all__ = ["HEAD", "HOLDERS", "LEASES", "MEMBER_VIEW", "RESOURCES", "STATE", "TARGET"]
+__all__ = [
+    "HEAD",
+    "HOLDERS",
+    "LEASES",
+    "MEMBER_HEAD",
+    "MEMBER_VIEW",
+    "RESOURCES",
+    "STATE",
+    "TARGET",
+]
 
 _MEMBERS = """
 local members = {}
@@ -128,6 +137,23 @@ for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
 end
 return {g or '0', phase or 'running', redis.call('SMEMBERS', P .. 't:' .. m), owned, inc or '',
   te or '0'}
+"""
+)
+
+# MEMBER_HEAD -- the target fields of MEMBER_VIEW without the ids: O(1).
+# KEYS[1] meta
+# ARGV    session id
+# Returns {generation, phase, coordinator epoch of the target}
+# Errors  EXPIRED {} if the session is not alive
+MEMBER_HEAD = (
+    PRELUDE
+    + """
+if not alive(ARGV[1]) then
+  note_if_lost()
+  return refuse('EXPIRED', {})
+end
+local g, phase, te = unpack(redis.call('HMGET', META, 'generation', 'phase', 'target_epoch'))
+return {g or '0', phase or 'running', te or '0'}
 """
 )
 

@@ -34,7 +34,8 @@ import redis
 from redis.client import PubSub
 
 from rebalancer_spark.backends.base import Watch
-from rebalancer_spark.backends.redis.keys import channel
+from rebalancer_spark.backends.redis.store.keys import channel
+from rebalancer_spark.backends.redis.store.runner import Lua
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import RebalancerError
 
@@ -153,7 +154,7 @@ class RedisWatch(Watch):
         cannot be read, return None and try again in a moment (reporting a change then, as an
         expiry may have gone unseen meanwhile)."""
         try:
-            flat = self._backend.run("LEASES", self._group, [], "watching leases")
+            flat = self._backend.run(Lua.LEASES, self._group, [], "watching leases")
         except RebalancerError:
             self._deadlines = {_RETRY: time.monotonic() + _RETRY_AFTER}
             return None

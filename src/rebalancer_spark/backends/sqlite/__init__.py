@@ -39,7 +39,7 @@ change counter and resource set),
 from __future__ import annotations
 
 from rebalancer_spark.backends.sqlite.backend import SqliteBackend
-from rebalancer_spark.backends.sqlite.connection import OPTIONS
+from rebalancer_spark.backends.sqlite.store.connection import OPTIONS
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 
 __all__ = ["OPTIONS", "SqliteBackend", "SqliteWatch"]

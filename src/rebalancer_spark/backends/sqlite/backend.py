@@ -14,17 +14,21 @@ import threading
 from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
-from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
 from rebalancer_spark.backends.sqlite import control as _control
 from rebalancer_spark.backends.sqlite import (
     coordinator,
-    groups,
     ownership,
     reads,
-    schema,
     sessions,
 )
-from rebalancer_spark.backends.sqlite.connection import OPTIONS, open_database, positive, translate
+from rebalancer_spark.backends.sqlite.store import groups, schema
+from rebalancer_spark.backends.sqlite.store.connection import (
+    OPTIONS,
+    open_database,
+    positive,
+    translate,
+)
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
@@ -39,7 +43,7 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["SqliteBackend"]
@@ -140,6 +144,10 @@ class SqliteBackend(Backend):
         with self._transaction(_READ) as db:
             return reads.member_view(db, self._clock, session)
 
+    def _member_head(self, session: Session) -> MemberHead:
+        with self._transaction(_READ) as db:
+            return reads.member_head(db, self._clock, session)
+
     def _head(self, group: str) -> GroupHead:
         with self._transaction(_READ) as db:
             return reads.head(db, self._clock, group)
@@ -177,6 +185,7 @@ class SqliteBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         with self._transaction(_WRITE) as db:
             return coordinator.publish(
@@ -187,6 +196,7 @@ class SqliteBackend(Backend):
                 assignment,
                 phase=phase,
                 resources_version=resources_version,
+                change=change,
             )
 
     def _resign(self, session: Session, epoch: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from rebalancer_spark.backends.sqlite.groups import bump, ensure_group
+from rebalancer_spark.backends.sqlite.store.groups import bump, ensure_group
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import ControlConflict
 

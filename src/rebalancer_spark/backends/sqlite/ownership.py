@@ -21,10 +21,10 @@ from dataclasses import replace
 
 from rebalancer_spark.backends.base import Session, fenced_commit
 from rebalancer_spark.backends.records import parse_count
-from rebalancer_spark.backends.sqlite.chain import wall_time
-from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.reads import progress
 from rebalancer_spark.backends.sqlite.sessions import alive, require_alive
+from rebalancer_spark.backends.sqlite.store.chain import wall_time
+from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import Freed, Grant, Phase
 
@@ -64,8 +64,11 @@ def claim(
         "FROM targets t "
         "LEFT JOIN ownership o ON o.grp=t.grp AND o.resource_id=t.resource_id "
         "LEFT JOIN members m ON m.grp=t.grp AND m.session_id=o.session_id "
-        "WHERE t.grp=? AND t.member_id=?",
-        (group, session.member_id),
+        "WHERE t.grp=? AND t.member_id=? "
+        # Rows held by another live session are never granted: left out here, in SQLite's C,
+        # so that a member waiting for a few releases does not walk its whole part each time.
+        "AND (o.session_id IS NULL OR o.session_id=? OR m.expires IS NULL OR m.expires<=?)",
+        (group, session.member_id, session.session_id, now),
     ).fetchall()
     grants: list[tuple[object, ...]] = []
     for rid, member, holder, stored, p_member, p_session, freed, freed_at, expires in rows:

@@ -35,9 +35,18 @@ from rebalancer_spark.core.model import (
     Target,
     decode_progress,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
-__all__ = ["head", "holders", "member_view", "progress", "resources", "state", "target"]
+__all__ = [
+    "head",
+    "holders",
+    "member_head",
+    "member_view",
+    "progress",
+    "resources",
+    "state",
+    "target",
+]
 
 STORE = "SQLite"
 """How error messages name this store."""
@@ -176,6 +185,19 @@ def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
         target(db, group),
         claims,
         top.control,
+    )
+
+
+def member_head(db: sqlite3.Connection, clock: Clock, session: Session) -> MemberHead:
+    """:meth:`Backend.member_head`: the group row's target fields, for a live session."""
+    require_alive(db, session, clock)
+    generation, phase, target_epoch = db.execute(
+        "SELECT generation, phase, target_epoch FROM groups WHERE name=?", (session.group,)
+    ).fetchone()
+    return MemberHead(
+        parse_count(session.group, "generation", generation, store=STORE),
+        parse_phase(session.group, phase, store=STORE),
+        parse_count(session.group, "target epoch", target_epoch, store=STORE),
     )
 
 

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Mapping
 
 from rebalancer_spark.backends.base import Session, expired
-from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
-from rebalancer_spark.backends.sqlite.groups import bump, ensure_group
+from rebalancer_spark.backends.sqlite.store.chain import end_sessions, wall_time
+from rebalancer_spark.backends.sqlite.store.groups import bump, ensure_group
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import MemberIdInUse
 from rebalancer_spark.core.model import Freed

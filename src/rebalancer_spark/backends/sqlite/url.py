@@ -15,7 +15,7 @@ from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.core.plugins import BackendGrammar
 from rebalancer_spark.core.urls import BackendUrl, SplitUrl, show
 
-__all__ = ["GRAMMAR", "OPTIONS"]
+__all__ = ["GRAMMAR", "OPTIONS", "url_in"]
 
 OPTIONS: Mapping[str, str] = {
     "poll": "seconds between checks for changes (default 0.02)",
@@ -92,3 +92,15 @@ GRAMMAR = BackendGrammar(
     local_file=True,
     no_slashes=no_slashes,
 )
+
+
+def url_in(state_dir: str) -> str:
+    """The URL of ``groups.db`` in the absolute directory ``state_dir``, for example
+    ``sqlite:///var/lib/rebalancer/groups.db``; special characters are percent-encoded so that
+    :func:`parse_backend_url` gives back exactly that path."""
+    if not state_dir.startswith("/"):
+        raise ConfigurationError(
+            f"state directory {show(state_dir)} is not an absolute path: give the full path "
+            "from the root, e.g. /var/lib/rebalancer"
+        )
+    return "sqlite://" + quote(state_dir.rstrip("/") + "/groups.db", safe="/:@")

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.backends.base import Watch
-from rebalancer_spark.backends.sqlite.connection import connect, translate
+from rebalancer_spark.backends.sqlite.store.connection import connect, translate
 
 if TYPE_CHECKING:
     from rebalancer_spark.backends.sqlite.backend import SqliteBackend

@@ -25,23 +25,28 @@ from rebalancer_spark.backends.base import (
     Backend,
     Capability,
     Session,
+    TargetChange,
     expired,
     fenced_coordinator,
 )
-from rebalancer_spark.backends.zookeeper import coordination, members, ownership, progress
-from rebalancer_spark.backends.zookeeper.client import (
+from rebalancer_spark.backends.zookeeper import coordination, ownership, progress, sessions
+from rebalancer_spark.backends.zookeeper.control import update_control
+from rebalancer_spark.backends.zookeeper.reads import SnapshotReader
+from rebalancer_spark.backends.zookeeper.resources import update_resources
+from rebalancer_spark.backends.zookeeper.store.client import (
     OPTIONS,
     Settings,
     open_client,
     stop_client,
 )
-from rebalancer_spark.backends.zookeeper.control import update_control
-from rebalancer_spark.backends.zookeeper.layout import GroupPaths
-from rebalancer_spark.backends.zookeeper.reader import Reader
-from rebalancer_spark.backends.zookeeper.reads import SnapshotReader
-from rebalancer_spark.backends.zookeeper.resources import update_resources
-from rebalancer_spark.backends.zookeeper.session import SessionState, SessionTable, ZkSession
-from rebalancer_spark.backends.zookeeper.tree import group_exists, prepare_group, prepare_root
+from rebalancer_spark.backends.zookeeper.store.connection import (
+    SessionState,
+    SessionTable,
+    ZkSession,
+)
+from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.tree import group_exists, prepare_group, prepare_root
 from rebalancer_spark.backends.zookeeper.watch import ZookeeperWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
@@ -60,7 +65,7 @@ from rebalancer_spark.core.model import (
     Target,
     validate_group,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["ZookeeperBackend"]
@@ -93,7 +98,7 @@ class ZookeeperBackend(Backend):
         self._snapshots: dict[str, SnapshotReader] = {}
         self._sessions = SessionTable(self._clock)
         self._watches: list[ZookeeperWatch] = []
-        self._leftovers = members.Leftovers(self.settings)
+        self._leftovers = sessions.Leftovers(self.settings)
         self._closed = False
         self._client, _ = open_client(self.settings, SHARED_TIMEOUT)
         try:
@@ -153,7 +158,7 @@ class ZookeeperBackend(Backend):
     def _join(
         self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
     ) -> Session:
-        zs = members.join(
+        zs = sessions.join(
             self.settings,
             self._client,
             self._group(group),
@@ -168,11 +173,11 @@ class ZookeeperBackend(Backend):
         return zs.session
 
     def _renew(self, session: Session) -> None:
-        members.renew(self._hosted(session), self.settings, self._clock)
+        sessions.renew(self._hosted(session), self.settings, self._clock)
 
     def _set_leaving(self, session: Session) -> None:
-        members.update_member(
-            self._hosted(session), self.settings, members.leaving, "marking the member as leaving"
+        sessions.update_member(
+            self._hosted(session), self.settings, sessions.leaving, "marking the member as leaving"
         )
 
     def _acknowledge(self, session: Session, generation: int) -> None:
@@ -180,8 +185,8 @@ class ZookeeperBackend(Backend):
         if zs is None:
             return
         with contextlib.suppress(SessionExpired):
-            members.update_member(
-                zs, self.settings, members.acked(generation), "acknowledging a generation"
+            sessions.update_member(
+                zs, self.settings, sessions.acked(generation), "acknowledging a generation"
             )
 
     def _leave(self, session: Session) -> None:
@@ -220,9 +225,12 @@ class ZookeeperBackend(Backend):
         paths = self._paths(group, create=False)
         return None if paths is None else self._snapshot(paths).target()
 
-    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+    def _holders(self, group: str, members: dict[str, str]) -> frozenset[str]:
         paths = self._paths(group, create=False)
-        return frozenset() if paths is None else self._snapshot(paths).holders(sessions)
+        return frozenset() if paths is None else self._snapshot(paths).holders(members)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        return ownership.member_head(self._hosted(session), self.settings)
 
     def _member_view(self, session: Session) -> MemberView:
         return ownership.member_view(self._hosted(session), self.settings)
@@ -256,6 +264,7 @@ class ZookeeperBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         zs = self._sessions.get(session.session_id)
         if zs is None:
@@ -265,6 +274,9 @@ class ZookeeperBackend(Backend):
                 why=f"its session {session.session_id} is not open in this backend object, so "
                 "it cannot be the coordinator",
             )
+        # The target's chunks live under one directory per generation (a reader sees one whole
+        # target or the previous one), so a change is written as the whole new target.
+        del change
         return coordination.publish(zs, self.settings, epoch, assignment, phase, resources_version)
 
     def _resign(self, session: Session, epoch: int) -> None:

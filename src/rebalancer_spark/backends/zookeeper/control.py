@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rebalancer_spark.backends.zookeeper.client import Settings
-from rebalancer_spark.backends.zookeeper.layout import CHUNK_BYTES, GroupPaths
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused, transact
-from rebalancer_spark.backends.zookeeper.reader import Reader
+from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.layout import CHUNK_BYTES, GroupPaths
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, transact
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import ControlConflict
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Mapping
 
-from rebalancer_spark.backends.zookeeper.client import Settings
-from rebalancer_spark.backends.zookeeper.fence import (
+from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     coordinator_fence,
     fenced_transact,
@@ -27,9 +28,9 @@ from rebalancer_spark.backends.zookeeper.fence import (
     session_reader,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.layout import REQUEST_BYTES, chunk_json
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused, batches
-from rebalancer_spark.backends.zookeeper.records import (
+from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES, chunk_json
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches
+from rebalancer_spark.backends.zookeeper.store.records import (
     TargetPointer,
     coordinator_data,
     encode,
@@ -37,8 +38,7 @@ from rebalancer_spark.backends.zookeeper.records import (
     read_epoch,
     read_target_pointer,
 )
-from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
-from rebalancer_spark.backends.zookeeper.tree import delete_dir
+from rebalancer_spark.backends.zookeeper.store.tree import delete_dir
 from rebalancer_spark.core.errors import BackendUnavailable, FencedError, SessionExpired
 from rebalancer_spark.core.model import CoordinatorRecord, Phase, Target, validate_resource_id
 

@@ -18,14 +18,17 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from rebalancer_spark.backends.zookeeper.chain import (
+from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progresses
+from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
+from rebalancer_spark.backends.zookeeper.store.chain import (
     grant_data,
     held_grant,
     next_grant,
     released_data,
 )
-from rebalancer_spark.backends.zookeeper.client import Settings, wait
-from rebalancer_spark.backends.zookeeper.fence import (
+from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
+from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     require_live,
     session_gone,
@@ -33,20 +36,17 @@ from rebalancer_spark.backends.zookeeper.fence import (
     session_sync,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.layout import REQUEST_BYTES
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused
-from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progresses
-from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
-from rebalancer_spark.backends.zookeeper.records import (
+from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused
+from rebalancer_spark.backends.zookeeper.store.records import (
     claim_data,
     read_claim,
     read_target_pointer,
 )
-from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
 from rebalancer_spark.core.model import Freed, Grant, Phase, Progress
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
-__all__ = ["claim", "member_view", "release"]
+__all__ = ["claim", "member_head", "member_view", "release"]
 
 _ATTEMPTS = 10
 
@@ -66,6 +66,26 @@ def _units(units: list[tuple[str, list[Op]]], fixed: int) -> list[list[tuple[str
     if current:
         out.append(current)
     return out
+
+
+def member_head(zs: ZkSession, settings: Settings) -> MemberHead:
+    """The target pointer's generation, phase and epoch, for a live session: one round trip
+    behind a ``sync``, like :func:`member_view` without the ids."""
+    what = "reading this member's view"
+    require_live(zs, settings, what)
+    p, s = zs.paths, zs.session
+    synced = session_sync(zs, p.changes)
+    reader = session_reader(zs, settings, what)
+    alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+    reader.send()
+    wait(synced, settings, what, zs.expired(), p.changes)
+    if alive() is None:
+        raise session_gone(zs)
+    found = pointer()
+    if found is None:
+        return MemberHead(0, Phase.RUNNING)
+    ptr = read_target_pointer(found[0], p.target, group=p.group)
+    return MemberHead(ptr.generation, ptr.phase, ptr.epoch)
 
 
 def member_view(zs: ZkSession, settings: Settings) -> MemberView:

@@ -16,22 +16,22 @@ from collections.abc import Collection
 from typing import Any
 
 from rebalancer_spark.backends.base import Session, fenced_commit
-from rebalancer_spark.backends.zookeeper.client import Settings
-from rebalancer_spark.backends.zookeeper.fence import (
+from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.fence import (
     require_live,
     session_reader,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.layout import PROGRESS_HINT, GroupPaths
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused, transact
-from rebalancer_spark.backends.zookeeper.reader import Reader
-from rebalancer_spark.backends.zookeeper.records import (
+from rebalancer_spark.backends.zookeeper.store.layout import PROGRESS_HINT, GroupPaths
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, transact
+from rebalancer_spark.backends.zookeeper.store.records import (
     progress_data,
     read_claim,
     read_progress,
     read_resource_epoch,
 )
-from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
 from rebalancer_spark.core.errors import RebalancerError, SessionExpired
 from rebalancer_spark.core.model import Progress
 

@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from rebalancer_spark.backends.zookeeper.client import Settings
 from rebalancer_spark.backends.zookeeper.control import decode_control
-from rebalancer_spark.backends.zookeeper.layout import CHUNK_BYTES, GroupPaths, unescape
-from rebalancer_spark.backends.zookeeper.reader import Reader
-from rebalancer_spark.backends.zookeeper.records import (
+from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.layout import CHUNK_BYTES, GroupPaths, unescape
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.records import (
     ResourcesPointer,
     TargetPointer,
     read_claim,

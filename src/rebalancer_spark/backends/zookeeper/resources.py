@@ -14,17 +14,17 @@ import uuid
 from collections.abc import Collection
 from typing import Any
 
-from rebalancer_spark.backends.zookeeper.client import Settings
-from rebalancer_spark.backends.zookeeper.layout import REQUEST_BYTES, GroupPaths, chunk_json
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused, batches, transact
-from rebalancer_spark.backends.zookeeper.reader import Reader
 from rebalancer_spark.backends.zookeeper.reads import Changed, read_resources
-from rebalancer_spark.backends.zookeeper.records import (
+from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES, GroupPaths, chunk_json
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches, transact
+from rebalancer_spark.backends.zookeeper.store.records import (
     ResourcesPointer,
     encode,
     read_resources_pointer,
 )
-from rebalancer_spark.backends.zookeeper.tree import delete_dir
+from rebalancer_spark.backends.zookeeper.store.tree import delete_dir
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import Resource
 

@@ -26,7 +26,7 @@ from typing import Any
 from kazoo.protocol.states import KazooState
 
 from rebalancer_spark.backends.base import Watch
-from rebalancer_spark.backends.zookeeper.layout import GroupPaths
+from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 
 __all__ = ["ZookeeperWatch"]
 

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from typing import Any
 
 import redis
@@ -22,16 +23,49 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 
 from rebalancer_spark.backends.redis import ownership, reads, scripts
-from rebalancer_spark.backends.redis.connection import open_client
 from rebalancer_spark.backends.redis.errors import refusal, translate
-from rebalancer_spark.backends.redis.keys import meta_key
+from rebalancer_spark.backends.redis.store.connection import open_client
+from rebalancer_spark.backends.redis.store.keys import meta_key
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.urls import BackendUrl
 
-__all__ = ["SCRIPT_MODULES", "ScriptRunner"]
+__all__ = ["SCRIPT_MODULES", "Lua", "ScriptRunner"]
 
 SCRIPT_MODULES = (scripts, ownership, reads)
 """Every module whose ``__all__`` names Lua script constants."""
+
+
+class Lua(StrEnum):
+    """Every Lua script, by name: :meth:`ScriptRunner.run` takes one of these, so a call to a
+    script that does not exist is a type error, not a ``KeyError`` at run time."""
+
+    ACKNOWLEDGE = "ACKNOWLEDGE"
+    CLAIM = "CLAIM"
+    COMMIT = "COMMIT"
+    ELECT = "ELECT"
+    HEAD = "HEAD"
+    HOLDERS = "HOLDERS"
+    JOIN = "JOIN"
+    LEASES = "LEASES"
+    LEAVE = "LEAVE"
+    MEMBER_HEAD = "MEMBER_HEAD"
+    MEMBER_VIEW = "MEMBER_VIEW"
+    PUBLISH = "PUBLISH"
+    PUBLISH_CHANGE = "PUBLISH_CHANGE"
+    RELEASE = "RELEASE"
+    RENEW = "RENEW"
+    RESIGN = "RESIGN"
+    RESOURCES = "RESOURCES"
+    SET_LEAVING = "SET_LEAVING"
+    STATE = "STATE"
+    TARGET = "TARGET"
+    UPDATE_CONTROL = "UPDATE_CONTROL"
+    UPDATE_RESOURCES = "UPDATE_RESOURCES"
+
+
+_DEFINED = {name for module in SCRIPT_MODULES for name in module.__all__}
+if set(Lua) != _DEFINED:  # pragma: no cover - caught by any import in the tests
+    raise ImportError(f"Lua names {sorted(set(Lua) ^ _DEFINED)} do not match the scripts")
 
 log = logging.getLogger("rebalancer_spark.backends.redis")
 
@@ -86,7 +120,7 @@ class ScriptRunner:
                 f"the Redis backend for {self.url.redacted()!r} was closed: open a new one"
             )
 
-    def run(self, name: str, group: str, args: Sequence[object], doing: str) -> Any:
+    def run(self, name: Lua, group: str, args: Sequence[object], doing: str) -> Any:
         """Run script ``name`` on ``group``; a refusal is raised as :class:`Refusal`."""
         self.check_open()
         key = meta_key(group)
@@ -110,7 +144,7 @@ class ScriptRunner:
 
     def run_staged(
         self,
-        name: str,
+        name: Lua,
         group: str,
         fill: Callable[[Pipeline], None],
         args: Sequence[object],

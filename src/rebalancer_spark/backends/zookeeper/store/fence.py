@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rebalancer_spark.backends.base import fenced_coordinator as fence_error
-from rebalancer_spark.backends.zookeeper.client import Settings
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused, transact
-from rebalancer_spark.backends.zookeeper.reader import Reader
-from rebalancer_spark.backends.zookeeper.records import read_epoch
-from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, transact
+from rebalancer_spark.backends.zookeeper.store.records import read_epoch
 from rebalancer_spark.core.errors import FencedError, SessionExpired
 
 __all__ = [

@@ -16,16 +16,21 @@ from typing import Any
 
 from kazoo.exceptions import NodeExistsError
 
-from rebalancer_spark.backends.zookeeper.client import Settings, wait
-from rebalancer_spark.backends.zookeeper.layout import (
+from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
+from rebalancer_spark.backends.zookeeper.store.layout import (
     GROUP_CHILDREN,
     REQUEST_BYTES,
     TREE_MARKER,
     GroupPaths,
 )
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused, batches, transact
-from rebalancer_spark.backends.zookeeper.reader import Reader
-from rebalancer_spark.backends.zookeeper.records import LAYOUT, encode, read_epoch, read_layout
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches, transact
+from rebalancer_spark.backends.zookeeper.store.records import (
+    LAYOUT,
+    encode,
+    read_epoch,
+    read_layout,
+)
 from rebalancer_spark.core.errors import CorruptStateError
 
 __all__ = ["delete_dir", "group_exists", "prepare_group", "prepare_root"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rebalancer_spark.backends.zookeeper.records import decode, encode
+from rebalancer_spark.backends.zookeeper.store.records import decode, encode
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant
 

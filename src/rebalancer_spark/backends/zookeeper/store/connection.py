@@ -28,8 +28,8 @@ from typing import Any
 from kazoo.protocol.states import KazooState
 
 from rebalancer_spark.backends.base import Session
-from rebalancer_spark.backends.zookeeper.client import stop_client
-from rebalancer_spark.backends.zookeeper.layout import GroupPaths
+from rebalancer_spark.backends.zookeeper.store.client import stop_client
+from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import SessionExpired
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from kazoo.exceptions import NoAuthError, NoNodeError, RolledBackError, RuntimeInconsistency
 
-from rebalancer_spark.backends.zookeeper.client import Settings, wait
+from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
 
 __all__ = ["Op", "Refused", "batches", "transact"]
 

@@ -30,7 +30,7 @@ from kazoo.protocol.serialization import (
 )
 from kazoo.protocol.states import ZnodeStat
 
-from rebalancer_spark.backends.zookeeper.client import Settings, wait
+from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
 from rebalancer_spark.core.errors import RebalancerError
 
 __all__ = ["MultiRead", "Reader"]

@@ -10,24 +10,24 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rebalancer_spark.backends.base import Session
-from rebalancer_spark.backends.zookeeper.client import (
+from rebalancer_spark.backends.zookeeper.store.client import (
     Settings,
     close_session,
     open_client,
     wait,
 )
-from rebalancer_spark.backends.zookeeper.fence import (
+from rebalancer_spark.backends.zookeeper.store.connection import ZkSession
+from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     require_live,
     session_gone,
     session_reader,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.layout import GroupPaths
-from rebalancer_spark.backends.zookeeper.ops import Op, Refused
-from rebalancer_spark.backends.zookeeper.reader import Reader
-from rebalancer_spark.backends.zookeeper.records import member_data, read_member
-from rebalancer_spark.backends.zookeeper.session import ZkSession
+from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused
+from rebalancer_spark.backends.zookeeper.store.records import member_data, read_member
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import MemberIdInUse, RebalancerError
 from rebalancer_spark.core.model import MemberRecord
