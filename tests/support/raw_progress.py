@@ -20,7 +20,7 @@ def write_raw_progress(url: str, group: str, resource: str, raw: str) -> None:
     elif parts.scheme == "zookeeper":
         from kazoo.client import KazooClient
 
-        from rebalancer_spark.backends.zookeeper.layout import GroupPaths
+        from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 
         client = KazooClient(hosts=parts.netloc)
         client.start(timeout=10)
@@ -32,7 +32,7 @@ def write_raw_progress(url: str, group: str, resource: str, raw: str) -> None:
     elif parts.scheme == "redis":
         import redis
 
-        from rebalancer_spark.backends.redis.keys import prefix
+        from rebalancer_spark.backends.redis.store.keys import prefix
 
         client = redis.Redis.from_url(url.split("?", maxsplit=1)[0])
         try:
