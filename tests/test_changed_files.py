@@ -157,7 +157,11 @@ def test_a_progress_record_without_fingerprints_is_read_and_completed(
         assert _drain(spark, src) == [("c.csv",)]
     assert _warnings(caplog) == [], "no fingerprint recorded: not counted as a change"
     assert isinstance(src.progress, dict)
-    assert set(src.progress["versions"]) == {"a.csv", "b.csv", "c.csv"}
+    assert src.progress["format"] == 2 and src.progress["files"] == 3
+    assert "done" not in src.progress, "the names moved to the file history"
+    history = src.history().load("d")
+    assert sorted(history) == ["a.csv", "b.csv", "c.csv"]
+    assert all(entry.fingerprint for entry in history.values()), "fingerprints recorded"
     assert "changed_files" not in src.progress
     _rewrite(folder / "a.csv", "a9,9\n")
     assert _drain(spark, src) == [("a.csv",)], "from then on a change is seen"

@@ -119,9 +119,12 @@ def test_members_and_assignments(home: Path) -> None:
         "OWNER",
         "PROGRESS",
         "EPOCH",
+        "PENDING",
+        "BYTES",
+        "STUCK",
     ]
-    assert lines[1].split() == ["a", "m1", "1", "m1", "1"]
-    assert lines[3].split() == ["c", "m2", "1", "m2", "-"]
+    assert lines[1].split() == ["a", "m1", "1", "m1", "1", "-", "-", "-"]
+    assert lines[3].split() == ["c", "m2", "1", "m2", "-", "-", "-", "-"]
     rows = json.loads(run("assignments", "--group", GROUP, "--json", home=home).stdout)
     a = rows["assignments"][0]
     assert (a["resource"], a["progress_epoch"], a["progress_member"]) == ("a", 1, "m1")

@@ -244,7 +244,7 @@ def _committed(store: Backend, source: FileShareSource) -> tuple[int, bool]:
         if not value:
             idle = False
             continue
-        done += len(value["done"])
+        done += int(value["files"])
         idle = idle and value.get("batch") is None
     return done, idle
 

@@ -25,6 +25,7 @@ from rebalancer_spark.core.model import (
     Phase,
     Resource,
     Target,
+    UnreadableProgress,
     decode_progress,
     encode_progress,
     validate_group,
@@ -330,11 +331,13 @@ def test_the_limit_counts_encoded_bytes_not_characters() -> None:
 
 
 @pytest.mark.parametrize("text", ["", "{", "{'a': 1}", "offset=3", "[1,]"])
-def test_stored_progress_that_is_not_json_is_corrupt_state_naming_the_resource(
+def test_stored_progress_that_is_not_json_is_unreadable_naming_the_resource(
     text: str,
 ) -> None:
-    with pytest.raises(CorruptStateError, match=re.escape("stored progress of resource 'r/1'")):
-        decode_progress("r/1", text)
+    value = decode_progress("r/1", text)
+    assert isinstance(value, UnreadableProgress) and value.text == text
+    assert isinstance(value.error(), CorruptStateError)
+    assert "stored progress of resource 'r/1' is not readable" in str(value.error())
 
 
 def test_decoded_progress_is_plain_json() -> None:

@@ -79,6 +79,21 @@ def test_files_are_the_visible_keys_under_the_sub_prefix(s3_bucket: S3Bucket) ->
         source.files("r1/deep")
 
 
+def test_a_listing_in_name_order_starts_after_a_key_and_stops_at_a_limit(
+    s3_bucket: S3Bucket,
+) -> None:
+    for i in range(7):
+        s3_bucket.put(f"root/r1/2026-11-25/{i:02d}.csv", "x")
+    source = S3Source(_url(s3_bucket, page_size="2", order="name", lookback="10m"))
+    assert (source.order, source.lookback) == ("name", 600.0)
+    after = [f.name for f in source.files("r1", after="2026-11-25/03.csv")]
+    assert after == ["2026-11-25/04.csv", "2026-11-25/05.csv", "2026-11-25/06.csv"]
+    first = [f.name for f in source.files("r1", limit=3)]
+    assert first == ["2026-11-25/00.csv", "2026-11-25/01.csv", "2026-11-25/02.csv"]
+    with pytest.raises(ConfigurationError, match="order='random'"):
+        S3Source(_url(s3_bucket, order="random"))
+
+
 def test_a_missing_bucket_is_a_source_error(s3_bucket: S3Bucket) -> None:
     source = S3Source(_url(s3_bucket).replace(s3_bucket.name, s3_bucket.name + "-missing"))
     with pytest.raises(SourceError, match=r"NoSuchBucket.*does not exist"):

@@ -276,3 +276,44 @@ def test_one_job_ingests_every_file_exactly_once_and_audits_it(
     assert result and result[0].fenced == 0
     verdict = verify_table(str(audit), group=group)
     assert verdict.ok and verdict.resources == 4
+
+
+def test_once_ingests_what_is_there_and_ends_by_itself(
+    spark: Any, tmp_path: Path, group: str
+) -> None:
+    landing = tmp_path / "landing"
+    ids = _landing(landing, dirs=2, files=3)
+    (landing / "d01" / "part-000.csv").write_text("bad,not-a-number\n")  # rows become nulls
+    ids.discard("d01-000-0")
+    ids -= {"d01-000-1", "d01-000-2"}
+    ids.add("bad")
+    output = tmp_path / "out"
+    job = JobConfig(
+        member=MemberConfig(
+            group=group,
+            backend=f"sqlite://{tmp_path}/groups.db?poll=0.005",
+            member_id="driver-once",
+            session_timeout=3.0,
+            stability_window=0.02,
+        ),
+        source=f"{landing.as_uri()}/?order=name",
+        output=str(output),
+        schema="id STRING, value INT",
+        max_files_per_batch=2,
+        poll_interval=0.05,
+        discovery_interval=0.2,
+    )
+    node = start(spark, job)
+    result: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: result.append(run_ingest(spark, node, threading.Event(), once=True))
+    )
+    runner.start()
+    try:
+        runner.join(120)
+        assert not runner.is_alive(), "--once did not end by itself"
+    finally:
+        node.stop()
+    assert result and result[0].files == 6 and result[0].stuck == {}
+    got = [r["id"] for r in read_delta(spark, output).select("id").collect()]
+    assert sorted(got) == sorted(ids), "every input row exactly once"

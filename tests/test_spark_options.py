@@ -70,6 +70,7 @@ def test_public_surface_is_pinned() -> None:
         "output",
         "output_format",
         "checkpoint_root",
+        "files_history",
         "audit",
         "format",
         "schema",

@@ -36,7 +36,7 @@ def _all_done(store: Backend, group: str, names: dict[str, set[str]]) -> bool:
         value = progress[resource].value if resource in progress else None
         if not isinstance(value, dict) or value.get("batch") is not None:
             return False
-        if set(value.get("done", [])) != files:
+        if value.get("files") != len(files):
             return False
     return True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -167,6 +168,7 @@ def assigned_source(
     source: FileSource,
     output: Output | None = None,
     changed: Callable[[int, str], None] | None = None,
+    event: Callable[[str, str, int, str], None] | None = None,
     **read: Any,
 ) -> AssignedSource:
     """``resource`` as the job of ``member`` works on it, once ``member`` owns it: an
@@ -183,6 +185,12 @@ def assigned_source(
         return now is not None and now.epoch == epoch
 
     settings = {"schema": "id STRING, value INT", "max_files_per_batch": 2, **read}
+    history = None
+    if output is None:  # the group's history, shared by its members, in the temp directory
+        from rebalancer_spark.spark.file_history import FileHistory
+
+        where = Path(tempfile.gettempdir()) / "rebalancer-test-history" / member.group
+        history = FileHistory(str(where), member.group)
     return AssignedSource(
         group=member.group,
         resource=resource,
@@ -196,6 +204,8 @@ def assigned_source(
         output=output,
         read=ReadSettings(**settings),
         changed=changed,
+        history=history,
+        event=event,
     )
 
 

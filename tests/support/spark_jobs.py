@@ -133,7 +133,7 @@ class SparkJobs:
             if not value:
                 idle = False
                 continue
-            done += len(value["done"])
+            done += int(value["files"])
             idle = idle and value.get("batch") is None
         return done, idle
 

@@ -17,6 +17,7 @@ from rebalancer_spark.cli.audit_commands import (
 )
 from rebalancer_spark.cli.control_commands import CONTROL_COMMANDS, cmd_control
 from rebalancer_spark.cli.exits import EPILOG, PROG, fail
+from rebalancer_spark.cli.progress_commands import add_progress_commands
 from rebalancer_spark.cli.read_commands import cmd_assignments, cmd_members, cmd_status
 
 __all__ = ["build_parser"]
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_read_commands(commands)
     _add_control_commands(commands)
+    add_progress_commands(commands, EPILOG)
     audit = commands.add_parser(
         "audit", help="the Delta audit table: verify, history, owners, rebalances, timeline"
     )

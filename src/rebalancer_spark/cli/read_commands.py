@@ -28,8 +28,8 @@ def _read(
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    backend, state, _ = _read(args)
-    status = group_status(state)
+    backend, state, progress = _read(args, progress=True)
+    status = group_status(state, progress)
     last = _last_rebalance(args.audit, state.group) if args.audit else None
     data = {**status_json(status, backend), "last_rebalance": last}
     emit(args.json, data, lambda: print_status(status, backend, last, bool(args.audit)))
@@ -66,10 +66,27 @@ def cmd_members(args: argparse.Namespace) -> int:
 def cmd_assignments(args: argparse.Namespace) -> int:
     backend, state, progress = _read(args, progress=True)
     rows = assignment_statuses(state, progress)
-    heads = ("RESOURCE", "OWNER", "EPOCH", "TARGET OWNER", "PROGRESS EPOCH")
+    heads = ("RESOURCE", "OWNER", "EPOCH", "TARGET OWNER", "PROGRESS EPOCH", "PENDING", "BYTES")
     keys = ("resource", "owner", "epoch", "target_owner", "progress_epoch")
-    text = table(heads, [[getattr(r, k) for k in keys] for r in rows])
+    cells = [
+        [*(getattr(r, k) for k in keys), *_lag(r.pending_files, r.pending_bytes, r.pending_more),
+         _short(r.stuck)]
+        for r in rows
+    ]  # fmt: skip
+    text = table((*heads, "STUCK"), cells)
     empty = f"no resources in group {state.group} on {backend}"
     data = {"group": state.group, "backend": backend, "assignments": [asdict(r) for r in rows]}
     emit(args.json, data, lambda: print(text if rows else empty))
     return EXIT_OK
+
+
+def _lag(files: int | None, size: int | None, more: bool) -> tuple[str | None, str | None]:
+    """The PENDING and BYTES cells: ``N+`` when the owner's listing stopped early."""
+    if files is None:
+        return None, None
+    mark = "+" if more else ""
+    return f"{files}{mark}", f"{size}{mark}"
+
+
+def _short(stuck: str | None) -> str | None:
+    return None if stuck is None else stuck if len(stuck) <= 60 else stuck[:57] + "..."

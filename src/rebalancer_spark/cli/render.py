@@ -96,6 +96,8 @@ def status_json(status: GroupStatus, backend: str) -> dict[str, Any]:
         "imbalance": number(status.imbalance),
         "stable": status.stable,
         "control": control_json(status.control),
+        "stuck": dict(status.stuck),
+        "pending": {"files": status.pending_files, "bytes": status.pending_bytes},
     }
 
 
@@ -138,6 +140,12 @@ def print_status(
     print(f"resources: {status.resource_count} (version {status.resources_version})")
     print(f"imbalance: {number(status.imbalance)}, stable: {_cell(status.stable)}")
     print(f"last rebalance: {_last_rebalance(last, audit_given)}")
+    if status.pending_files is not None:
+        print(f"pending: {status.pending_files} files, {status.pending_bytes} bytes")
+    if status.stuck:
+        print(f"stuck: {len(status.stuck)}")
+        for resource, why in status.stuck.items():
+            print(f"  {resource}: {why}")
     print_control(status.control)
     _print_members_and_owners(status)
 

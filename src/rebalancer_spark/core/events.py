@@ -13,7 +13,10 @@ coordinator epoch, the resource concerned (a pin) or ``""`` (the group), and the
 in ``reason``. The audit's overlap proof ignores them. ``rebalance`` events are not changes of
 ownership either: the coordinator emits one when it publishes a new target, with the new
 ``generation``, its ``coordinator_epoch``, what caused it (``trigger``) and how many resources
-change owner (``moves``); ``reason`` carries the details ("join: job-d").
+change owner (``moves``); ``reason`` carries the details ("join: job-d"). ``stuck`` and
+``progress`` events are not changes of ownership either: a Spark job's owner of a file resource
+emits them, under its epoch, when the resource gets stuck and when it applies an operator's
+``rebalancer-spark progress reset|skip``.
 
 The epoch chain rides on ownership events: ``generation`` and ``coordinator_epoch`` name the
 target under which the change happened, and an ``acquired`` event carries the store's
@@ -42,6 +45,11 @@ class EventKind(StrEnum):
     """Not about ownership: the coordinator applied an operator's control change."""
     REBALANCE = "rebalance"
     """Not about ownership: the coordinator published a new target."""
+    STUCK = "stuck"
+    """Not a change of ownership: the owner cannot make progress on the resource (its
+    progress record is unreadable, its listing or a read fails); ``reason`` says why."""
+    PROGRESS = "progress"
+    """Not a change of ownership: the owner applied an operator's ``progress reset|skip``."""
 
 
 class Trigger(StrEnum):

@@ -42,6 +42,7 @@ __all__ = [
     "Progress",
     "Resource",
     "Target",
+    "UnreadableProgress",
     "decode_progress",
     "encode_progress",
     "grant_epochs",
@@ -138,15 +139,31 @@ def encode_progress(resource: str, progress: JsonValue) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class UnreadableProgress:
+    """What a store read gives for a progress record it cannot decode (bytes that are not
+    JSON, a record not in the store's form), instead of failing the whole read: the owner of
+    that one resource is then stuck (:meth:`error`), and every other resource goes on."""
+
+    resource: str
+    text: str
+    """The start of what the store holds (at most 120 characters)."""
+    reason: str
+
+    def error(self) -> CorruptStateError:
+        return CorruptStateError(
+            f"stored progress of resource {self.resource!r} is not readable ({self.reason}; it "
+            f"holds {self.text!r}); it was not written by rebalancer-spark: inspect it with "
+            "`rebalancer-spark progress show`, then `rebalancer-spark progress reset` it"
+        )
+
+
 def decode_progress(resource: str, text: str) -> JsonValue:
-    """Decode stored progress; corrupt data is a :class:`CorruptStateError`."""
+    """Decode stored progress; data that is not JSON gives an :class:`UnreadableProgress`."""
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise CorruptStateError(
-            f"stored progress of resource {resource!r} is not JSON ({exc}); it was not written "
-            "by rebalancer-spark: inspect the store, then clear that resource's progress"
-        ) from None
+        return UnreadableProgress(resource, text[:120], f"not JSON: {exc}")
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rebalancer_spark.core.control import Control, ControlMode, balance_scope
-from rebalancer_spark.core.model import GroupState, Phase, Progress
+from rebalancer_spark.core.model import GroupState, JsonValue, Phase, Progress, UnreadableProgress
 
 __all__ = [
     "AssignmentStatus",
@@ -25,11 +25,13 @@ __all__ = [
     "HeldResource",
     "MemberStatus",
     "PinStatus",
+    "ProgressView",
     "TargetStatus",
     "assignment_statuses",
     "control_status",
     "group_status",
     "member_statuses",
+    "progress_view",
 ]
 
 
@@ -58,6 +60,51 @@ class AssignmentStatus:
     target_owner: str | None
     progress_epoch: int | None
     progress_member: str | None
+    stuck: str | None = None
+    """Why its owner cannot make progress (an unreadable progress record, a listing or a read
+    that fails), with the command that fixes it; None when it can."""
+    pending_files: int | None = None
+    """Files listed and not processed yet, as the owner last listed them (None: not known,
+    e.g. a resource that is not read in file batches)."""
+    pending_bytes: int | None = None
+    pending_more: bool = False
+    """True when the owner's listing stopped early (``order=name``): at least that many."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    """What ``status`` reads from a resource's progress record: stuck, and its lag."""
+
+    stuck: str | None = None
+    pending_files: int | None = None
+    pending_bytes: int | None = None
+    pending_more: bool = False
+
+
+def progress_view(resource: str, value: JsonValue) -> ProgressView:
+    """The :class:`ProgressView` of a stored progress value (a file resource's record says
+    ``stuck`` and ``pending``; any other value says neither, unless it is unreadable)."""
+    if isinstance(value, UnreadableProgress):
+        return ProgressView(stuck=str(value.error()))
+    if not isinstance(value, Mapping) or "format" not in value:
+        return ProgressView()
+    stuck = value.get("stuck")
+    pending = value.get("pending")
+    files = nbytes = None
+    more = False
+    if isinstance(pending, Mapping):
+        files, nbytes = _int(pending.get("files")), _int(pending.get("bytes"))
+        more = pending.get("more") is True
+    if stuck is not None:
+        stuck = (
+            f"{stuck}; see `rebalancer-spark progress show --resource {resource}` "
+            "(reset or skip fix what cannot be read)"
+        )
+    return ProgressView(None if stuck is None else str(stuck), files, nbytes, more)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +179,11 @@ class GroupStatus:
     imbalance: float
     stable: bool
     control: ControlStatus
+    stuck: Mapping[str, str] = field(default_factory=dict)
+    """The resources whose owner cannot make progress, and why (read from their progress)."""
+    pending_files: int | None = None
+    """Files pending over the resources whose owner reports it (None: none does)."""
+    pending_bytes: int | None = None
 
 
 def member_statuses(state: GroupState) -> tuple[MemberStatus, ...]:
@@ -161,17 +213,24 @@ def assignment_statuses(
     store (resources missing from it have none)."""
     targets = state.target.owner_of() if state.target else {}
     claims = state.claims
-    return tuple(
-        AssignmentStatus(
-            resource=r,
-            owner=claims[r].member_id if r in claims else None,
-            epoch=claims[r].epoch if r in claims else None,
-            target_owner=targets.get(r),
-            progress_epoch=progress[r].epoch if r in progress else None,
-            progress_member=progress[r].member_id if r in progress else None,
+    out = []
+    for r in sorted(set(state.resources) | set(claims) | set(targets)):
+        view = progress_view(r, progress[r].value) if r in progress else ProgressView()
+        out.append(
+            AssignmentStatus(
+                resource=r,
+                owner=claims[r].member_id if r in claims else None,
+                epoch=claims[r].epoch if r in claims else None,
+                target_owner=targets.get(r),
+                progress_epoch=progress[r].epoch if r in progress else None,
+                progress_member=progress[r].member_id if r in progress else None,
+                stuck=view.stuck,
+                pending_files=view.pending_files,
+                pending_bytes=view.pending_bytes,
+                pending_more=view.pending_more,
+            )
         )
-        for r in sorted(set(state.resources) | set(claims) | set(targets))
-    )
+    return tuple(out)
 
 
 def control_status(state: GroupState) -> ControlStatus:
@@ -192,9 +251,12 @@ def control_status(state: GroupState) -> ControlStatus:
     )
 
 
-def group_status(state: GroupState) -> GroupStatus:
-    """The whole status of the group ``state`` describes."""
+def group_status(state: GroupState, progress: Mapping[str, Progress] | None = None) -> GroupStatus:
+    """The whole status of the group ``state`` describes; ``progress`` (as read from the
+    store) adds the stuck resources and the lag."""
     coord, target = state.coordinator, state.target
+    views = {r: progress_view(r, p.value) for r, p in (progress or {}).items()}
+    known = [v for v in views.values() if v.pending_files is not None]
     return GroupStatus(
         group=state.group,
         members=member_statuses(state),
@@ -211,6 +273,9 @@ def group_status(state: GroupState) -> GroupStatus:
         imbalance=_imbalance(state),
         stable=state.is_stable(),
         control=control_status(state),
+        stuck={r: v.stuck for r, v in sorted(views.items()) if v.stuck is not None},
+        pending_files=sum(v.pending_files or 0 for v in known) if known else None,
+        pending_bytes=sum(v.pending_bytes or 0 for v in known) if known else None,
     )
 
 

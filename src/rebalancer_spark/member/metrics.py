@@ -26,6 +26,11 @@ what each alert means):
 * ``rebalancer_changed_files_total{action}``: processed files found rewritten under the same
   name by this member's Spark job (``action`` = ``ignored`` or ``reread``, the file source's
   ``on_change`` option);
+* ``rebalancer_resource_stuck{resource}``: 1 while this member's Spark job cannot make progress
+  on the resource (its progress record is unreadable, its listing or a read fails;
+  ``rebalancer-spark status`` says why and what fixes it);
+* ``rebalancer_pending_files{resource}``, ``rebalancer_pending_bytes{resource}``: the lag,
+  files listed and not processed yet, as the job last listed them;
 * ``rebalancer_discovery_failing``: 1 while the coordinator's last listing of the source failed
   (the group keeps its resource set meanwhile; ``Member.discovery_error`` says why).
 
@@ -36,6 +41,7 @@ what each alert means):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -152,6 +158,25 @@ class MemberMetrics:
             (*labels, "action"),
             registry=self.registry,
         )
+        per_resource = (*labels, "resource")
+        self._stuck = Gauge(
+            "rebalancer_resource_stuck",
+            "1 while this member cannot make progress on the resource",
+            per_resource,
+            registry=self.registry,
+        )
+        self._pending_files = Gauge(
+            "rebalancer_pending_files",
+            "files of the resource listed and not processed yet",
+            per_resource,
+            registry=self.registry,
+        )
+        self._pending_bytes = Gauge(
+            "rebalancer_pending_bytes",
+            "bytes of the resource's files listed and not processed yet",
+            per_resource,
+            registry=self.registry,
+        )
         self._values = values
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
@@ -169,6 +194,22 @@ class MemberMetrics:
     def changed_files(self, count: int, action: str) -> None:
         """``count`` processed files were found rewritten; ``action``: ignored or reread."""
         self._changed.labels(*self._values, action).inc(count)
+
+    def resource_state(
+        self, resource: str, stuck: str | None, pending: tuple[int, int] | None
+    ) -> None:
+        """What the Spark job last found on ``resource``: stuck (why) or not, and its lag
+        (files, bytes; None: unchanged)."""
+        self._stuck.labels(*self._values, resource).set(0 if stuck is None else 1)
+        if pending is not None:
+            self._pending_files.labels(*self._values, resource).set(pending[0])
+            self._pending_bytes.labels(*self._values, resource).set(pending[1])
+
+    def resource_gone(self, resource: str) -> None:
+        """``resource`` left this member: its series go."""
+        for gauge in (self._stuck, self._pending_files, self._pending_bytes):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*self._values, resource)
 
     def rebalanced(self, seconds: float, moved: int) -> None:
         """A target was published ``seconds`` after the first change, moving ``moved``."""

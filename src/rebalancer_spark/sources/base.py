@@ -27,7 +27,15 @@ from rebalancer_spark.core.model import Resource
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ON_CHANGE", "FileEntry", "FileSource", "ResourceSource", "check_on_change"]
+__all__ = [
+    "ON_CHANGE",
+    "ORDERS",
+    "FileEntry",
+    "FileSource",
+    "ResourceSource",
+    "check_listing",
+    "check_on_change",
+]
 
 
 class ResourceSource(abc.ABC):
@@ -63,19 +71,34 @@ ON_CHANGE = ("ignore", "reread")
 ``on_change`` URL option): ``ignore`` it (the default) or ``reread`` it in a new batch."""
 
 
+ORDERS = ("none", "name")
+"""How the files of a resource arrive (a file source's ``order`` URL option): in no order
+(``none``, the default: every listing is a full one) or by name (``name``: keys that sort by
+arrival, such as dates, hours or timestamps; each listing starts after the last name
+processed, ``lookback`` seconds behind)."""
+
+
 class FileSource(ResourceSource):
     """A source whose resources hold files.
 
     ``on_change`` (one of :data:`ON_CHANGE`, from the source's URL option of that name) says
     what the Spark glue does with a file already processed that is listed again with another
     :attr:`FileEntry.fingerprint`: ``ignore`` (default) or ``reread``; either way it warns
-    and counts it."""
+    and counts it. ``order`` (one of :data:`ORDERS`) and ``lookback`` (seconds) say where a
+    listing may start (docs/sources.md)."""
 
     on_change: str = "ignore"
+    order: str = "none"
+    lookback: float = 0.0
 
     @abc.abstractmethod
-    def files(self, resource: str) -> list[FileEntry]:
-        """The visible files of ``resource``, sorted by name."""
+    def files(
+        self, resource: str, after: str | None = None, limit: int | None = None
+    ) -> list[FileEntry]:
+        """The visible files of ``resource`` sorted by name; only those whose name sorts
+        above ``after`` when it is given, and only the first ``limit`` (listed in proportion
+        to them where the source can: S3 ``StartAfter``, a sorted walk that skips directories
+        below ``after`` and stops at ``limit``)."""
 
     @abc.abstractmethod
     def location(self, resource: str) -> str:
@@ -111,3 +134,27 @@ def check_on_change(value: str, shown_url: str) -> str:
             "reread (it is read again in a new batch)"
         )
     return value
+
+
+def check_listing(options: Mapping[str, str], shown_url: str) -> tuple[str, float]:
+    """The ``order`` and ``lookback`` options of a file source, checked: (order, seconds)."""
+    from rebalancer_spark.core.config import parse_duration
+
+    order = options.get("order", "none")
+    if order not in ORDERS:
+        raise ConfigurationError(
+            f"option order={order!r} of source {shown_url!r} is unknown: use none (the "
+            "default: every listing is a full one) or name (files arrive in name order, each "
+            "listing starts after the last name processed)"
+        )
+    lookback = parse_duration(
+        f"option lookback of source {shown_url!r} (how late a file may arrive under a name "
+        "below the last one processed)",
+        options.get("lookback", "0"),
+    )
+    if "lookback" in options and order != "name":
+        raise ConfigurationError(
+            f"option lookback of source {shown_url!r} needs order=name: with order=none every "
+            "listing is a full one"
+        )
+    return order, lookback

@@ -20,7 +20,17 @@ Rules, so that a half-written file is never read:
   again, in a new batch, with ``on_change=reread`` (``file:///dir/?on_change=reread``); either
   way a warning is logged and the file counted (docs/sources.md).
 
-Those two are the only options: any other is refused.
+* ``order=name`` (files arrive in name order: dates, hours, timestamps first) makes a listing
+  start after the last name processed, walking the directories in name order, skipping those
+  below it and ``stat``-ing only the files above it, and stop at what the next batch needs;
+  ``lookback=DURATION`` keeps the start that far behind, for late files; ``order=none`` (the
+  default) lists everything every time (docs/sources.md).
+
+* ``depth=N`` (1 to 8, default 1): the resources are the directories N levels below the root,
+  named by their path (``depth=2`` over ``date=*/hour=*``: ``date=2026-11-25/hour=10``), each
+  still one owner's; files of shallower directories belong to no resource.
+
+Any other option is refused.
 
 :meth:`FileShareSource.location` is a ``file:`` URL holding the directory's path as it is (not
 percent-encoded): Hadoop's ``Path`` takes a string's characters literally, so names with
@@ -32,23 +42,52 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
-from rebalancer_spark.sources.base import FileEntry, FileSource, check_on_change
+from rebalancer_spark.sources.base import FileEntry, FileSource, check_listing, check_on_change
 
 __all__ = ["FileShareSource"]
 
 log = logging.getLogger("rebalancer_spark.sources.files")
 
-OPTIONS = ("on_change", "weight")
+OPTIONS = ("depth", "lookback", "on_change", "order", "weight")
 WEIGHTS = ("none", "bytes")
 
 
 def _hidden(name: str) -> bool:
     return name.startswith((".", "_"))
+
+
+def _walk(folder: Path, prefix: str, after: str | None) -> Iterator[tuple[str, Path]]:
+    """(relative name, path) of the visible files under ``folder`` sorting above ``after``,
+    in name order: a directory ``d`` is keyed ``d/``, so its files come as one block exactly
+    where their names sort."""
+    with os.scandir(folder) as listing:
+        entries = [
+            (e.name + "/" if e.is_dir() else e.name, e.is_dir())
+            for e in listing
+            if not _hidden(e.name)
+        ]
+    for key, is_dir in sorted(entries):
+        name = prefix + key
+        if is_dir:
+            if _may_hold(name[:-1], after):
+                yield from _walk(folder / key[:-1], name, after)
+        elif after is None or name > after:
+            yield name, folder / key
+
+
+def _may_hold(directory: str, after: str | None) -> bool:
+    """Whether the directory ``directory`` (relative) may hold a name sorting above
+    ``after``: every name under it starts with ``directory + "/"``."""
+    if after is None:
+        return True
+    head = directory + "/"
+    return after < head or after.startswith(head)
 
 
 class FileShareSource(FileSource):
@@ -71,8 +110,9 @@ class FileShareSource(FileSource):
                 close = difflib.get_close_matches(name, OPTIONS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 raise ConfigurationError(
-                    f"source {url!r} has the unknown option {name!r}{hint}: the only option of "
-                    f"a file share is weight={'|'.join(WEIGHTS)}"
+                    f"source {url!r} has the unknown option {name!r}{hint}: the options of a "
+                    "file share are weight=none|bytes, on_change=ignore|reread, order=none|name, "
+                    "lookback=DURATION and depth=N"
                 )
             if name in options:
                 raise ConfigurationError(f"source {url!r} gives the option {name!r} twice")
@@ -95,7 +135,16 @@ class FileShareSource(FileSource):
         self.url = url
         self.root = Path(unquote(parts.path))
         self.weight = weight
+        depth = options.get("depth", "1")
+        if not depth.isdigit() or not 1 <= int(depth) <= 8:
+            raise ConfigurationError(
+                f"option depth={depth!r} of source {url!r} is not a number from 1 to 8: the "
+                "resources are the directories that many levels below the root (2: "
+                "date=*/hour=*)"
+            )
+        self.depth = int(depth)
         self.on_change = check_on_change(options.get("on_change", "ignore"), url)
+        self.order, self.lookback = check_listing(options, url)
 
     def _resource_dir(self, resource: str) -> Path:
         path = (self.root / resource).resolve()
@@ -108,9 +157,14 @@ class FileShareSource(FileSource):
 
     def discover(self) -> list[Resource]:
         try:
-            listed = sorted(
-                e.name for e in os.scandir(self.root) if e.is_dir() and not _hidden(e.name)
-            )
+            listed = [""]
+            for _ in range(self.depth):  # the directories `depth` levels down, by path
+                listed = sorted(
+                    f"{parent}{e.name}"
+                    for parent in (f"{p}/" if p else "" for p in listed)
+                    for e in os.scandir(self.root / parent)
+                    if e.is_dir() and not _hidden(e.name)
+                )
         except OSError as exc:
             raise SourceError(
                 f"cannot list source {self.url!r} ({exc.strerror or exc}): check that the "
@@ -133,33 +187,31 @@ class FileShareSource(FileSource):
             Resource(name, float(max(sum(f.size for f in self.files(name)), 1))) for name in entries
         ]
 
-    def files(self, resource: str) -> list[FileEntry]:
+    def files(
+        self, resource: str, after: str | None = None, limit: int | None = None
+    ) -> list[FileEntry]:
+        """A walk in name order: a sub-directory whose every name sorts at or below ``after``
+        is not entered, only the files above ``after`` are looked at (``stat``), and the walk
+        ends after ``limit`` files; so its cost follows the files returned plus the names of
+        the directories on the way (docs/sources.md)."""
         base = self._resource_dir(resource)
         found: list[FileEntry] = []
+        if not base.is_dir():
+            return found  # gone: the next discovery drops the resource
         try:
-            for dirpath, dirnames, filenames in os.walk(base):
-                dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
-                for name in filenames:
-                    if _hidden(name):
-                        continue
-                    full = Path(dirpath) / name
-                    try:
-                        stat = full.stat()
-                    except FileNotFoundError:
-                        continue  # removed while listing
-                    found.append(
-                        FileEntry(
-                            str(full.relative_to(base)),
-                            stat.st_size,
-                            stat.st_mtime,
-                            str(stat.st_mtime_ns),
-                        )
-                    )
+            for name, full in _walk(base, "", after):
+                try:
+                    stat = full.stat()
+                except FileNotFoundError:
+                    continue  # removed while listing
+                found.append(FileEntry(name, stat.st_size, stat.st_mtime, str(stat.st_mtime_ns)))
+                if limit is not None and len(found) >= limit:
+                    break
         except OSError as exc:
             raise SourceError(
                 f"cannot list files of resource {resource!r} in {self.url!r}: {exc}"
             ) from None
-        return sorted(found)
+        return found
 
     def location(self, resource: str) -> str:
         # Not Path.as_uri(): Hadoop does not decode %-escapes in a path string, it takes every

@@ -34,9 +34,15 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rebalancer_spark.core.errors import FencedError, RebalancerError, SourceError
+from rebalancer_spark.core.errors import (
+    CorruptStateError,
+    FencedError,
+    RebalancerError,
+    SourceError,
+)
 from rebalancer_spark.spark.delta_commit import Landing
-from rebalancer_spark.spark.source import AssignedSource, FileBatch
+from rebalancer_spark.spark.file_progress import FileBatch
+from rebalancer_spark.spark.source import AssignedSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -160,8 +166,10 @@ class Batch:
 def batches(spark: SparkSession, node: RebalancerNode | None = None) -> Iterator[Batch]:
     """One pass over the resources this job owns now (``node``: this driver's node by
     default), yielding the next batch of each resource that has work; see the module
-    docstring. A resource found fenced, or whose files cannot be listed, is skipped with a
-    log line (a listing error is retried on the next pass)."""
+    docstring. A resource found fenced is skipped with a log line; one whose progress record
+    is unreadable or whose files cannot be listed is *stuck* (:meth:`AssignedSource.note_stuck`:
+    logged once, shown by ``status`` and the metrics) and retried on the next pass, while the
+    other resources go on."""
     from rebalancer_spark.spark.session import current_node
 
     node = node or current_node()
@@ -171,8 +179,10 @@ def batches(spark: SparkSession, node: RebalancerNode | None = None) -> Iterator
         except FencedError as exc:
             log.warning("%s: ownership moved on before a batch was planned: %s", src, exc)
             continue
-        except SourceError as exc:
-            log.warning("%s: cannot list its files, retrying on the next pass: %s", src, exc)
+        except (SourceError, CorruptStateError) as exc:
+            if src.stuck is None:
+                log.error("%s is stuck (retried on every pass; the others go on): %s", src, exc)
+            src.note_stuck(exc)
             continue
         if batch is not None:
             yield batch

@@ -58,6 +58,7 @@ class JobConfig:
     output: str | None = None
     output_format: str = "delta"
     checkpoint_root: str | None = None
+    files_history: str | None = None
     audit: str | None = None
     format: str = "csv"
     schema: str | None = None
@@ -95,6 +96,7 @@ class JobConfig:
             "output": _text("output", self.output),
             "output_format": _output_format(self.output_format),
             "checkpoint_root": _text("checkpoint_root", self.checkpoint_root),
+            "files_history": _text("files_history", self.files_history),
             "audit": _text("audit", self.audit),
             "format": _format(self.format),
             "schema": _text("schema", self.schema),

@@ -20,10 +20,11 @@ Before the source is opened or the group joined, the paths are checked
 (:mod:`.path_check`): output and audit apart, neither inside a file source nor it inside them,
 no audit table among other files.
 
-Exit codes: 0 after a clean stop, 2 for bad options, overlapping paths or a source that cannot
-be opened (one line on stderr saying what to fix), 3 when the Spark JVM died or the
-SparkContext was stopped under the running node (its resources given up at once; see
-:mod:`.watchdog`).
+Exit codes: 0 after a clean stop, what the loop says for a loop that ends by itself
+(``ingest_files.py --once``: 1 when a resource was stuck), 2 for bad options, overlapping
+paths or a source that cannot be opened (one line on stderr saying what to fix), 3 when the
+Spark JVM died or the SparkContext was stopped under the running node (its resources given up
+at once; see :mod:`.watchdog`).
 """
 
 from __future__ import annotations
@@ -73,14 +74,15 @@ class JobContext:
 def job_main(
     argv: Sequence[str],
     prog: str,
-    loop: Callable[[JobContext], str],
+    loop: Callable[[JobContext], str | tuple[str, int]],
     *,
     schemes: Collection[str],
     make_source: Callable[[str], ResourceSource] = open_source,
     check: Callable[[JobConfig], None] | None = None,
     add_arguments: AddArguments | None = None,
 ) -> int:
-    """Run a job; ``loop`` runs until ``ctx.stop`` is set and returns a one-line summary.
+    """Run a job; ``loop`` runs until ``ctx.stop`` is set and returns a one-line summary (or
+    the summary and the exit status, for a loop that ends by itself: ``--once``).
     ``schemes`` are the ``--source`` URL schemes the job reads (the first one is named in the
     error when another is given); ``check`` refuses, with a :class:`RebalancerError`, options
     the job needs beyond a source and an output."""
@@ -116,11 +118,12 @@ def job_main(
     name = node.member.member_id
     print(f"member {name} of group {job.member.group} running", flush=True)
     try:
-        summary = loop(JobContext(spark, job, node, source, output, stop, args))
+        ended = loop(JobContext(spark, job, node, source, output, stop, args))
     finally:
         spark.stop()  # drains and leaves the group first
+    summary, code = ended if isinstance(ended, tuple) else (ended, 0)
     print(f"member {name} stopped: {summary}", flush=True)
-    return 0
+    return code
 
 
 def _quiet() -> None:

@@ -97,6 +97,9 @@ OPTIONS = (
     Option("checkpoint_root", "text", SOURCE, "PATH",
            "streaming jobs: shared directory of the per-resource checkpoints "
            "(ROOT/GROUP/RESOURCE/), on storage every job of the group reaches", "none"),
+    Option("files_history", "text", SOURCE, "PATH",
+           "file sources: the Delta table of the files each resource processed (a path or "
+           "s3:// URL every job of the group reaches)", "OUTPUT/_rebalancer_files"),
     Option("audit", "text", SOURCE, "PATH",
            "path of the Delta table that records every change of ownership", "no audit"),
     Option("format", "text", SOURCE, "NAME",

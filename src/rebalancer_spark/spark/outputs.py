@@ -30,11 +30,19 @@ from urllib.parse import quote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
 from rebalancer_spark.spark.delta_commit import PARTITION_COLUMN, DeltaCommitter, Landing
+from rebalancer_spark.spark.file_history import HISTORY_DIR
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BATCH_COLUMN", "DeltaOutput", "Output", "ParquetOutput", "open_output"]
+__all__ = [
+    "BATCH_COLUMN",
+    "DeltaOutput",
+    "Output",
+    "ParquetOutput",
+    "open_output",
+    "s3_storage_options",
+]
 
 BATCH_COLUMN = "_batch"
 _TABLE_NAME = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*){0,2}$")
@@ -44,6 +52,10 @@ class Output(Protocol):
     """What a batch is written to."""
 
     location: str
+
+    def history_location(self) -> tuple[str, dict[str, str]]:
+        """Where the group's file history lives (:mod:`.file_history`) and its storage
+        options: ``<output>/_rebalancer_files``."""
 
     def landed(self, resource: str) -> int | None:
         """The highest batch id of ``resource`` that landed, or None when this output cannot
@@ -94,6 +106,10 @@ class DeltaOutput:
 
     def __repr__(self) -> str:
         return f"DeltaOutput({self.spark_uri!r})"
+
+    def history_location(self) -> tuple[str, dict[str, str]]:
+        uri = f"{self.committer.uri.rstrip('/')}/{HISTORY_DIR}"
+        return uri, dict(self.committer.storage_options)
 
     def landed(self, resource: str) -> int | None:
         return self.committer.mark(resource).batch
@@ -219,6 +235,16 @@ class ParquetOutput:
     def __repr__(self) -> str:
         return f"ParquetOutput({self.location!r})"
 
+    def history_location(self) -> tuple[str, dict[str, str]]:
+        parts = urlsplit(self.location)
+        if parts.scheme in ("", "file"):
+            path = os.path.abspath(parts.path if parts.scheme else self.location)
+            return f"{path}/{HISTORY_DIR}", {}
+        raise ConfigurationError(
+            f"a Parquet output at {self.location!r} cannot hold the file history (only a local "
+            "or shared path can): use a Delta output (the default) for an S3 location"
+        )
+
     def landed(self, resource: str) -> int | None:
         return None
 
@@ -292,6 +318,11 @@ def _catalog_location(spark: SparkSession, name: str) -> str:
             "table or a path"
         )
     return str(detail["location"])
+
+
+def s3_storage_options(spark: SparkSession, bucket: str) -> dict[str, str]:
+    """delta-rs storage options for ``bucket`` from Spark's ``fs.s3a.*`` settings."""
+    return _s3_options(spark, bucket)
 
 
 def _s3_options(spark: SparkSession, bucket: str) -> dict[str, str]:

@@ -19,18 +19,21 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from rebalancer_spark.audit.delta import DeltaAuditLog
 from rebalancer_spark.core.errors import RebalancerError
-from rebalancer_spark.core.events import EventSink
+from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import FileSource, ResourceSource, open_source
+from rebalancer_spark.spark.file_history import FileHistory
 from rebalancer_spark.spark.options import JobConfig
-from rebalancer_spark.spark.outputs import Output, open_output
+from rebalancer_spark.spark.outputs import Output, open_output, s3_storage_options
 from rebalancer_spark.spark.source import AssignedSource, ReadSettings
 from rebalancer_spark.spark.watchdog import DriverWatchdog, watch_driver
 
@@ -202,7 +205,39 @@ class RebalancerNode:
                 job.format, job.schema, dict(job.read_options), job.max_files_per_batch
             ),
             changed=self._changed_files,
+            history=self._files_history(),
+            watch=self._watch,
+            event=self._event,
         )
+
+    def _event(self, kind: str, resource: str, epoch: int, reason: str) -> None:
+        """A ``stuck`` or ``progress`` event of this job, to the audit table and metrics."""
+        session = self.member.session
+        now = time.time()
+        event = OwnershipEvent(
+            EventKind(kind), self.member.group, resource, self.member.member_id,
+            "" if session is None else session.session_id, epoch, now, now, reason,
+        )  # fmt: skip
+        for sink in (self.audit, self.member.metrics):
+            if sink is not None:
+                sink(event)
+
+    def _watch(self, resource: str, stuck: str | None, pending: tuple[int, int] | None) -> None:
+        metrics = self.member.metrics
+        if metrics is not None:
+            metrics.resource_state(resource, stuck, pending)
+
+    def _files_history(self) -> FileHistory | None:
+        """The ``--files-history`` table, or None: next to the output."""
+        if self.job.files_history is None:
+            return None
+        uri = self.job.files_history
+        options: dict[str, str] = {}
+        if uri.startswith(("s3://", "s3a://")):
+            bucket = urlsplit(uri).netloc
+            uri = "s3://" + uri.split("://", 1)[1]
+            options = s3_storage_options(self.spark, bucket)
+        return FileHistory(uri, self.member.group, storage_options=options)
 
     def _changed_files(self, count: int, action: str) -> None:
         metrics = self.member.metrics
@@ -242,6 +277,10 @@ class RebalancerNode:
         with self._lock:
             for o in owned:
                 self._sources.pop((o.resource, o.epoch), None)
+        metrics = self.member.metrics
+        if metrics is not None:
+            for o in owned:
+                metrics.resource_gone(o.resource)
 
 
 def start(

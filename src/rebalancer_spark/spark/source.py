@@ -1,39 +1,39 @@
 """One resource this job owns now: its epoch, its progress, and the planning of its batches.
 
 For a file source (any :class:`~rebalancer_spark.sources.base.FileSource`: a share's
-directories, S3 sub-prefixes) the progress of a resource is, with file names relative to the
-resource (paths under a directory, keys under a sub-prefix)::
+directories, S3 sub-prefixes) the progress of a resource is a record of constant size
+(:mod:`.file_progress`: a watermark, where the next listing starts, the open batch, counts),
+and the names of the files processed are rows of the group's file history
+(:mod:`.file_history`, a Delta table next to the output). This job keeps, in memory, the
+history of the names its listings can return (all of them with ``order=none``; those above the
+listing floor with ``order=name``), read once when it takes the resource over.
 
-    {"done": ["a.csv", "sub/b.csv"], "batch": {"id": 7, "files": ["c.csv"]} | null, "next": 8,
-     "versions": {"a.csv": "120:1732...", ...}, "changed_files": 0}
+A file listed again with another fingerprint (size and modification time, or ETag) than its
+history row has was rewritten under the same name. The source's ``on_change`` option says what
+then happens: ``ignore`` appends a history row with the new fingerprint, so the change is
+reported once, and the file is not read again; ``reread`` plans the file in the next batch,
+once per change, fenced like any batch. Either way the job logs a warning, counts it in the
+member's metrics and in ``changed_files``. A change is seen only where the listing looks:
+everywhere with ``order=none``, above the floor with ``order=name``.
 
-``versions`` holds the :attr:`~rebalancer_spark.sources.base.FileEntry.fingerprint` (size and
-modification time, or ETag) each done file had when it was planned (a planned batch carries its
-files' fingerprints too), and ``changed_files`` counts the done files found listed again with
-another fingerprint (rewritten under the same name). The source's ``on_change`` option says
-what then happens: ``ignore`` records the new fingerprint so the change is reported once, and
-the file is not read again; ``reread`` takes the file out of ``done``, so the next batch plans
-it, once per change, fenced like any batch. Either way the job logs a warning and counts it in
-the member's metrics. Both keys are optional: a record written before them (no ``versions``)
-is read as it is, and its done files get their fingerprints recorded the first time they are
-listed, without counting as changed.
-
-and work goes in **batches** (:class:`~rebalancer_spark.spark.batch.Batch`), which is what
-makes file processing exactly-once:
+Work goes in **batches** (:class:`~rebalancer_spark.spark.batch.Batch`), which is what makes
+file processing exactly-once:
 
 1. :meth:`AssignedSource.next_batch` *plans* a batch (the next unprocessed files, at most
    ``max_files_per_batch``) and commits the plan, fenced by the resource epoch, before any data
    is read; if an unfinished batch is already planned (the previous owner died mid-batch), the
    same batch, with the same id and files, is taken again instead — after *fencing* the output
    (a Delta table then refuses the previous owner's late commit of it) and asking the output
-   whether it landed already (then only its progress is committed);
+   whether it landed already (then only its history and progress are committed);
 2. the batch's rows are written to the output in one fenced commit (:mod:`.outputs`);
-3. the batch's files are marked done, fenced again.
+3. the batch's files are appended to the file history (idempotent: a batch the history holds
+   already is not appended again) and then marked done in the store, fenced again.
 
 A job killed between 2 and 3 leaves the batch planned: the next owner finds it landed (Delta)
 or re-runs the very same files into the very same place (Parquet), so nothing is duplicated and
 nothing is lost. A stale owner cannot plan a batch (the store refuses), cannot land one (the
-table refuses), and its progress commit is refused.
+table refuses), and its progress commit is refused; its late history append can only repeat
+rows that are true (the batch's files never change once planned).
 
 For any other source (a static list, or a resource the pipeline reads itself),
 :meth:`AssignedSource.commit` stores the pipeline's own progress, fenced.
@@ -42,13 +42,22 @@ For any other source (a static list, or a resource the pipeline reads itself),
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from rebalancer_spark.core.errors import CorruptStateError, FencedError, RebalancerError
+from rebalancer_spark.core.errors import (
+    ConfigurationError,
+    CorruptStateError,
+    FencedError,
+    RebalancerError,
+)
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
+from rebalancer_spark.spark.file_history import FileHistory, HistoryEntry
+from rebalancer_spark.spark.file_progress import FileBatch, FileProgress, parse
+from rebalancer_spark.spark.progress_requests import ProgressRequest, request_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,22 +71,6 @@ log = logging.getLogger("rebalancer_spark.ingest")
 
 
 @dataclass(frozen=True, slots=True)
-class FileBatch:
-    """The files of one batch of one resource, under a batch id that never changes, and the
-    fingerprints they had when the batch was planned (empty in records of earlier versions)."""
-
-    id: int
-    files: tuple[str, ...]
-    versions: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "files": list(self.files)}
-        if self.versions:
-            out["versions"] = dict(sorted(self.versions.items()))
-        return out
-
-
-@dataclass(frozen=True, slots=True)
 class ReadSettings:
     """How a job reads its files: Spark reader format, schema, options, batch size."""
 
@@ -85,61 +78,6 @@ class ReadSettings:
     schema: str | None = None
     options: Mapping[str, str] | None = None
     max_files_per_batch: int = 100
-
-
-@dataclass(frozen=True, slots=True)
-class _FileProgress:
-    done: frozenset[str]
-    batch: FileBatch | None
-    next: int
-    versions: Mapping[str, str] = field(default_factory=dict)
-    changed_files: int = 0
-
-    @classmethod
-    def parse(cls, resource: str, value: JsonValue) -> _FileProgress:
-        if value is None:
-            return cls(frozenset(), None, 1)
-        try:
-            batch = value.get("batch")
-            return cls(
-                frozenset(str(f) for f in value["done"]),
-                None
-                if batch is None
-                else FileBatch(
-                    int(batch["id"]), tuple(batch["files"]), _versions(batch.get("versions"))
-                ),
-                int(value["next"]),
-                _versions(value.get("versions")),
-                int(value.get("changed_files", 0)),
-            )
-        except (AttributeError, KeyError, TypeError, ValueError):
-            raise CorruptStateError(
-                f"progress of resource {resource!r} is {str(value)[:120]!r}, not the file "
-                'progress {"done": [...], "batch": ..., "next": N} this job writes: was the '
-                "group used by another kind of job? Use a new group name"
-            ) from None
-
-    def as_json(self, extra: JsonValue = None) -> JsonValue:
-        out: dict[str, Any] = {
-            "done": sorted(self.done),
-            "batch": None if self.batch is None else self.batch.as_json(),
-            "next": self.next,
-        }
-        if self.versions:
-            out["versions"] = {k: self.versions[k] for k in sorted(self.versions)}
-        if self.changed_files:
-            out["changed_files"] = self.changed_files
-        if extra is not None:
-            out["extra"] = extra
-        return out
-
-
-def _versions(value: object) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise TypeError("versions is not a mapping")
-    return {str(k): str(v) for k, v in value.items()}
 
 
 class AssignedSource:
@@ -160,10 +98,19 @@ class AssignedSource:
         output: Output | None = None,
         read: ReadSettings | None = None,
         changed: Callable[[int, str], None] | None = None,
+        history: FileHistory | None = None,
+        clock: Callable[[], float] = time.time,
+        watch: Callable[[str, str | None, tuple[int, int] | None], None] | None = None,
+        event: Callable[[str, str, int, str], None] | None = None,
     ) -> None:
-        """``changed(count, action)`` is told of processed files found rewritten under the
-        same name (``action``: ``ignored`` or ``reread``), after the progress recorded them:
-        the node counts them in the member's metrics."""
+        """``watch(resource, stuck, pending)`` is told, after each planning or failure, why
+        the resource is stuck (None: it is not) and its lag (files, bytes; None: unknown): the
+        node shows them in the member's metrics. ``event(kind, resource, epoch, reason)`` is
+        told when the resource gets stuck (``stuck``) and when an operator's request is applied
+        (``progress``): the node records them in the audit table.
+        ``changed(count, action)`` is told of
+        processed files found rewritten under the same name (``action``: ``ignored`` or
+        ``reread``), after the progress recorded them: the node counts them in the metrics."""
         self.group = group
         self.resource = resource
         self.epoch = epoch
@@ -178,6 +125,17 @@ class AssignedSource:
         self._before_first_read = before_first_read
         self._changed = changed
         self._first = True
+        self._history = history
+        self._clock = clock
+        self._known: dict[str, HistoryEntry] | None = None
+        """The history of the names a listing may return, read on first use."""
+        self._known_floor: str | None = None
+        self._prints: dict[str, str] = {}
+        self._watch = watch
+        self._event = event
+        self.stuck: str | None = None
+        """Why this job cannot make progress on the resource now (None: it can)."""
+        """Fingerprints of the open batch's files as this job listed them."""
 
     def __repr__(self) -> str:
         return f"AssignedSource({self.resource!r}, epoch={self.epoch}, group={self.group!r})"
@@ -214,12 +172,68 @@ class AssignedSource:
         """The batch planned and not yet committed, if any."""
         if not isinstance(self._source, FileSource):
             return None
-        return _FileProgress.parse(self.resource, self.progress).batch
+        return parse(self.resource, self.progress).batch
+
+    def state(self) -> FileProgress:
+        """The last committed progress of this file resource, parsed."""
+        return parse(self.resource, self.progress)
+
+    def history(self) -> FileHistory:
+        """The group's file history (next to the output unless one was given)."""
+        if self._history is None:
+            if self.output is None:
+                raise RebalancerError(
+                    f"resource {self.resource!r} is read in file batches, whose history lives "
+                    "next to the job's output: give the job --output, or --files-history PATH"
+                )
+            uri, options = self.output.history_location()
+            self._history = FileHistory(uri, self.group, storage_options=options)
+        return self._history
+
+    def _floor(self, state: FileProgress) -> str | None:
+        return state.floor if self.files_source().order == "name" else None
+
+    def _known_names(self, state: FileProgress) -> dict[str, HistoryEntry]:
+        """The history above the listing floor, read once, then kept up to date here."""
+        floor = self._floor(state)
+        if self._known is None:
+            loaded = self.history().load(self.resource, after=floor)
+            self._known = {k: v for k, v in loaded.items() if not state.disregards(k, v.batch)}
+            self._known_floor = floor
+            for name in state.legacy_done:
+                self._known.setdefault(name, HistoryEntry(0, state.legacy_versions.get(name, "")))
+        elif floor != self._known_floor and floor is not None:
+            self._known = {k: v for k, v in self._known.items() if k > floor}
+            self._known_floor = floor
+        return self._known
+
+    def listed(self) -> list[FileEntry]:
+        """The files a listing returns now: every file with ``order=none``; with
+        ``order=name`` those above the floor, in name order, only as many as the next batch
+        needs (plus those the history holds above the floor)."""
+        return self._list(self.state())[0]
+
+    def _list(self, state: FileProgress) -> tuple[list[FileEntry], bool]:
+        """(:meth:`listed`, whether it is the whole listing)."""
+        source = self.files_source()
+        if source.order != "name":
+            return source.files(self.resource), True
+        known = self._known_names(state)
+        limit = self.read_settings.max_files_per_batch + len(known) + 1
+        found = source.files(self.resource, after=self._floor(state), limit=limit)
+        return found, len(found) < limit
+
+    def pending(self, listed: list[FileEntry] | None = None) -> list[FileEntry]:
+        """Files listed now that no committed batch processed yet (nor the open one), sorted."""
+        state = self.state()
+        known = self._known_names(state)
+        open_files = set() if state.batch is None else set(state.batch.files)
+        listed = self.listed() if listed is None else listed
+        return [f for f in listed if f.name not in known and f.name not in open_files]
 
     def pending_files(self) -> list[str]:
-        """Files of the resource that no committed batch processed yet, sorted."""
-        done = _FileProgress.parse(self.resource, self.progress).done
-        return [f.name for f in self.files_source().files(self.resource) if f.name not in done]
+        """Names of :meth:`pending`."""
+        return [f.name for f in self.pending()]
 
     def next_batch(self, spark: SparkSession) -> Batch | None:
         """The batch to work on now, or None when nothing is pending: the unfinished batch
@@ -229,7 +243,12 @@ class AssignedSource:
         from rebalancer_spark.spark.batch import Batch
 
         self.check_owner()
-        state = _FileProgress.parse(self.resource, self.progress)
+        try:
+            state = self.state()
+        except CorruptStateError:
+            state = self._recover()  # raises again unless an operator asked for a reset
+        if state.legacy:
+            state = self._migrate(state)
         if self._first and state.batch is not None:
             self._start_work()  # the predecessor may still be writing this batch: fence
             landed = (
@@ -240,79 +259,209 @@ class AssignedSource:
             state = self._skip_landed(state, landed)
         elif state.batch is not None and self.output is not None:
             state = self._skip_landed(state, self.output.landed(self.resource))
+        state = self._take_request(state)
         if state.batch is None:
-            listed = self.files_source().files(self.resource)
-            state = self._take_changes(state, listed)
-            pending = [f for f in listed if f.name not in state.done]
-            pending = pending[: self.read_settings.max_files_per_batch]
+            listed, complete = self._list(state)
+            changed = self._take_changes(state, listed)
+            state = self.state()
+            every = changed + self.pending(listed)
+            pending = every[: self.read_settings.max_files_per_batch]
+            rest = every[len(pending) :]
+            lag = (len(rest), sum(f.size for f in rest), not complete)
+            self.stuck = None
+            if self._watch is not None:
+                self._watch(self.resource, None, (len(every), sum(f.size for f in every)))
             if not pending:
+                if state.pending != lag or state.stuck is not None:
+                    self._store(replace(state, pending=lag, stuck=None).as_json())
                 return None
             self._start_work()
             names = tuple(f.name for f in pending)
-            batch = FileBatch(state.next, names, {f.name: f.fingerprint for f in pending})
-            self._store(replace(state, batch=batch, next=state.next + 1).as_json())
-            state = _FileProgress.parse(self.resource, self.progress)
+            self._prints = {f.name: f.fingerprint for f in pending}
+            keep = self.files_source().on_change == "reread"
+            batch = FileBatch(state.next, names, dict(self._prints) if keep else {})
+            counted = len({f.name for f in changed} & set(names))
+            self._store(
+                replace(
+                    state,
+                    batch=batch,
+                    next=state.next + 1,
+                    changed_files=state.changed_files + counted,
+                    pending=lag,
+                    stuck=None,
+                ).as_json()
+            )
+            if counted:
+                self._report(changed[:counted], "reread", state)
+            state = self.state()
         assert state.batch is not None
         return Batch(self, spark, state.batch)
+
+    def _take_request(self, state: FileProgress) -> FileProgress:
+        """Apply an operator's request (:mod:`.progress_requests`), fenced like any commit:
+        ``skip`` of the open batch at once, the others between batches."""
+        if self._history is None and self.output is None:
+            return state
+        try:
+            path = request_path(self.history().uri, self.resource)
+        except ConfigurationError:
+            return state  # a history on S3: no requests (the command refuses them)
+        request = ProgressRequest.read(path)
+        if request is None:
+            return state
+        self.check_owner()
+        if request.action == "skip" and request.batch is not None:
+            if state.batch is None or state.batch.id != request.batch:
+                log.warning("%s: %s ignored: batch %s is not open (open: %s)", self,
+                            request.describe(), request.batch,
+                            None if state.batch is None else state.batch.id)  # fmt: skip
+            else:
+                self.mark_done(state.batch)
+        elif state.batch is not None:
+            return state  # after the open batch
+        elif request.action == "skip" and request.file is not None:
+            rows = [(request.file, "")]
+            batch = max(state.next - 1, 0)
+            self.history().append(self.resource, batch, self.epoch, rows, transaction=False)
+            self._known_names(state)[request.file] = HistoryEntry(batch, "", self._clock())
+        elif request.action == "reset":
+            after = request.after
+            marks: tuple[tuple[float, str], ...] = ()
+            self._store(replace(state, reset=(after, state.next), floor=after,
+                                watermark=after, marks=marks, stuck=None).as_json())  # fmt: skip
+            self._known = None  # read again, without the disregarded rows
+        path.unlink(missing_ok=True)
+        log.warning("%s: applied the operator's request %s (%s, by %s)", self,
+                    request.id, request.describe(), request.by)  # fmt: skip
+        if self._event is not None:
+            what = f"{request.describe()} (by {request.by})"
+            self._event("progress", self.resource, self.epoch, what)
+        return self.state()
+
+    def _recover(self) -> FileProgress:
+        """Replace an unreadable progress record when an operator asked for a reset: a new
+        record whose batch ids go on above every batch the output and the history hold (so
+        none is mistaken for one that landed); raises the record's error otherwise."""
+        try:
+            path = request_path(self.history().uri, self.resource)
+        except ConfigurationError:
+            path = None
+        request = None if path is None else ProgressRequest.read(path)
+        if path is None or request is None or request.action != "reset":
+            self.state()  # raises the record's error
+        assert path is not None and request is not None
+        self.check_owner()
+        landed = None if self.output is None else self.output.landed(self.resource)
+        after = max(landed or 0, self.history().recorded_batch(self.resource)) + 1
+        fresh = FileProgress(next=after, reset=(request.after, after), floor=request.after,
+                             watermark=request.after)  # fmt: skip
+        self._store(fresh.as_json())
+        self._known = None
+        path.unlink(missing_ok=True)
+        log.warning("%s: replaced its unreadable progress record on the operator's request %s "
+                    "(%s, by %s)", self, request.id, request.describe(), request.by)  # fmt: skip
+        if self._event is not None:
+            what = f"{request.describe()}, replacing an unreadable record (by {request.by})"
+            self._event("progress", self.resource, self.epoch, what)
+        return self.state()
+
+    def note_stuck(self, error: BaseException | str) -> None:
+        """Record that this resource cannot make progress now (its progress record is
+        unreadable, its listing or a read fails): in memory, in the metrics and, when the
+        record is readable and the error new, in the record (fenced), which ``status`` shows.
+        The next successful planning clears it."""
+        text = " ".join(str(error).split())[:400]
+        if text != self.stuck and self._event is not None:
+            self._event("stuck", self.resource, self.epoch, text)
+        self.stuck = text
+        if self._watch is not None:
+            self._watch(self.resource, text, None)
+        try:
+            state = self.state()
+        except RebalancerError:
+            return  # an unreadable record is its own evidence: it is not overwritten
+        if state.stuck == text or not self.owned():
+            return
+        try:
+            self._store(replace(state, stuck=text).as_json())
+        except RebalancerError as exc:
+            log.info("%s: cannot record that it is stuck: %s", self, exc)
 
     def _start_work(self) -> None:
         if self._first:
             self._before_first_read()
             self._first = False
 
-    def _take_changes(self, state: _FileProgress, listed: list[FileEntry]) -> _FileProgress:
-        """Compare the listed files with the fingerprints of the done ones: record the missing
-        fingerprints (records of earlier versions), and handle files rewritten under the same
-        name by the source's ``on_change`` (see the module docstring). Commits, fenced, only
-        when something is new; warns and counts after the commit."""
-        versions = dict(state.versions)
+    def _migrate(self, state: FileProgress) -> FileProgress:
+        """Move the names of a record of the earlier format to the history (batch 0), then
+        commit the record in the current format, fenced."""
+        self.check_owner()
+        known = self._known_names(state)
+        rows = [(n, state.legacy_versions.get(n, "")) for n in sorted(state.legacy_done)]
+        if rows:
+            self.history().append(self.resource, 0, self.epoch, rows, transaction=False)
+        self._store(replace(state, legacy_done=frozenset(), legacy_versions={}).as_json())
+        log.info(
+            "%s: progress of the earlier format (%d names) moved to the file history %s",
+            self,
+            len(rows),
+            self.history().uri,
+        )
+        for name, fp in rows:
+            known[name] = HistoryEntry(0, fp)
+        return self.state()
+
+    def _take_changes(self, state: FileProgress, listed: list[FileEntry]) -> list[FileEntry]:
+        """Compare the listed files with the fingerprints of the processed ones: record the
+        missing fingerprints (records of earlier versions, batches taken over), and handle files
+        rewritten under the same name by the source's ``on_change`` (module docstring). Returns
+        the files to read again (``reread``), changed ones first."""
+        known = self._known_names(state)
+        missing: list[FileEntry] = []
         changed: list[FileEntry] = []
         for entry in listed:
-            if entry.name not in state.done:
-                continue
-            seen = versions.get(entry.name)
+            seen = known.get(entry.name)
             if seen is None:
-                versions[entry.name] = entry.fingerprint
-            elif seen != entry.fingerprint:
+                continue
+            if not seen.fingerprint:
+                missing.append(entry)
+            elif seen.fingerprint != entry.fingerprint:
                 changed.append(entry)
-        if not changed and versions == state.versions:
-            return state
-        self.check_owner()
         reread = self.files_source().on_change == "reread"
-        done = state.done
-        if reread:
-            done = done - {e.name for e in changed}
-            for entry in changed:
-                del versions[entry.name]
-        else:
-            versions.update((e.name, e.fingerprint) for e in changed)
-        self._store(
-            replace(
-                state,
-                done=done,
-                versions=versions,
-                changed_files=state.changed_files + len(changed),
-            ).as_json()
-        )
-        action = "reread" if reread else "ignored"
+        record = missing if reread else missing + changed
+        if record:
+            self.check_owner()
+            batch = max(state.next - 1, 0)
+            rows = [(e.name, e.fingerprint) for e in record]
+            self.history().append(self.resource, batch, self.epoch, rows, transaction=False)
+            for entry in record:
+                known[entry.name] = HistoryEntry(batch, entry.fingerprint, self._clock())
+        if changed and not reread:
+            self._store(replace(state, changed_files=state.changed_files + len(changed)).as_json())
+            self._report(changed, "ignored", state)
+            return []
+        return changed
+
+    def _report(self, changed: list[FileEntry], action: str, state: FileProgress) -> None:
+        known = self._known or {}
         for entry in changed:
+            before = known.get(entry.name)
             log.warning(
                 "%s: %s was rewritten under the same name after it was processed (%s, now "
                 "%s); on_change=%s: %s",
                 self,
                 entry.name,
-                state.versions[entry.name],
+                "?" if before is None else before.fingerprint,
                 entry.fingerprint,
-                "reread" if reread else "ignore",
+                "reread" if action == "reread" else "ignore",
                 "it is read again in a new batch"
-                if reread
+                if action == "reread"
                 else "it is not read again (add ?on_change=reread to the source to read it)",
             )
         if changed and self._changed is not None:
             self._changed(len(changed), action)
-        return _FileProgress.parse(self.resource, self.progress)
 
-    def _skip_landed(self, state: _FileProgress, landed: int | None) -> _FileProgress:
+    def _skip_landed(self, state: FileProgress, landed: int | None) -> FileProgress:
         if state.batch is None or landed is None or landed < state.batch.id:
             return state
         log.info(
@@ -321,19 +470,31 @@ class AssignedSource:
             state.batch.id,
         )
         self.mark_done(state.batch)
-        return _FileProgress.parse(self.resource, self.progress)
+        return self.state()
 
     def mark_done(self, batch: FileBatch, extra: JsonValue = None) -> None:
-        """Commit ``batch``'s files as processed, fenced (``extra``: kept alongside)."""
-        state = _FileProgress.parse(self.resource, self.progress)
+        """Append ``batch``'s files to the history, then commit them as processed, fenced
+        (``extra``: kept alongside)."""
+        state = self.state()
         if state.batch is None or state.batch.id != batch.id:
             raise RebalancerError(
                 f"resource {self.resource!r}: batch {batch.id} is not the batch in progress "
                 f"({None if state.batch is None else state.batch.id}): it was committed already"
             )
-        done = state.done | frozenset(batch.files)
-        versions = {**state.versions, **state.batch.versions}
-        self._store(replace(state, done=done, batch=None, versions=versions).as_json(extra))
+        self.check_owner()
+        prints = {**self._prints, **state.batch.versions}
+        rows = [(name, prints.get(name, "")) for name in state.batch.files]
+        self.history().append(self.resource, batch.id, self.epoch, rows)
+        now = self._clock()
+        lookback = self.files_source().lookback if self.files_source().order == "name" else None
+        after = state.done(state.batch, now, lookback)
+        self._store(replace(after, extra=extra).as_json())
+        known = self._known_names(state)
+        floor = self._floor(after)
+        for name, fp in rows:
+            if floor is None or name > floor:
+                known[name] = HistoryEntry(batch.id, fp, now)
+        self._prints = {}
 
     # -- committing ------------------------------------------------------------------------
 

@@ -297,7 +297,7 @@ def _all_committed(store: Backend, group: str, source: FileSource) -> bool:
         value = progress[resource].value if resource in progress else None
         if not value or value.get("batch") is not None:
             return False
-        if set(value["done"]) != {f.name for f in source.files(resource)}:
+        if value.get("files") != len(source.files(resource)):
             return False
     return True
 

@@ -20,6 +20,11 @@ URL options (query string), each at most once; anything else is refused:
 ``on_change``       ``ignore`` (default) or ``reread``: what to do with an object processed
                     already and then rewritten under the same key (another size or ETag);
                     either way a warning is logged and the object counted
+``order``           ``none`` (default: each listing lists every key of the resource) or
+                    ``name``: keys sort by arrival (dates, hours, timestamps), so a listing
+                    starts after the last key processed (``StartAfter``)
+``lookback``        with ``order=name``: how late (a duration, default 0) an object may
+                    arrive under a key below the last one processed and still be picked up
 ==================  ======================================================================
 
 Credentials come from the standard boto3 chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
@@ -51,7 +56,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
 from rebalancer_spark.core.urls import redact_url
-from rebalancer_spark.sources.base import FileEntry, FileSource, check_on_change
+from rebalancer_spark.sources.base import FileEntry, FileSource, check_listing, check_on_change
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -65,7 +70,9 @@ log = logging.getLogger("rebalancer_spark.sources.s3")
 OPTIONS = (
     "connect_timeout",
     "endpoint_url",
+    "lookback",
     "on_change",
+    "order",
     "page_size",
     "profile",
     "reader",
@@ -141,6 +148,7 @@ class S3Source(FileSource):
         self.weight = options.get("weight", "none")
         self.reader = options.get("reader", "auto")
         self.on_change = check_on_change(options.get("on_change", "ignore"), shown)
+        self.order, self.lookback = check_listing(options, shown)
         for name, value, allowed in (
             ("weight", self.weight, WEIGHTS),
             ("reader", self.reader, READERS),
@@ -308,10 +316,14 @@ class S3Source(FileSource):
             )
         return f"{self.prefix}{resource}/"
 
-    def files(self, resource: str) -> list[FileEntry]:
+    def files(
+        self, resource: str, after: str | None = None, limit: int | None = None
+    ) -> list[FileEntry]:
         base = self.key_prefix(resource)
         found: list[FileEntry] = []
-        for page in self._pages(f"list the objects of resource {resource!r}", Prefix=base):
+        start = {} if after is None else {"StartAfter": base + after}
+        what = f"list the objects of resource {resource!r}"
+        for page in self._pages(what, Prefix=base, **start):
             for obj in page.get("Contents", []):
                 name = str(obj["Key"])[len(base) :]
                 if not name or name.endswith("/") or any(_hidden(s) for s in name.split("/")):
@@ -324,7 +336,10 @@ class S3Source(FileSource):
                         str(obj.get("ETag", "")).strip('"'),
                     )
                 )
-        return sorted(found)
+            if limit is not None and len(found) >= limit:
+                break  # keys come in order: the next pages hold only later keys
+        found.sort()
+        return found if limit is None else found[:limit]
 
     def location(self, resource: str) -> str:
         return f"s3://{self.bucket}/{self.key_prefix(resource)}"

@@ -20,6 +20,7 @@ from rebalancer_spark.core.model import (
     Progress,
     Resource,
     Target,
+    UnreadableProgress,
     decode_progress,
 )
 from rebalancer_spark.core.protocols import MemberView
@@ -247,11 +248,9 @@ def encode_progress_record(epoch: int, member_id: str, progress_json: str) -> st
 def decode_progress_record(group: str, resource: str, text: str) -> Progress:
     epoch, sep, rest = text.partition("\n")
     member, sep2, value = rest.partition("\n")
-    if not (sep and sep2):
-        raise CorruptStateError(
-            f"stored progress of resource {resource[:60]!r} in group {group!r} is not in the "
-            "form this library writes (epoch, member, JSON): clear that resource's progress"
-        )
+    if not (sep and sep2) or not epoch.isdigit():
+        why = "not in the form this library writes (epoch, member, JSON)"
+        return Progress(resource, UnreadableProgress(resource, text[:120], why), 0, "")
     return Progress(
         resource,
         decode_progress(resource, value),

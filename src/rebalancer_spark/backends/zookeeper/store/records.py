@@ -21,6 +21,7 @@ from rebalancer_spark.core.model import (
     Phase,
     Progress,
     Resource,
+    UnreadableProgress,
 )
 
 __all__ = [
@@ -175,14 +176,21 @@ def progress_data(value: Any, epoch: int, member_id: str, at: float) -> bytes:
 
 
 def read_progress(resource: str, data: bytes, path: str) -> Progress:
-    obj = _object(data, path)
-    if "value" not in obj:
-        raise _corrupt(path, "a progress record without a value")
+    """The progress record at ``path``; one that cannot be decoded is an
+    :class:`UnreadableProgress` (that resource's owner is stuck, the read goes on)."""
+    try:
+        obj = _object(data, path)
+        if "value" not in obj:
+            raise _corrupt(path, "a progress record without a value")
+        epoch, member = _get(obj, "epoch", int, path), _get(obj, "member", str, path)
+    except CorruptStateError as exc:
+        shown = data[:120].decode("utf-8", "replace")
+        return Progress(resource, UnreadableProgress(resource, shown, str(exc)), 0, "")
     return Progress(
         resource=resource,
         value=obj["value"],
-        epoch=_get(obj, "epoch", int, path),
-        member_id=_get(obj, "member", str, path),
+        epoch=epoch,
+        member_id=member,
     )
 
 

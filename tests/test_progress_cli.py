@@ -1,0 +1,70 @@
+"""``rebalancer-spark progress show|reset|skip``: the operator's requests are refused without
+--force while a member owns the resource, and applied by the owner, fenced, with an event."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer_spark.cli.main import main as cli
+from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.spark.outputs import ParquetOutput
+from rebalancer_spark.spark.source import AssignedSource
+from tests.support.helpers import SqliteMembers, assigned_source
+
+
+def _drain(spark: Any, src: AssignedSource) -> list[tuple[str, ...]]:
+    done: list[tuple[str, ...]] = []
+    while (batch := src.next_batch(spark)) is not None:
+        with batch:
+            batch.commit()
+        done.append(batch.files)
+        assert len(done) < 10, "batches never end"
+    return done
+
+
+def test_show_reset_and_skip(
+    spark: Any, members: SqliteMembers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "landing" / "d"
+    folder.mkdir(parents=True)
+    for name in ("a.csv", "b.csv", "c.csv"):
+        (folder / name).write_text("x,1\n")
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    out = tmp_path / "out"
+    a = members.start("a", resources=["d"])
+    events: list[tuple[str, str]] = []
+    src = assigned_source(
+        a, "d", source, ParquetOutput(str(out)), event=lambda k, r, e, why: events.append((k, why))
+    )
+    assert len(_drain(spark, src)) == 2
+    store = ["--backend", members.url, "--group", members.group, "--resource", "d"]
+
+    assert cli(["progress", "show", *store, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["owner"] == "a" and shown["progress"]["files"] == 3 and shown["stuck"] is None
+
+    with pytest.raises(SystemExit) as refused:
+        cli(["progress", "reset", *store, "--all", "--output", str(out)])
+    assert refused.value.code == 3 and "owned by member a" in capsys.readouterr().err
+    forced = ["--output", str(out), "--force"]
+    assert cli(["progress", "reset", *store, "--after", "a.csv", *forced]) == 0
+    assert "member a applies it" in capsys.readouterr().out
+    assert _drain(spark, src) == [("b.csv", "c.csv")], "read again above a.csv"
+    assert events and events[-1][0] == "progress" and "above 'a.csv'" in events[-1][1]
+    assert _drain(spark, src) == []
+
+    (folder / "d.csv").write_text("poison\n")
+    assert cli(["progress", "skip", *store, "--file", "d.csv", *forced]) == 0
+    assert _drain(spark, src) == [], "the skipped file is not read"
+    assert "d.csv" in src.history().load("d")
+
+    (folder / "e.csv").write_text("x,1\n")
+    batch = src.next_batch(spark)
+    assert batch is not None and batch.files == ("e.csv",)  # planned, its read fails forever
+    assert cli(["progress", "skip", *store, "--batch", str(batch.id), *forced]) == 0
+    assert src.next_batch(spark) is None and src.planned is None
+    assert [k for k, _ in events] == ["progress", "progress", "progress"]
