@@ -35,7 +35,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # Each server backend's fixtures (real servers on free ports) live in their own plugin module.
-pytest_plugins = ["tests.servers.zookeeper", "tests.servers.redis", "tests.servers.cloud"]
+pytest_plugins = [
+    "tests.servers.zookeeper",
+    "tests.servers.redis",
+    "tests.servers.cloud",
+    "tests.support.standalone",  # a Spark standalone master and worker
+]
 
 # Every backend the contract suite (and every test taking ``backend_url``) runs against. A
 # backend whose server cannot be started here shows up as a visible skip with its reason,

@@ -119,6 +119,7 @@ def test_a_directory_that_cannot_be_a_resource_is_skipped_with_a_warning(
 # -- batches, fenced -----------------------------------------------------------------------
 
 
+@pytest.mark.spark_smoke
 def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
@@ -154,6 +155,7 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     assert sorted(r["batch"] for r in out.select("batch").distinct().collect()) == [1, 2, 3]
 
 
+@pytest.mark.spark_smoke
 def test_the_job_description_is_the_batch_s_only_while_the_batch_runs(
     spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
