@@ -14,44 +14,60 @@ echo "[test] ruff format";   .venv/bin/ruff format --check src tests benchmarks 
 echo "[test] mypy --strict"; .venv/bin/mypy
 echo "[test] import layers"; .venv/bin/lint-imports
 
-# The core and the backends: what runs without Spark, S3 or queues.
+# The core and the backends: what runs without Spark, S3 or queues (the member runtime's own
+# tests, tests/test_member.py, 3 of these 6 minutes, run on the main Python only).
 CORE_TESTS=(
     tests/contract tests/test_assignors.py tests/test_model.py tests/test_protocols.py
     tests/test_config.py tests/test_coordinator_rules.py tests/test_status.py
-    tests/test_sqlite.py tests/test_zookeeper.py tests/test_redis.py tests/test_member.py
-    tests/test_control_member.py
+    tests/test_sqlite.py tests/test_zookeeper.py tests/test_redis.py tests/test_control_member.py
 )
 
 failed=0
-# pytest VENV ARGS...: one pytest run in VENV (its own Python for Spark's workers too); exit
-# status 5 (no tests collected) counts as a failure.
-run_pytest() {
-    local venv=$1 code
-    shift
-    set +e
-    PYSPARK_PYTHON="$PWD/$venv/bin/python" "$venv/bin/python" -m pytest "$@"
-    code=$?
-    set -e
-    if [ "$code" = 5 ]; then
-        echo "[test] pytest collected no tests in $venv: that is a failure here" >&2
-        code=1
+# finish NAME CODE: exit status 5 (no tests collected) counts as a failure too.
+finish() {
+    if [ "$2" = 5 ]; then
+        echo "[test] $1: pytest collected no tests: that is a failure here" >&2
+        failed=1
+    elif [ "$2" != 0 ]; then
+        failed=$2
     fi
-    [ "$code" = 0 ] || failed=$code
-    return 0
 }
 
 if [ "$#" = 0 ]; then
+    # The Spark smoke tests on the newest Spark/Delta pair, and the core on each other Python,
+    # side by side (the latter mostly wait on sessions and servers): ~4 minutes in all. Each
+    # writes to its own log, printed when all are done.
+    logs=$(mktemp -d)
+    names=() pids=()
     if [ -x .venv-spark-newest/bin/python ]; then
-        echo "[test] Spark smoke tests on $(.venv-spark-newest/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)') (.venv-spark-newest)"
-        run_pytest .venv-spark-newest -m spark_smoke -p no:cacheprovider -q
+        names+=(".venv-spark-newest: Spark smoke tests on $(.venv-spark-newest/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)')")
+        PYSPARK_PYTHON="$PWD/.venv-spark-newest/bin/python" .venv-spark-newest/bin/python -m pytest \
+            -m spark_smoke -p no:cacheprovider -q >"$logs/${#pids[@]}" 2>&1 &
+        pids+=($!)
     fi
     for venv in .venv-py3.*; do
         [ -x "$venv/bin/python" ] || continue
-        echo "[test] core and backends on $("$venv/bin/python" --version) ($venv)"
-        run_pytest "$venv" "${CORE_TESTS[@]}" -m 'not slow' -p no:cacheprovider -q
+        names+=("$venv: core and backends on $("$venv/bin/python" --version)")
+        "$venv/bin/python" -m pytest "${CORE_TESTS[@]}" -m 'not slow' -p no:cacheprovider -q \
+            >"$logs/${#pids[@]}" 2>&1 &
+        pids+=($!)
     done
+    for i in "${!pids[@]}"; do
+        set +e
+        wait "${pids[$i]}"
+        code=$?
+        set -e
+        echo "[test] ${names[$i]} (exit $code)"
+        cat "$logs/$i"
+        finish "${names[$i]}" "$code"
+    done
+    rm -rf "$logs"
 fi
 
 echo "[test] pytest"
-run_pytest .venv "$@"
+set +e
+.venv/bin/python -m pytest "$@"
+code=$?
+set -e
+finish "the whole suite" "$code"
 exit "$failed"
