@@ -15,11 +15,12 @@ echo "[test] mypy --strict"; .venv/bin/mypy
 echo "[test] import layers"; .venv/bin/lint-imports
 
 # The core and the backends: what runs without Spark, S3 or queues (the member runtime's own
-# tests, tests/test_member.py, 3 of these 6 minutes, run on the main Python only).
+# tests, test_member.py and test_control_member.py, half of the time, run on the main Python
+# only).
 CORE_TESTS=(
     tests/contract tests/test_assignors.py tests/test_model.py tests/test_protocols.py
     tests/test_config.py tests/test_coordinator_rules.py tests/test_status.py
-    tests/test_sqlite.py tests/test_zookeeper.py tests/test_redis.py tests/test_control_member.py
+    tests/test_sqlite.py tests/test_zookeeper.py tests/test_redis.py
 )
 
 failed=0

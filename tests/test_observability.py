@@ -281,7 +281,8 @@ def test_the_job_thread_that_started_the_node_logs_with_the_member_fields(
     from rebalancer_spark.spark.session import start
 
     spark = SimpleNamespace(
-        sparkContext=SimpleNamespace(applicationId="app-1", appName="fake"), stop=lambda: None
+        sparkContext=SimpleNamespace(applicationId="app-1", appName="fake", master="local[1]"),
+        stop=lambda: None,
     )
     job = JobConfig(member=config(f"sqlite://{tmp_path}/groups.db", "driver-1"), resources=("a",))
     job_log = logging.getLogger("rebalancer_spark.spark.ingest")
