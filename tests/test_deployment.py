@@ -39,6 +39,7 @@ spark.stop()
 def _env() -> dict[str, str]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("PYSPARK_DRIVER_PYTHON", None)
+    env.pop("PYTHONPATH", None)  # what is installed, not this checkout
     return env
 
 

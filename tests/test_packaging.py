@@ -64,7 +64,8 @@ def test_the_wheel_installs_beside_a_different_supported_pyspark_and_keeps_it(
     venv = tmp_path / "cluster-python"
     run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not this checkout
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     # The cluster's Python: pyspark there first (from pip's cache after the set-up).
     run(python, "-m", "pip", "install", "-q", f"pyspark=={OTHER_PYSPARK}", env=env)
     run(python, "-m", "pip", "install", "-q", f"{_wheel(dist)}[spark]", env=env)

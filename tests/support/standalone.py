@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -32,6 +33,8 @@ def standalone(tmp_path: Path) -> Iterator[str]:
     logs = tmp_path / "cluster"
     logs.mkdir()
     procs: list[subprocess.Popen[bytes]] = []
+    # A cluster sees what is installed, not this checkout: no PYTHONPATH for its executors.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     try:
         with (logs / "master.log").open("wb") as out:
             procs.append(
@@ -48,6 +51,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
                     ],
                     stdout=out,
                     stderr=subprocess.STDOUT,
+                    env=env,
                 )
             )
         wait_for(
@@ -75,6 +79,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
                     ],
                     stdout=out,
                     stderr=subprocess.STDOUT,
+                    env=env,
                 )
             )
         wait_for(
