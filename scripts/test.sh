@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The test command: sets everything up, then runs the linter, the formatter check, the strict
-# type checker, the import-layer check and the whole test suite (slow tests included).
-# Extra arguments go to pytest, e.g. scripts/test.sh -m 'not slow' -x
+# type checker, the import-layer check, the Spark smoke tests on the newest Spark/Delta pair
+# (.venv-spark-newest), the core and backends' tests on every other Python 3.11+ found
+# (.venv-pyX.Y), and last the whole test suite (slow tests included) on the lowest pair (.venv).
+# Extra arguments go to the whole suite's pytest only, and skip the other two, e.g.
+# scripts/test.sh -m 'not slow' -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -10,13 +13,65 @@ echo "[test] ruff";          .venv/bin/ruff check src tests benchmarks jobs scri
 echo "[test] ruff format";   .venv/bin/ruff format --check src tests benchmarks jobs scripts
 echo "[test] mypy --strict"; .venv/bin/mypy
 echo "[test] import layers"; .venv/bin/lint-imports
+
+# The core and the backends: what runs without Spark, S3 or queues (the member runtime's own
+# tests, test_member.py and test_control_member.py, half of the time, run on the main Python
+# only).
+CORE_TESTS=(
+    tests/contract tests/test_assignors.py tests/test_model.py tests/test_protocols.py
+    tests/test_config.py tests/test_coordinator_rules.py tests/test_status.py
+    tests/test_sqlite.py tests/test_zookeeper.py tests/test_redis.py
+)
+
+failed=0
+# finish NAME CODE: exit status 5 (no tests collected) counts as a failure too.
+finish() {
+    if [ "$2" = 5 ]; then
+        echo "[test] $1: pytest collected no tests: that is a failure here" >&2
+        failed=1
+    elif [ "$2" != 0 ]; then
+        failed=$2
+    fi
+}
+
+if [ "$#" = 0 ]; then
+    # The Spark smoke tests on the newest Spark/Delta pair (Spark keeps both cores busy) ...
+    if [ -x .venv-spark-newest/bin/python ]; then
+        echo "[test] Spark smoke tests on $(.venv-spark-newest/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)') (.venv-spark-newest)"
+        set +e
+        PYSPARK_PYTHON="$PWD/.venv-spark-newest/bin/python" .venv-spark-newest/bin/python -m pytest \
+            -m spark_smoke -p no:cacheprovider -q
+        code=$?
+        set -e
+        finish "the Spark smoke tests" "$code"
+    fi
+    # ... then the core on each other Python, side by side (they mostly wait on sessions and
+    # servers), each to its own log, printed when all are done.
+    logs=$(mktemp -d)
+    names=() pids=()
+    for venv in .venv-py3.*; do
+        [ -x "$venv/bin/python" ] || continue
+        names+=("$venv: core and backends on $("$venv/bin/python" --version)")
+        REBALANCER_HYPOTHESIS_PROFILE=other-python "$venv/bin/python" -m pytest \
+            "${CORE_TESTS[@]}" -m 'not slow' -p no:cacheprovider -q >"$logs/${#pids[@]}" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        set +e
+        wait "${pids[$i]}"
+        code=$?
+        set -e
+        echo "[test] ${names[$i]} (exit $code)"
+        cat "$logs/$i"
+        finish "${names[$i]}" "$code"
+    done
+    rm -rf "$logs"
+fi
+
 echo "[test] pytest"
 set +e
 .venv/bin/python -m pytest "$@"
 code=$?
 set -e
-if [ "$code" = 5 ]; then
-    echo "[test] pytest collected no tests: that is a failure here" >&2
-    exit 1
-fi
-exit "$code"
+finish "the whole suite" "$code"
+exit "$failed"

@@ -173,6 +173,7 @@ PYSPARK_COLLECT_SOCKET = (
 )
 
 
+@pytest.mark.spark_smoke
 @pytest.mark.filterwarnings(PYSPARK_COLLECT_SOCKET)
 @pytest.mark.parametrize("reader", ["delta", "arrow"])
 def test_events_come_back_from_read_audit(

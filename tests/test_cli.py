@@ -130,19 +130,33 @@ def test_members_and_assignments(home: Path) -> None:
     assert (a["resource"], a["progress_epoch"], a["progress_member"]) == ("a", 1, "m1")
 
 
-@pytest.mark.parametrize("command", ["status", "members"])
-def test_unknown_group_has_no_members(home: Path, command: str) -> None:
-    result = run(command, "--group", "nobody", home=home)
-    assert result.returncode == 0, result.stderr
-    assert "no members" in result.stdout
+@pytest.mark.parametrize("command", ["status", "members", "assignments"])
+def test_an_unknown_group_is_exit_2_and_one_line(home: Path, command: str) -> None:
+    line = one_error_line(run(command, "--group", "ordres", home=home))
+    assert "group 'ordres' is unknown" in line and "check --group" in line
 
 
-def test_missing_store_is_an_empty_group_and_is_not_created(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["status", "members", "assignments"])
+def test_a_missing_store_is_exit_2_and_is_not_created(tmp_path: Path, command: str) -> None:
     where = tmp_path / "never" / "groups.db"
-    result = run("status", "--group", GROUP, "--backend", f"sqlite://{where}", home=tmp_path)
+    result = run(command, "--group", GROUP, "--backend", f"sqlite://{where}", home=tmp_path)
+    line = one_error_line(result)
+    assert f"store sqlite://{where} does not exist: check --backend" in line
+    assert not where.parent.exists()
+    # Without --backend: the default store in $REBALANCER_HOME, named in the message.
+    assert str(tmp_path) in one_error_line(run(command, "--group", GROUP, home=tmp_path))
+
+
+def test_a_group_known_only_by_its_control_record_is_shown(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/g.db"
+    paused = run("pause", "--group", "g1", "--backend", url, "--force", home=tmp_path)
+    assert paused.returncode == 2, paused  # no store yet: a control command never creates one
+    with open_backend(url) as store:
+        store.state("g1")
+    assert run("pause", "--group", "g1", "--backend", url, "--force", home=tmp_path).returncode == 0
+    result = run("members", "--group", "g1", "--backend", url, home=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "no members" in result.stdout
-    assert not where.parent.exists()
 
 
 @pytest.mark.parametrize(
@@ -151,6 +165,15 @@ def test_missing_store_is_an_empty_group_and_is_not_created(tmp_path: Path) -> N
 def test_bad_backend_url_is_one_line_without_the_password(tmp_path: Path, url: str) -> None:
     line = one_error_line(run("status", "--group", GROUP, "--backend", url, home=tmp_path))
     assert "secret" not in line and "***" in line
+
+
+def test_pin_to_a_member_not_in_the_group_needs_force(home: Path) -> None:
+    line = one_error_line(run("pin", "a", "m3", "--group", GROUP, home=home))
+    assert "member 'm3' is not a live member of group 'orders' (live: m1, m2)" in line
+    assert "--force" in line
+    assert "a pinned to m2" in run("pin", "a", "m2", "--group", GROUP, home=home).stdout
+    forced = run("pin", "b", "m3", "--group", GROUP, "--force", home=home)
+    assert forced.returncode == 0 and "b pinned to m3" in forced.stdout, forced
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ def test_a_mark_orders_by_epoch_then_batch_and_round_trips_through_a_version() -
 # -- one job ---------------------------------------------------------------------------------
 
 
+@pytest.mark.spark_smoke
 def test_batches_land_once_in_delta_and_spark_reads_them(
     spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
@@ -181,6 +182,7 @@ def _run_all(spark: Any, src: Any) -> list[str]:
     return outcomes
 
 
+@pytest.mark.spark_smoke
 def test_a_stale_owner_paused_before_its_write_is_refused_by_the_table(
     spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:

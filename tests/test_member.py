@@ -122,6 +122,20 @@ class Group:
         assert state is not None
         return state
 
+    def wait_recorded(self, state: GroupState, timeout: float = 10.0) -> None:
+        """Every member's recorder has seen what ``state`` says it claims: the member thread
+        updates its memory first, then emits the events, then calls ``on_assigned``, so a
+        recorder read right after the store (or the memory) settled may lag behind."""
+        for name, rec in self.recorders.items():
+            claimed = {r for r, c in state.claims.items() if c.member_id == name}
+
+            def seen(rec: Recorder = rec, claimed: set[str] = claimed) -> bool:
+                with rec.lock:
+                    acquired = {e.resource for e in rec.events if e.kind is EventKind.ACQUIRED}
+                    return claimed <= set(rec.assigned) and claimed <= acquired
+
+            wait_for(seen, timeout=timeout, what=f"{name}'s callbacks and events to catch up")
+
     def wait_settled(self, members: int, timeout: float = 10.0) -> GroupState:
         """Stable in the store *and* every member's memory caught up with its claims (the
         store shows a claim a moment before the member thread has recorded it)."""
@@ -292,13 +306,14 @@ def test_work_done_under_an_old_ownership_cannot_be_committed_under_a_new_one(
 def test_active_backup_stays_quiet_while_backups_come_and_go(grp: Group) -> None:
     active = grp.start("active", ["the-one"])
     wait_for(lambda: active.owns("the-one"), timeout=10, what="the active to own it")
+    rec = grp.recorders["active"]
+    wait_for(lambda: rec.assigned == ["the-one"], timeout=10, what="the active's on_assigned")
     backups = [grp.start(f"backup{i}") for i in range(3)]
     grp.wait_stable(4)
     backups[0].stop()
     backups[1].stop()
     grp.start("backup9")
     grp.wait_stable(3)
-    rec = grp.recorders["active"]
     assert rec.assigned == ["the-one"] and rec.revoked == [] and rec.lost == []
     assert all(grp.recorders[f"backup{i}"].assigned == [] for i in range(3))
 
@@ -313,7 +328,7 @@ def test_a_static_member_that_returns_within_the_grace_gets_its_part_back(grp: G
     grp.start("a", RESOURCES, rejoin_grace=30.0)
     b = grp.start("b", rejoin_grace=30.0)
     grp.start("c", rejoin_grace=30.0)
-    grp.wait_stable(3)
+    grp.wait_recorded(grp.wait_settled(3))  # counted below: on_assigned must have run
     before = grp.owners()
     b_part = {r for r, m in before.items() if m == "b"}
     assigned_before = {n: len(grp.recorders[n].assigned) for n in "ac"}
@@ -452,6 +467,7 @@ def test_a_lease_that_lapses_during_on_revoked_is_recorded_as_lost_at_its_deadli
         timeout=20,
         what="a to end every ownership",
     )
+    grp.wait_recorded(grp.state())  # b's acquisitions, recorded after the store shows them
     events = [
         {
             "kind": e.kind.value,
@@ -512,6 +528,8 @@ def test_claims_answered_after_the_lease_lapsed_are_never_held(grp: Group) -> No
     wait_for(lambda: len(a.assigned()) == 4, timeout=30, what="a to own everything again")
     first = late.late_session
     assert first is not None, "the late claim never happened: the test saw nothing"
+    # on_assigned runs after the memory holds the resources: wait for it before reading.
+    wait_for(lambda: len(rec.assigned) >= 4, timeout=10, what="a's on_assigned")
     # ...but nothing granted to the lapsed session was ever held or announced; the grants
     # are recorded (the audit's epoch chain names every epoch the store handed out) as held
     # for no time at all: acquired and lost at once.
@@ -634,6 +652,7 @@ def test_an_abandoning_member_stops_owning_at_once_and_its_resources_move_before
     )
     moved = time.monotonic() - began
     assert moved < 15, f"{moved:.1f} s: the session was not ended, it timed out"
+    grp.wait_recorded(grp.state())  # b's acquired events follow its memory
     with b_rec.lock:
         taken = {e.resource: e.at for e in b_rec.events if e.kind is EventKind.ACQUIRED}
     assert all(lost[r].at <= taken[r] for r in mine), (lost, taken)
@@ -734,6 +753,11 @@ def test_a_hung_on_revoked_gives_its_resources_up_so_that_they_move(grp: Group) 
         assert in_callback.wait(10), "on_revoked never ran"
         state = grp.wait_settled(2, timeout=20)  # while a's callback still hangs
         assert Counter(c.member_id for c in state.claims.values()) == {"a": 6, "b": 6}
+        wait_for(
+            lambda: len([e for e in rec.events if e.kind is EventKind.LOST]) >= 6,
+            timeout=10,
+            what="a's lost events",
+        )
         given_up = [e for e in rec.events if e.kind is EventKind.LOST]
         assert len(given_up) == 6
         assert {e.reason for e in given_up} == {

@@ -165,11 +165,28 @@ def test_metrics_over_http_on_metrics_port(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
             body = answer.read().decode()
         assert value(body, "rebalancer_owned_resources") == 2
-        taken = Member(config(url, "m2", metrics_port=port))
-        with pytest.raises(ConfigurationError, match=f"cannot serve metrics on .*:{port}"):
-            taken.start()
     with pytest.raises(urllib.error.URLError, match="refused"):  # closed with the member
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_a_taken_metrics_port_is_a_warning_with_a_fallback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite://{tmp_path}/groups.db"
+    with socket.socket() as holder:  # another driver on this host holds the port
+        holder.bind(("0.0.0.0", 0))  # noqa: S104 - the member binds every address too
+        holder.listen()
+        port = int(holder.getsockname()[1])
+        caplog.set_level(logging.WARNING, logger="rebalancer_spark.metrics")
+        with Member(config(url, "m2", metrics_port=port), resources=["a"]) as member:
+            assert member.metrics is not None
+            bound = member.metrics.port
+            assert bound is not None and bound != port
+            assert member.wait_until(lambda m: len(m.assigned()) == 1, timeout=15)
+            with urllib.request.urlopen(f"http://127.0.0.1:{bound}/metrics", timeout=10) as got:
+                assert value(got.read().decode(), "rebalancer_owned_resources") == 1
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(f"metrics port {port} " in w and f":{bound}/metrics" in w for w in warned)
 
 
 def test_a_failing_listing_shows_in_the_metrics_and_revokes_nothing(tmp_path: Path) -> None:
@@ -264,7 +281,8 @@ def test_the_job_thread_that_started_the_node_logs_with_the_member_fields(
     from rebalancer_spark.spark.session import start
 
     spark = SimpleNamespace(
-        sparkContext=SimpleNamespace(applicationId="app-1", appName="fake"), stop=lambda: None
+        sparkContext=SimpleNamespace(applicationId="app-1", appName="fake", master="local[1]"),
+        stop=lambda: None,
     )
     job = JobConfig(member=config(f"sqlite://{tmp_path}/groups.db", "driver-1"), resources=("a",))
     job_log = logging.getLogger("rebalancer_spark.spark.ingest")

@@ -13,15 +13,25 @@ import pytest
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.spark import packages
 
+pytestmark = pytest.mark.spark_smoke  # also run on the newest Spark/Delta pair
 
-def test_the_pins_match_the_pinned_spark() -> None:
+_KEY = {"packages": list(packages.PACKAGES), "excludes": list(packages.EXCLUDES)}
+
+
+def test_the_pins_follow_the_installed_spark() -> None:
     import pyspark
 
-    assert pyspark.__version__.startswith("4.0."), "delta-spark 4.0 needs Spark 4.0"
+    line = ".".join(pyspark.__version__.split(".")[:2])
+    assert packages.spark_line() == line
+    assert packages.DELTA_FOR_SPARK[line] == packages.DELTA_SPARK, "Delta must match Spark"
     hadoop = sorted(Path(pyspark.__file__).parent.glob("jars/hadoop-client-api-*.jar"))
-    assert [p.name for p in hadoop] == ["hadoop-client-api-3.4.1.jar"]
-    assert packages.HADOOP_AWS.endswith(":3.4.1")
-    assert packages.DELTA_SPARK == "io.delta:delta-spark_2.13:4.0.0"
+    assert len(hadoop) == 1
+    version = hadoop[0].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    assert f"org.apache.hadoop:hadoop-aws:{version}" == packages.HADOOP_AWS
+    assert f"rebalancer-spark-jars-spark{line}.json" == packages.MANIFEST
+    if line == packages.LOWEST_SPARK:  # the pair pinned in CI
+        assert packages.DELTA_SPARK == "io.delta:delta-spark_2.13:4.0.0"
+        assert packages.HADOOP_AWS.endswith(":3.4.1")
 
 
 def test_an_empty_cache_says_what_is_missing_and_what_to_run(
@@ -44,15 +54,13 @@ def test_a_manifest_of_other_packages_or_with_a_lost_jar_is_not_used(
     jar = tmp_path / "a.jar"
     jar.write_bytes(b"PK")
     manifest = tmp_path / packages.MANIFEST
-    manifest.write_text(json.dumps({"packages": list(packages.PACKAGES), "jars": [str(jar)]}))
+    manifest.write_text(json.dumps({**_KEY, "jars": [str(jar)]}))
     assert packages.jar_paths() == [jar]
     manifest.write_text(
         json.dumps({"packages": ["io.delta:delta-spark_2.13:3.2.0"], "jars": [str(jar)]})
     )
     assert not packages.jars_present()
-    manifest.write_text(
-        json.dumps({"packages": list(packages.PACKAGES), "jars": [str(jar), "/x.jar"]})
-    )
+    manifest.write_text(json.dumps({**_KEY, "jars": [str(jar), "/x.jar"]}))
     assert not packages.jars_present()
 
 
@@ -63,9 +71,7 @@ def test_the_conf_and_the_command_line_give_the_jars_by_path(
     jars = [tmp_path / "a.jar", tmp_path / "b.jar"]
     for jar in jars:
         jar.write_bytes(b"PK")
-    (tmp_path / packages.MANIFEST).write_text(
-        json.dumps({"packages": list(packages.PACKAGES), "jars": [str(j) for j in jars]})
-    )
+    (tmp_path / packages.MANIFEST).write_text(json.dumps({**_KEY, "jars": [str(j) for j in jars]}))
     assert packages.spark_conf() == {
         "spark.jars": f"{jars[0]},{jars[1]}",
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -94,7 +100,7 @@ def test_the_fetch_of_the_set_up_is_done_and_a_second_one_is_instant() -> None:
         timeout=60,
     )
     assert "already fetched" in done.stdout
-    assert {Path(j).name for j in map(str, packages.jar_paths())} >= {
-        "io.delta_delta-spark_2.13-4.0.0.jar",
-        "org.apache.hadoop_hadoop-aws-3.4.1.jar",
-    }
+    names = {Path(j).name for j in map(str, packages.jar_paths())}
+    for coordinate in packages.PACKAGES:  # Ivy names a jar org_artifact-version.jar
+        group, artifact, version = coordinate.split(":")
+        assert f"{group}_{artifact}-{version}.jar" in names

@@ -119,6 +119,7 @@ def test_a_directory_that_cannot_be_a_resource_is_skipped_with_a_warning(
 # -- batches, fenced -----------------------------------------------------------------------
 
 
+@pytest.mark.spark_smoke
 def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     spark: Any, members: SqliteMembers, tmp_path: Path
 ) -> None:
@@ -152,6 +153,53 @@ def test_a_killed_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     assert out.count() == 15
     assert out.select("id").distinct().count() == 15
     assert sorted(r["batch"] for r in out.select("batch").distinct().collect()) == [1, 2, 3]
+
+
+@pytest.mark.spark_smoke
+def test_the_job_description_is_the_batch_s_only_while_the_batch_runs(
+    spark: Any, members: SqliteMembers, tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    _landing(landing, dirs=1, files=4)
+    source = FileShareSource(landing.as_uri() + "/")
+    output = ParquetOutput(str(tmp_path / "out"))
+    src = assigned_source(members.start("a", resources=["d00"]), "d00", source, output)
+    sc = spark.sparkContext
+    sc.setJobDescription("the user's own job")
+    # An earlier test's batch that was read and never ended may have left its label.
+    sc.setLocalProperty("spark.rebalancer.resource", None)
+    try:
+        written = read = 0
+        while (batch := src.next_batch(spark)) is not None:
+            with batch:
+                df = batch.read()
+                assert f"resource=d00 epoch={src.epoch} batch=" in sc.getLocalProperty(
+                    "spark.job.description"
+                )
+                assert sc.getLocalProperty("spark.rebalancer.resource") == "d00"
+                read += 1
+                batch.write(df)
+                assert sc.getLocalProperty("spark.job.description") == "the user's own job"
+                written += 1
+            assert sc.getLocalProperty("spark.job.description") == "the user's own job"
+            assert sc.getLocalProperty("spark.rebalancer.resource") is None
+        assert read == written == 2
+        # A batch that fails inside ``with`` puts the description back too.
+        (landing / "d00" / "late.csv").write_text("late-0,0\n")
+        batch = src.next_batch(spark)
+        assert batch is not None
+
+        def broken_pipeline() -> None:
+            with batch:
+                batch.read()
+                raise RuntimeError("the pipeline broke")
+
+        with pytest.raises(RuntimeError, match="the pipeline broke"):
+            broken_pipeline()
+        assert batch.outcome == "failed"
+        assert sc.getLocalProperty("spark.job.description") == "the user's own job"
+    finally:
+        sc.setJobDescription(None)
 
 
 def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(

@@ -550,3 +550,58 @@ def test_metrics_port_and_log_format_from_every_layer(tmp_path: Path) -> None:
         _resolve(["--group", "g"], {f"{CONF}log-format": "xml"})
     with pytest.raises(ConfigurationError, match="metrics_port = '70000' is not a TCP port"):
         _resolve(["--group", "g", "--metrics-port", "70000"])
+
+
+# -- multi-host safety ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "master", ["spark://10.0.0.1:7077", "yarn", "k8s://https://api:6443", "mesos://m:5050"]
+)
+def test_a_multi_host_master_without_backend_is_refused_naming_the_fix(master: str) -> None:
+    from rebalancer_spark.spark.session import require_shared_store
+
+    job = resolve({"group": "g"}, {}, default_backend="sqlite:///home/u/.state/groups.db")
+    with pytest.raises(ConfigurationError) as refused:
+        require_shared_store(job, master)
+    message = str(refused.value)
+    assert f"no --backend given on Spark master {master!r}" in message
+    for fix in ("--backend zookeeper://", "--backend redis://", "--backend sqlite:///"):
+        assert fix in message
+    assert "sqlite:///home/u/.state/groups.db" in message
+
+
+@pytest.mark.parametrize(
+    "master", ["local", "local[*]", "local[2]", "local[2,3]", "local-cluster[2,1,1024]"]
+)
+def test_a_single_host_master_keeps_the_default_store(master: str) -> None:
+    from rebalancer_spark.spark.session import require_shared_store
+
+    job = resolve({"group": "g"}, {}, default_backend=SQLITE)
+    require_shared_store(job, master)
+
+
+@pytest.mark.parametrize(
+    ("layer", "backend"),
+    [
+        ("command line", "zookeeper://zk1:2181/rebalancer"),
+        ("spark conf", "redis://h:6379/0"),
+        ("command line", SQLITE),  # a host-local store, asked for explicitly
+    ],
+)
+def test_an_explicit_backend_is_taken_on_a_multi_host_master(
+    layer: str, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rebalancer_spark.spark.session import require_shared_store
+
+    cli: dict[str, object] = {"group": "g"}
+    conf: dict[str, object] = {}
+    (cli if layer == "command line" else conf)["backend"] = backend
+    job = resolve(cli, conf, default_backend="sqlite:///elsewhere/groups.db")
+    with caplog.at_level("WARNING", logger="rebalancer_spark.spark"):
+        require_shared_store(job, "yarn")
+    warned = [r.getMessage() for r in caplog.records]
+    if backend.startswith("sqlite"):
+        assert any("host-local store" in w and "only drivers on this host" in w for w in warned)
+    else:
+        assert warned == []

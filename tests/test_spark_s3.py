@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rebalancer_spark import FencedError, Member
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.s3 import S3Source
 from rebalancer_spark.sources.s3.spark_read import s3a_available, s3a_paths
+from rebalancer_spark.spark import packages
 from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.source import AssignedSource, FileBatch
 from tests.servers.cloud import SECRET_KEY, MotoServer, S3Bucket
@@ -82,8 +84,9 @@ def test_reader_s3a_without_hadoop_aws_says_what_to_do(
     monkeypatch.setattr("rebalancer_spark.sources.s3.spark_read.s3a_available", lambda spark: False)
     s3_bucket.put("landing/r1/a.csv", "x,1\n")
     src = assigned_source(_member(members, "a", ["r1"]), "r1", _source(s3_bucket, reader="s3a"))
+    wanted = re.escape(packages.HADOOP_AWS)  # at the Hadoop version of the installed pyspark
     with pytest.raises(
-        ConfigurationError, match=r"S3AFileSystem.*hadoop-aws:3.4.1.*setup.sh.*reader=arrow"
+        ConfigurationError, match=rf"S3AFileSystem.*{wanted}.*setup.sh.*reader=arrow"
     ):
         _read(spark, src)
 
@@ -114,6 +117,7 @@ def test_an_s3_batch_is_read_with_its_resource_batch_and_file(
     assert "ExistingRDD" not in plan and "LocalTableScan" not in plan, plan
 
 
+@pytest.mark.spark_smoke
 def test_a_killed_s3_batch_is_rerun_identically_and_the_stale_owner_is_fenced(
     spark: Any, s3_bucket: S3Bucket, members: SqliteMembers, tmp_path: Path
 ) -> None:

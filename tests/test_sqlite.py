@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,23 @@ from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.model import Freed, Grant, Phase
 from rebalancer_spark.core.urls import parse_backend_url
 
+_OPENED: list[SqliteBackend] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    """Close every store a test opened (Python 3.13 warns of an unclosed sqlite3 connection,
+    and the warning is an error here)."""
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
 
 def _pair(path: Path, clock: ManualClock) -> tuple[SqliteBackend, SqliteBackend]:
     url = parse_backend_url(f"sqlite://{path}?poll=0.001")
-    return SqliteBackend(url, clock=clock), SqliteBackend(url, clock=clock)
+    pair = SqliteBackend(url, clock=clock), SqliteBackend(url, clock=clock)
+    _OPENED.extend(pair)
+    return pair
 
 
 def test_an_expiry_is_reported_even_when_other_writes_come_after_it(sqlite_path: Path) -> None:

@@ -5,7 +5,15 @@ The public surface is small and pinned by a test; see the README for a tour.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
+
+if sys.version_info < (3, 11):  # noqa: UP036 - a clear error on 3.10 (tests/test_packaging.py)
+    raise ImportError(
+        f"rebalancer-spark needs Python 3.11 or newer (enum.StrEnum, tomllib), this is "
+        f"{sys.version.split()[0]} at {sys.executable}: run it with python3.11+ (pip refuses to "
+        "install it on older ones: requires-python >= 3.11)"
+    )
 
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
 from rebalancer_spark.core.errors import (

@@ -240,12 +240,18 @@ def make_certificates(directory: Path) -> TlsFiles:
         pytest.skip("the openssl command is not installed here: cannot make a test CA")
     d = directory
     d.mkdir(parents=True, exist_ok=True)
-    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    # Extensions as Python 3.13's strict verification (VERIFY_X509_STRICT) wants them: a CA
+    # with critical basicConstraints and keyUsage, leaves naming their issuer's key.
+    leaf = "basicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid,issuer\n"
+    (d / "san.ext").write_text(f"{leaf}subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    (d / "leaf.ext").write_text(leaf)
     for ca in ("ca", "other-ca"):
-        new_ca = ["req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-days", "2"]
+        new_ca = ["req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-days", "2",
+                  "-addext", "basicConstraints=critical,CA:TRUE",
+                  "-addext", "keyUsage=critical,keyCertSign,cRLSign"]  # fmt: skip
         _openssl(*new_ca, "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
                  "-subj", f"/CN=rb-test-{ca}", cwd=d)  # fmt: skip
-    for who, ext in (("server", ["-extfile", "san.ext"]), ("client", [])):
+    for who, ext in (("server", ["-extfile", "san.ext"]), ("client", ["-extfile", "leaf.ext"])):
         _openssl("req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", f"{who}.key",
                  "-out", f"{who}.csr", "-subj", f"/CN=rb-test-{who}", cwd=d)  # fmt: skip
         _openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",

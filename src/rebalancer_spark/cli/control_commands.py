@@ -100,7 +100,7 @@ CONTROL_COMMANDS = (
     ControlCommand(
         "pin",
         "keep a resource on a member while that member is in the group",
-        lambda ops, args: ops.pin(_resource(args), _member(args)),
+        lambda ops, args: ops.pin(_resource(args), _member(args), absent_member=args.force),
         "{resource} pinned to {member}",
         "{resource} already pinned to {member}",
         (RESOURCE, MEMBER),

@@ -24,8 +24,8 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_TIMEOUT = 0, 1, 2
 EXIT_INTERRUPTED = 130
 EPILOG = (
     "exit status: 0 ok; 1 a check failed (audit verify found two owners at once or, with "
-    "--output, an output commit breaking a rule; status "
-    "never fails); 2 bad input or unreachable store; 3 refused by the group's state "
+    "--output, an output commit breaking a rule); 2 bad input, a store that does not exist "
+    "or is unreachable, or a group the store does not know; 3 refused by the group's state "
     "(rebalance or drain while paused); 4 timed out (drain still owning after --timeout). "
     "--backend defaults to groups.db in $REBALANCER_HOME (default "
     "~/.local/state/rebalancer-spark)."

@@ -109,7 +109,8 @@ def _add_control_commands(commands: Any) -> None:
         sub.add_argument(
             "--force",
             action="store_true",
-            help="also for a group with no members, resources or target yet",
+            help="also for a group with no members, resources or target yet"
+            + (" and to a member that is not in the group (yet)" if command.name == "pin" else ""),
         )
         sub.set_defaults(func=cmd_control)
 

@@ -160,7 +160,12 @@ class GroupControl:
 
         return self.change(f"undrain {member}", transition)
 
-    def pin(self, resource: str, member: str) -> tuple[Control, bool]:
+    def pin(
+        self, resource: str, member: str, *, absent_member: bool = False
+    ) -> tuple[Control, bool]:
+        """Pin ``resource`` to ``member``, which must be a live member unless
+        ``absent_member`` (a static member that has not joined yet or is restarting)."""
+
         def transition(state: GroupState) -> Control | None:
             if resource not in state.resources:
                 shown = ", ".join(sorted(state.resources)[:5])
@@ -168,6 +173,14 @@ class GroupControl:
                     f"resource {resource!r} is not in group {self.group!r} (it has "
                     f"{len(state.resources)} resources{': ' + shown if shown else ''}...): give "
                     "an id that 'rebalancer-spark assignments' shows"
+                )
+            if member not in state.members and not absent_member:
+                raise ConfigurationError(
+                    f"member {member!r} is not a live member of group {self.group!r} "
+                    f"(live: {', '.join(sorted(state.members)) or 'none'}): give the id that "
+                    "'rebalancer-spark members' shows, or --force to pin to a static member "
+                    "that has not joined yet (the pin holds only while that member is in the "
+                    "group)"
                 )
             same = state.control.pins.get(resource) == member
             return None if same else state.control.pin(resource, member)

@@ -67,6 +67,18 @@ def metrics_available() -> bool:
     return True
 
 
+FALLBACK_PORTS = 10
+"""How many ports after a taken ``metrics_port`` are tried before one the system picks."""
+
+
+def _candidates(port: int) -> list[int]:
+    """``port``, the next :data:`FALLBACK_PORTS` (up to 65535), then 0 (the system picks);
+    just ``[0]`` for 0."""
+    if port == 0:
+        return [0]
+    return [*range(port, min(port + FALLBACK_PORTS, 65535) + 1), 0]
+
+
 class MemberMetrics:
     """The metrics of member ``member`` of ``group``; see the module docstring.
 
@@ -231,21 +243,45 @@ class MemberMetrics:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:  # noqa: S104 - scraped remotely
         """Serve :meth:`text` on ``http://addr:port/metrics`` from a daemon thread; returns
-        the port (useful with 0 in tests). Raises :class:`ConfigurationError` when the port is
-        taken."""
+        the port bound (also :attr:`port`). A port that is taken (another driver on the same
+        host) is not fatal: the next :data:`FALLBACK_PORTS` ports are tried, then one the
+        system picks, with a warning naming the port bound. Raises :class:`ConfigurationError`
+        only when no port at all can be bound on ``addr``."""
         from prometheus_client import start_http_server
 
-        try:
-            server, thread = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}; pick a free "
-                "port with metrics_port, or 0 to turn the endpoint off"
-            ) from exc
-        self._server, self._server_thread = server, thread
-        bound = int(server.server_address[1])
-        log.info("metrics served on http://%s:%d/metrics", addr, bound)
-        return bound
+        tried: list[str] = []
+        for candidate in _candidates(port):
+            try:
+                server, thread = start_http_server(candidate, addr=addr, registry=self.registry)
+            except OSError as exc:
+                tried.append(f"{candidate} ({exc.strerror or exc})")
+                continue
+            self._server, self._server_thread = server, thread
+            bound = int(server.server_address[1])
+            if tried:
+                log.warning(
+                    "metrics port %d on %s is taken (tried %s): metrics served on "
+                    "http://%s:%d/metrics instead; give each driver on this host its own "
+                    "metrics_port to keep the port fixed",
+                    port,
+                    addr,
+                    ", ".join(tried),
+                    addr,
+                    bound,
+                )
+            else:
+                log.info("metrics served on http://%s:%d/metrics", addr, bound)
+            return bound
+        raise ConfigurationError(
+            f"cannot serve metrics on {addr}: tried {', '.join(tried)}; check the address, "
+            "or set metrics_port to 0 to turn the endpoint off"
+        )
+
+    @property
+    def port(self) -> int | None:
+        """The port the metrics are served on, or None when not serving."""
+        server = self._server
+        return None if server is None else int(server.server_address[1])
 
     def close(self) -> None:
         """Stop serving (if serving). Idempotent."""

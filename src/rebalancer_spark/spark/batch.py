@@ -14,7 +14,9 @@ each one that has work (:meth:`AssignedSource.next_batch`: the batch an earlier 
 unfinished, or a new one planned from the pending files). Inside ``with batch``:
 
 * :meth:`Batch.read` gives the batch's files as a DataFrame with ``_resource``, ``_batch`` and
-  ``_file`` columns, and names group, resource, epoch and batch in the Spark job description;
+  ``_file`` columns, and names group, resource, epoch and batch in the Spark job description
+  of the calling thread until the batch ends (``with batch`` exits, or ``write``/``commit``
+  returns), when the thread's previous description is put back;
 * :meth:`Batch.write` writes a DataFrame as that batch to the job's output (:mod:`.outputs`) —
   fenced inside the output's own commit — and then marks the files done, fenced again;
   :meth:`Batch.commit` only marks them done, for a pipeline that wrote them elsewhere itself.
@@ -42,6 +44,7 @@ from rebalancer_spark.core.errors import (
 )
 from rebalancer_spark.spark.delta_commit import Landing
 from rebalancer_spark.spark.file_progress import FileBatch
+from rebalancer_spark.spark.job_label import JobLabel
 from rebalancer_spark.spark.source import AssignedSource
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class Batch:
         self.spark = spark
         self.planned = planned
         self.outcome: str | None = None
+        self._label: JobLabel | None = None
         """None while open; then ``"written"``, ``"landed"`` (an earlier attempt had landed
         it), ``"committed"``, ``"fenced"``, ``"failed"`` or ``"open"`` (left planned)."""
 
@@ -95,13 +99,7 @@ class Batch:
         from rebalancer_spark.spark.reading import BATCH_COLUMN, RESOURCE_COLUMN, load_files
 
         self.source.check_owner()
-        sc = self.spark.sparkContext
-        sc.setJobDescription(
-            f"rebalancer group={self.source.group} resource={self.resource} epoch={self.epoch} "
-            f"batch={self.id} ({len(self.files)} files)"
-        )
-        sc.setLocalProperty("spark.rebalancer.resource", self.resource)
-        sc.setLocalProperty("spark.rebalancer.epoch", str(self.epoch))
+        self._labelled()
         settings = self.source.read_settings
         df = load_files(
             self.spark,
@@ -116,6 +114,23 @@ class Batch:
             BATCH_COLUMN, sf.lit(self.id)
         )
 
+    def _labelled(self) -> None:
+        """Name group, resource, epoch and batch in the thread's Spark job description."""
+        if self._label is None:
+            description = (
+                f"rebalancer group={self.source.group} resource={self.resource} "
+                f"epoch={self.epoch} batch={self.id} ({len(self.files)} files)"
+            )
+            self._label = JobLabel(
+                self.spark.sparkContext, description, resource=self.resource, epoch=self.epoch
+            )
+        self._label.set()
+
+    def _unlabelled(self) -> None:
+        """The thread's job description as it was before this batch."""
+        if self._label is not None:
+            self._label.restore()
+
     def write(self, df: DataFrame) -> None:
         """Write ``df`` as this batch to the job's output in one fenced commit, then mark the
         batch's files done (fenced). Raises :class:`FencedError` if ownership moved on."""
@@ -125,21 +140,28 @@ class Batch:
                 f"{self!r}: this job has no output to write to: give it --output, or write the "
                 "rows yourself and call batch.commit()"
             )
-        landing = output.write(
-            df,
-            resource=self.resource,
-            epoch=self.epoch,
-            batch=self.id,
-            who=self.source.who,
-            check=self.source.check_owner,
-        )
-        self.source.mark_done(self.planned)
+        self._labelled()
+        try:
+            landing = output.write(
+                df,
+                resource=self.resource,
+                epoch=self.epoch,
+                batch=self.id,
+                who=self.source.who,
+                check=self.source.check_owner,
+            )
+            self.source.mark_done(self.planned)
+        finally:
+            self._unlabelled()
         self.outcome = "written" if landing is Landing.COMMITTED else "landed"
 
     def commit(self) -> None:
         """Mark the batch's files done, fenced, after the pipeline wrote them itself."""
-        self.source.check_owner()
-        self.source.mark_done(self.planned)
+        try:
+            self.source.check_owner()
+            self.source.mark_done(self.planned)
+        finally:
+            self._unlabelled()
         self.outcome = "committed"
 
     def __enter__(self) -> Batch:
@@ -151,6 +173,7 @@ class Batch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        self._unlabelled()
         if exc is None:
             if self.outcome is None:
                 self.outcome = "open"

@@ -1,18 +1,31 @@
-"""Spark's Delta and S3 jars: the pinned Maven coordinates, fetched once into a cache.
+"""Spark's Delta and S3 jars: Maven coordinates matching the installed pyspark, fetched once
+into a cache.
 
 pyspark from PyPI carries neither Delta Lake's Spark classes nor hadoop-aws (``s3a://``). A
 cluster provides them (``--packages`` or its own image); on a laptop, a build machine and in
 the tests, ``scripts/setup.sh`` runs ``python -m rebalancer_spark.spark.packages fetch`` once,
 which lets Spark's own Ivy resolve :data:`PACKAGES` into :func:`ivy_dir` and records the local
-jar files in a manifest there. Every Spark session and ``spark-submit`` of the project then
-gets those jars by path (:func:`spark_conf`, :func:`spark_submit_args`): no resolution, no
-network at start-up.
+jar files in a manifest there (one per Spark line). Every Spark session and ``spark-submit`` of
+the project then gets those jars by path (:func:`spark_conf`, :func:`spark_submit_args`): no
+resolution, no network at start-up.
 
-===================================  ====================================================
-``io.delta:delta-spark_2.13:4.0.0``  Delta Lake for Spark 4.0 (Scala 2.13), as pinned pyspark
-``org.apache.hadoop:hadoop-aws:3.4.1``  S3A, at the Hadoop version inside pyspark 4.0.1
-                                     (pulls the AWS SDK v2 bundle, ~550 MB)
-===================================  ====================================================
+The coordinates follow the installed pyspark (:func:`spark_line`), read from its metadata and
+its jars without importing it:
+
+* Delta: :data:`DELTA_FOR_SPARK`, Delta's compatibility table (Delta 4.0 breaks on Spark 4.1;
+  from Delta 4.1 on the artifact names its Spark line, ``delta-spark_4.2_2.13``);
+* ``org.apache.hadoop:hadoop-aws`` at the Hadoop version inside that pyspark
+  (``pyspark/jars/hadoop-client-api-X.jar``: another version does not load); it pulls the AWS
+  SDK v2 bundle, ~550 MB.
+
+===========  ==========================================  =================================
+pyspark      Delta                                       hadoop-aws
+===========  ==========================================  =================================
+4.0.x        ``io.delta:delta-spark_2.13:4.0.0``         3.4.1 (lowest pair, pinned in CI)
+4.1.x        ``io.delta:delta-spark_4.1_2.13:4.3.1``     pyspark's Hadoop (not run in CI)
+4.2.0        ``io.delta:delta-spark_4.2_2.13:4.4.0``     pyspark's Hadoop (newest pair, CI
+                                                         smoke subset)
+===========  ==========================================  =================================
 
 The cache is ``~/.cache/rebalancer-spark/ivy`` unless ``REBALANCER_SPARK_IVY_DIR`` names
 another directory (keep it outside the work tree). This module needs only the standard
@@ -43,9 +56,12 @@ from rebalancer_spark.core.errors import ConfigurationError
 __all__ = [
     "DELTA_CATALOG",
     "DELTA_EXTENSION",
+    "DELTA_FOR_SPARK",
     "DELTA_SPARK",
+    "EXCLUDES",
     "HADOOP_AWS",
     "IVY_DIR_ENV",
+    "LOWEST_SPARK",
     "PACKAGES",
     "fetch",
     "ivy_dir",
@@ -53,17 +69,57 @@ __all__ = [
     "jars_present",
     "main",
     "spark_conf",
+    "spark_line",
     "spark_submit_args",
     "spark_submit_command",
 ]
 
-DELTA_SPARK = "io.delta:delta-spark_2.13:4.0.0"
-HADOOP_AWS = "org.apache.hadoop:hadoop-aws:3.4.1"
+DELTA_FOR_SPARK = {
+    "4.0": "io.delta:delta-spark_2.13:4.0.0",
+    "4.1": "io.delta:delta-spark_4.1_2.13:4.3.1",
+    "4.2": "io.delta:delta-spark_4.2_2.13:4.4.0",
+}
+"""Spark line (major.minor) -> the Delta Lake jar for it (Scala 2.13), after Delta's
+compatibility table; each coordinate resolved from Maven Central here."""
+LOWEST_SPARK = "4.0"
+"""The line shown when pyspark is not installed, and pinned in CI (pyspark 4.0.1)."""
+_HADOOP_OF_LOWEST = "3.4.1"
+
+
+def spark_line() -> str | None:
+    """The installed pyspark's ``major.minor`` (from its metadata, not imported), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return ".".join(version("pyspark").split(".")[:2])
+    except PackageNotFoundError:
+        return None
+
+
+def _hadoop_version() -> str:
+    """The Hadoop version inside the installed pyspark (its ``hadoop-client-api`` jar)."""
+    spec = find_spec("pyspark")
+    if spec is not None and spec.origin is not None:
+        jars = sorted(Path(spec.origin).parent.glob("jars/hadoop-client-api-*.jar"))
+        if jars:
+            return jars[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    return _HADOOP_OF_LOWEST
+
+
+_LINE = spark_line() or LOWEST_SPARK
+DELTA_SPARK = DELTA_FOR_SPARK.get(_LINE, DELTA_FOR_SPARK[LOWEST_SPARK])
+"""The Delta jar for the installed pyspark (the lowest line's when none is installed)."""
+HADOOP_AWS = f"org.apache.hadoop:hadoop-aws:{_hadoop_version()}"
+"""hadoop-aws at the installed pyspark's Hadoop version."""
 PACKAGES = (DELTA_SPARK, HADOOP_AWS)
+EXCLUDES = ("org.apache.hadoop:hadoop-client-api", "org.apache.hadoop:hadoop-client-runtime")
+"""Left out of the resolution: pyspark carries its own Hadoop client (Delta 4.4 would bring an
+older one onto the classpath)."""
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 IVY_DIR_ENV = "REBALANCER_SPARK_IVY_DIR"
-MANIFEST = "rebalancer-spark-jars.json"
+MANIFEST = f"rebalancer-spark-jars-spark{_LINE}.json"
+"""The manifest of the installed Spark line's jars (venvs of two lines share one cache)."""
 
 # Run by spark-submit after Ivy resolved the packages: SparkSubmit put the local jar files into
 # ``spark.jars``; the Py4J gateway is up, no SparkContext is started.
@@ -98,6 +154,8 @@ def _recorded() -> list[Path] | None:
         return None
     if not isinstance(data, dict) or data.get("packages") != list(PACKAGES):
         return None
+    if data.get("excludes") != list(EXCLUDES):
+        return None
     jars = [Path(str(j)) for j in data.get("jars", [])]
     if not jars or not all(j.is_file() for j in jars):
         return None
@@ -114,6 +172,7 @@ def jar_paths() -> list[Path]:
 
     Raises :class:`ConfigurationError` naming the cache and the command to run when they are
     missing."""
+    _require_known_line()
     jars = _recorded()
     if jars is None:
         raise ConfigurationError(
@@ -123,6 +182,16 @@ def jar_paths() -> list[Path]:
             f"(set {IVY_DIR_ENV} to use another cache directory)"
         )
     return jars
+
+
+def _require_known_line() -> None:
+    if _LINE not in DELTA_FOR_SPARK:
+        raise ConfigurationError(
+            f"pyspark {_LINE} has no Delta Lake jar known to this rebalancer-spark (known Spark "
+            f"lines: {', '.join(DELTA_FOR_SPARK)}): install a supported pyspark "
+            "('pip install \"pyspark>=4.0.1,<4.3\"'), or give your cluster's own Delta jars "
+            "(docs/deployment.md)"
+        )
 
 
 def spark_conf() -> dict[str, str]:
@@ -181,6 +250,7 @@ def fetch(*, timeout: float = 1800.0) -> list[Path]:
     """Resolves :data:`PACKAGES` with Spark's Ivy into :func:`ivy_dir` once and records the
     local jar files; returns them at once when already fetched. Raises
     :class:`ConfigurationError` with the end of spark-submit's output when resolution fails."""
+    _require_known_line()
     jars = _recorded()
     if jars is not None:
         return jars
@@ -192,6 +262,7 @@ def fetch(*, timeout: float = 1800.0) -> list[Path]:
         cmd = [
             _spark_submit(), "--master", "local[1]",
             "--conf", f"spark.jars.ivy={home}", "--packages", ",".join(PACKAGES),
+            "--conf", f"spark.jars.excludes={','.join(EXCLUDES)}",
             str(script), str(out),
         ]  # fmt: skip
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -213,7 +284,8 @@ def fetch(*, timeout: float = 1800.0) -> list[Path]:
                 f"python -m rebalancer_spark.spark.packages fetch again. Its output ends:\n{tail}"
             )
         found = [Path(j.removeprefix("file:")) for j in json.loads(out.read_text())]
-    manifest = {"packages": list(PACKAGES), "jars": [str(j) for j in found]}
+    manifest = {"packages": list(PACKAGES), "excludes": list(EXCLUDES)}
+    manifest["jars"] = [str(j) for j in found]
     staged = _manifest().with_suffix(".tmp")
     staged.write_text(json.dumps(manifest, indent=1) + "\n")
     staged.replace(_manifest())

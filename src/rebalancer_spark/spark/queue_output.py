@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.queues import QueueMessage
 from rebalancer_spark.spark.delta_commit import PARTITION_COLUMN, Landing
+from rebalancer_spark.spark.job_label import JobLabel
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,13 +107,28 @@ class QueueOutput:
         ``batch`` of ``resource`` at ``epoch``; returns how it ended and the rows committed.
         ``check`` raises :class:`~rebalancer_spark.FencedError` once this job no longer owns
         the queue at ``epoch``; the table raises it too when it holds a newer epoch."""
-        sc = self.spark.sparkContext
-        sc.setJobDescription(
+        label = JobLabel(
+            self.spark.sparkContext,
             f"rebalancer group={self.output.committer.group} resource={resource} epoch={epoch} "
-            f"batch={batch} ({len(messages)} messages)"
+            f"batch={batch} ({len(messages)} messages)",
+            resource=resource,
+            epoch=epoch,
         )
-        sc.setLocalProperty("spark.rebalancer.resource", resource)
-        sc.setLocalProperty("spark.rebalancer.epoch", str(epoch))
+        label.set()
+        try:
+            return self._write(resource, epoch, batch, messages, who, check)
+        finally:
+            label.restore()
+
+    def _write(
+        self,
+        resource: str,
+        epoch: int,
+        batch: int,
+        messages: Sequence[QueueMessage],
+        who: Mapping[str, str],
+        check: Callable[[], None],
+    ) -> tuple[Landing, int]:
         frame = self.spark.createDataFrame(messages_table(resource, messages))
         if self.transform is not None:
             frame = self.transform(frame)

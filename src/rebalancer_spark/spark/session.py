@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rebalancer_spark.audit.delta import DeltaAuditLog
-from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
 from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import FileSource, ResourceSource, open_source
 from rebalancer_spark.spark.file_history import FileHistory
+from rebalancer_spark.spark.option_table import DEFAULT
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.outputs import Output, open_output, s3_storage_options
 from rebalancer_spark.spark.source import AssignedSource, ReadSettings
@@ -40,7 +41,14 @@ from rebalancer_spark.spark.watchdog import DriverWatchdog, watch_driver
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["RebalancerNode", "assigned_sources", "current_node", "start"]
+__all__ = [
+    "RebalancerNode",
+    "assigned_sources",
+    "current_node",
+    "require_shared_store",
+    "single_host_master",
+    "start",
+]
 
 log = logging.getLogger("rebalancer_spark.spark")
 
@@ -283,12 +291,50 @@ class RebalancerNode:
                 metrics.resource_gone(o.resource)
 
 
+def single_host_master(master: str) -> bool:
+    """Whether every driver of a Spark master URL runs on this host: ``local``,
+    ``local[N]``, ``local[*]``, ``local[N,F]`` and ``local-cluster[...]``."""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def require_shared_store(job: JobConfig, master: str) -> None:
+    """Refuse a job whose drivers may run on several hosts (any master but ``local…``) when it
+    was given no ``--backend``: the default store is an SQLite file on the driver's host, so
+    jobs on other hosts would each form a group of their own and take every resource. A
+    backend given explicitly, even a ``sqlite://`` one, is taken as meant (with a warning for
+    SQLite)."""
+    if single_host_master(master):
+        return
+    url = job.member.backend_url
+    if job.origins.get("backend") == DEFAULT:
+        raise ConfigurationError(
+            f"no --backend given on Spark master {master!r}, whose drivers may run on several "
+            f"hosts: the default store is an SQLite file on this host ({url.redacted()}), so "
+            "jobs on other hosts would each form a group of their own and take every resource. "
+            "Give a store every driver reaches: --backend zookeeper://zk1:2181,zk2:2181/"
+            "rebalancer or --backend redis://host:6379/0 (or spark.rebalancer.backend); if "
+            "every driver of the group runs on this host, give the SQLite store explicitly: "
+            "--backend sqlite:///path/groups.db"
+        )
+    if url.scheme == "sqlite":
+        log.warning(
+            "group %s uses the host-local store %s on Spark master %r: only drivers on this "
+            "host share it; use a zookeeper:// or redis:// --backend when drivers run on "
+            "several hosts (cluster deploy mode, YARN, Kubernetes)",
+            job.member.group,
+            url.redacted(),
+            master,
+        )
+
+
 def start(
     spark: SparkSession, job: JobConfig, source: ResourceSource | None = None
 ) -> RebalancerNode:
     """Start this driver's node (one per driver) and make it the one ``assigned_sources()``
     answers from. ``source`` is the job's source object when the job made it itself (a queue
-    job does, to keep its type); by default it is opened from ``job.source``."""
+    job does, to keep its type); by default it is opened from ``job.source``. Refuses a job
+    with the default, host-local store on a multi-host master (:func:`require_shared_store`)."""
+    require_shared_store(job, str(spark.sparkContext.master))
     with _registry.lock:
         running = _registry.node
         if running is not None:
