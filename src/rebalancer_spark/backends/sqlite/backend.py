@@ -25,6 +25,7 @@ from rebalancer_spark.backends.sqlite import (
     sessions,
 )
 from rebalancer_spark.backends.sqlite.connection import OPTIONS, open_database, positive, translate
+from rebalancer_spark.backends.sqlite.host import host_id
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
@@ -61,6 +62,7 @@ class SqliteBackend(Backend):
         self.path = url.path
         self.poll_interval = url.option("poll", positive("poll"), 0.02)
         self.busy_timeout = url.option("busy_timeout", positive("busy_timeout"), 10.0)
+        self.host = host_id()
         self._lock = threading.RLock()
         self._conn = open_database(self.path, self.busy_timeout)
         self._closed = False
@@ -70,10 +72,10 @@ class SqliteBackend(Backend):
 
     def _initialise(self) -> None:
         with self._transaction(_READ) as db:
-            if schema.is_ready(db):
+            if schema.is_ready(db, self.host):
                 return
         with self._transaction(_WRITE) as db:
-            schema.initialise(db, self.path)
+            schema.initialise(db, self.path, self.host)
 
     @contextlib.contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
@@ -114,7 +116,15 @@ class SqliteBackend(Backend):
     ) -> Session:
         with self._transaction(_WRITE) as db:
             return sessions.join(
-                db, self._clock, group, member_id, info=info, ttl=ttl, static=static
+                db,
+                self._clock,
+                group,
+                member_id,
+                info=info,
+                ttl=ttl,
+                static=static,
+                host=self.host,
+                path=self.path,
             )
 
     def _renew(self, session: Session) -> None:
@@ -150,7 +160,7 @@ class SqliteBackend(Backend):
 
     def _elect(self, session: Session) -> CoordinatorRecord | None:
         with self._transaction(_WRITE) as db:
-            return coordinator.elect(db, self._clock, session)
+            return coordinator.elect(db, self._clock, session, self.host)
 
     def _publish(
         self,
