@@ -456,7 +456,20 @@ class Member:
             group_members=lambda: self._coordinator_count("present_members"),
             group_resources=lambda: self._coordinator_count("listed_resources"),
             discovery_failing=lambda: self.discovery_error is not None,
+            overruns=lambda: self.callback_overruns,
+            audit_backlog=self.audit_backlog,
         )
+
+    def audit_backlog(self) -> int:
+        """Ownership events accepted by this member's event sinks and not yet written: the
+        sum of the ``backlog`` of the sinks that keep one (``DeltaAuditLog``)."""
+        return sum(int(getattr(sink, "backlog", 0)) for sink in self._event_sinks)
+
+    @property
+    def callback_overruns(self) -> dict[str, int]:
+        """How many times each callback did not return within ``callback_timeout``."""
+        with self._lock:
+            return dict(self._ownership.overruns)
 
     def _coordinator_count(self, name: str) -> int:
         return 0 if self._coordinator is None else int(getattr(self._coordinator, name))
