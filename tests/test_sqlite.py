@@ -123,6 +123,7 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
     for column in ("prev_member", "prev_session", "freed", "freed_at"):
         conn.execute(f"ALTER TABLE ownership DROP COLUMN {column}")
     conn.execute("ALTER TABLE members DROP COLUMN host")
+    conn.execute("ALTER TABLE groups DROP COLUMN incarnation")
     conn.execute("UPDATE rebalancer_meta SET value='1' WHERE key='schema'")
     conn.commit()
     conn.close()

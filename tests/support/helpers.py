@@ -78,6 +78,12 @@ class FlakyStore(Backend):
     ) -> Session:
         return self._reach().join(group, member_id, info=info, ttl=ttl, static=static)
 
+    def _incarnation(self, group: str) -> str | None:
+        return self._reach().incarnation(group)
+
+    def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:
+        return self._reach().lift_epochs(group, floors)
+
     def _set_leaving(self, session: Session) -> None:
         self._reach().set_leaving(session)
 

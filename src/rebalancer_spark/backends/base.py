@@ -33,12 +33,21 @@ implements for its store. A refusal is raised as :class:`MemberIdInUse`, :class:
 or :class:`FencedError` built from facts (:func:`expired`, :func:`fenced_commit`,
 :func:`fenced_coordinator` fill in the session's), so its text is the same for every backend.
 
+Epochs never go backwards, even when the store loses its state: the front remembers, per
+group, the store's identity marker of the group (:meth:`Backend.incarnation`) and the highest
+epoch it saw per resource (:mod:`.epochs`; :meth:`Backend.remember_epochs` adds epochs recorded
+elsewhere, such as the audit table). A join that finds another incarnation than the one this
+handle joined before lifts every remembered epoch into the store (:meth:`Backend.lift_epochs`)
+before anything is granted, and :meth:`Backend.claim` never passes on a grant at or below an
+epoch already seen: it hands it back, lifts the epoch and leaves the resource to the next claim.
+
 The shared contract suite (``tests/contract/``) runs unchanged against every backend.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -46,6 +55,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import ClassVar, Self
 
+from rebalancer_spark.backends.epochs import EpochMemory
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import ConfigurationError, FencedError, SessionExpired
 from rebalancer_spark.core.model import (
@@ -74,6 +84,8 @@ __all__ = [
     "fenced_commit",
     "fenced_coordinator",
 ]
+
+log = logging.getLogger("rebalancer_spark.backend")
 
 
 class Capability(StrEnum):
@@ -132,6 +144,8 @@ class Backend(abc.ABC):
 
     def __init__(self, url: BackendUrl) -> None:
         self.url = url
+        self.epochs = EpochMemory()
+        """What this handle knows of each group's epochs (see the module docstring)."""
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -145,7 +159,65 @@ class Backend(abc.ABC):
         validate_member_id(member_id)
         if isinstance(ttl, bool) or not (isinstance(ttl, int | float) and 0 < ttl < math.inf):
             raise ConfigurationError(f"session ttl {ttl!r} for group {group!r}: use seconds > 0")
-        return self._join(group, member_id, info=dict(info), ttl=ttl, static=static)
+        session = self._join(group, member_id, info=dict(info), ttl=ttl, static=static)
+        incarnation = self._incarnation(group)
+        if self.epochs.is_new(group, incarnation):
+            self._adopt(group, incarnation)
+        self.epochs.joined(group, incarnation)
+        return session
+
+    def _adopt(self, group: str, incarnation: str | None) -> None:
+        """A group this handle knows epochs of, in an incarnation it did not join before: lift
+        the epochs, and declare the remembered resource set again if the group has none."""
+        floors = self.epochs.floors(group)
+        lifted = self._lift_epochs(group, floors) if floors else 0
+        remembered = self.epochs.resources(group)
+        restored = 0
+        if remembered and not self._state(group).resources:
+            self._update_resources(group, replace=remembered, add=(), remove=[])
+            restored = len(remembered)
+        log.warning(
+            "group %s: the store holds an incarnation of the group (%s) that this member did "
+            "not join before (it was created again: the store lost its state, or it is "
+            "another store): %d of the %d resource epochs known here (up to %d) were lifted "
+            "into it, so that no epoch goes backwards; %d resources declared again",
+            group,
+            incarnation,
+            lifted,
+            len(floors),
+            max(floors.values(), default=0),
+            restored,
+        )
+
+    def incarnation(self, group: str) -> str | None:
+        """The store's identity marker of ``group``, written when the group was created (None
+        if the group does not exist). Another value than before means the group was created
+        again: the store lost its state (or it is another store)."""
+        validate_group(group)
+        return self._incarnation(group)
+
+    def store_warnings(self) -> list[str]:
+        """What an operator should know about how the store is set up (for ``status``): a
+        Redis server that persists nothing, for instance. Empty where there is nothing to say."""
+        return self._store_warnings()
+
+    def _store_warnings(self) -> list[str]:
+        return []
+
+    def remember_epochs(self, group: str, epochs: Mapping[str, int]) -> None:
+        """Epochs of ``group``'s resources recorded durably elsewhere (the audit table, an
+        operator's floor): this handle grants nothing at or below them, and lifts them into the
+        store when it first joins the group or finds it created again."""
+        validate_group(group)
+        self.epochs.see(group, {validate_resource_id(r): int(e) for r, e in epochs.items()})
+
+    def lift_epochs(self, group: str, floors: Mapping[str, int]) -> int:
+        """Raise the stored epoch of each free resource of ``floors`` to at least its floor, so
+        that its next grant is above it; resources held now are left alone (their holders are
+        fenced by the store as ever). Returns how many were raised."""
+        validate_group(group)
+        checked = {validate_resource_id(r): int(e) for r, e in floors.items() if int(e) > 0}
+        return self._lift_epochs(group, checked) if checked else 0
 
     def renew(self, session: Session) -> None:
         """Extend the lease by ``ttl`` from now; :class:`SessionExpired` if it already lapsed.
@@ -169,7 +241,9 @@ class Backend(abc.ABC):
     def state(self, group: str) -> GroupState:
         """A consistent snapshot of the group; only live sessions and their claims appear."""
         validate_group(group)
-        return self._state(group)
+        state = self._state(group)
+        self.epochs.saw_state(state)
+        return state
 
     def member_view(self, session: Session) -> MemberView:
         """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
@@ -252,7 +326,37 @@ class Backend(abc.ABC):
         the grant that gave it (same epoch, same predecessor) and its progress now. The cost
         stays constant per call: the chain and the progress ride on the reads and writes a
         claim makes anyway."""
-        return self._claim(session, _ids(resources), generation)
+        grants = self._claim(session, _ids(resources), generation)
+        low = {
+            r: g.epoch
+            for r, g in grants.items()
+            if not self.epochs.allows(session.group, r, g.epoch, session.session_id)
+        }
+        if low:
+            return self._refuse_backwards(session, grants, low)
+        self.epochs.see(session.group, {r: g.epoch for r, g in grants.items()}, session.session_id)
+        return grants
+
+    def _refuse_backwards(
+        self, session: Session, grants: dict[str, Grant], low: dict[str, int]
+    ) -> dict[str, Grant]:
+        """Grants at or below an epoch already seen: hand them back, lift their epochs above
+        what is known, and return the other grants (the next claim takes them higher)."""
+        floors = {r: self.epochs.floor(session.group, r) for r in low}
+        self._release(session, low)
+        self._lift_epochs(session.group, floors)
+        shown = ", ".join(f"{r} at {e} (known {floors[r]})" for r, e in list(low.items())[:5])
+        log.warning(
+            "group %s: the store granted %d resources at epochs that went backwards (%s): it "
+            "lost its state. They were handed back and their epochs lifted; the next claim "
+            "takes them above every epoch known",
+            session.group,
+            len(low),
+            shown,
+        )
+        kept = {r: g for r, g in grants.items() if r not in low}
+        self.epochs.see(session.group, {r: g.epoch for r, g in kept.items()}, session.session_id)
+        return kept
 
     def release(self, session: Session, claims: Mapping[str, int]) -> None:
         """Release claims held by this session at the given epochs (others are ignored)."""
@@ -268,6 +372,7 @@ class Backend(abc.ABC):
         else :class:`FencedError` (or :class:`SessionExpired`)."""
         text = encode_progress(validate_resource_id(resource), progress)
         self._commit(session, resource, epoch, text)
+        self.epochs.see(session.group, {resource: epoch}, session.session_id)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -297,6 +402,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _renew(self, session: Session) -> None: ...
+
+    @abc.abstractmethod
+    def _incarnation(self, group: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:
+        """Never called with no floors; every floor above 0."""
 
     @abc.abstractmethod
     def _set_leaving(self, session: Session) -> None: ...

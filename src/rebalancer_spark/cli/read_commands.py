@@ -8,8 +8,16 @@ from typing import Any
 
 from rebalancer_spark.cli.audit_commands import audit_module
 from rebalancer_spark.cli.exits import EXIT_OK
-from rebalancer_spark.cli.render import emit, members_table, print_status, status_json, table, utc
-from rebalancer_spark.cli.store import backend_url, read_group, shown
+from rebalancer_spark.cli.render import (
+    emit,
+    members_table,
+    print_status,
+    print_store_warnings,
+    status_json,
+    table,
+    utc,
+)
+from rebalancer_spark.cli.store import backend_url, read_group, shown, store_warnings
 from rebalancer_spark.core.model import GroupState, Progress, validate_group
 from rebalancer_spark.core.status import assignment_statuses, group_status, member_statuses
 
@@ -31,8 +39,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     backend, state, _ = _read(args)
     status = group_status(state)
     last = _last_rebalance(args.audit, state.group) if args.audit else None
-    data = {**status_json(status, backend), "last_rebalance": last}
-    emit(args.json, data, lambda: print_status(status, backend, last, bool(args.audit)))
+    warnings = store_warnings(backend_url(args.backend))
+    data = {**status_json(status, backend), "last_rebalance": last, "store_warnings": warnings}
+
+    def human() -> None:
+        print_status(status, backend, last, bool(args.audit))
+        print_store_warnings(warnings)
+
+    emit(args.json, data, human)
     return EXIT_OK
 
 

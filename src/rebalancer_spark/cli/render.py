@@ -22,6 +22,7 @@ __all__ = [
     "print_control",
     "print_rebalances",
     "print_status",
+    "print_store_warnings",
     "status_json",
     "table",
     "utc",
@@ -140,6 +141,12 @@ def print_status(
     print(f"last rebalance: {_last_rebalance(last, audit_given)}")
     print_control(status.control)
     _print_members_and_owners(status)
+
+
+def print_store_warnings(warnings: Sequence[str]) -> None:
+    """The store's set-up warnings of ``status`` (``Backend.store_warnings``), one a line."""
+    for warning in warnings:
+        print(f"WARNING: {warning}")
 
 
 def _last_rebalance(last: Mapping[str, Any] | None, audit_given: bool) -> str:

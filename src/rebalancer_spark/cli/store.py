@@ -6,7 +6,7 @@ from rebalancer_spark.backends import check_backend_url, open_backend, store_mis
 from rebalancer_spark.core.model import GroupState, Progress
 from rebalancer_spark.member import default_backend_url
 
-__all__ = ["backend_url", "missing_store", "read_group", "shown"]
+__all__ = ["backend_url", "missing_store", "read_group", "shown", "store_warnings"]
 
 
 def backend_url(given: str | None) -> str:
@@ -42,3 +42,12 @@ def read_group(
         names = sorted(set(state.resources) | set(state.claims))
         done = backend.progress(group, names) if progress else {}
     return state, done
+
+
+def store_warnings(url: str) -> list[str]:
+    """What the store's set-up warrants telling the operator (``Backend.store_warnings``:
+    a Redis server without persistence); nothing for a store that does not exist yet."""
+    if missing_store(url) is not None:
+        return []
+    with open_backend(url) as backend:
+        return backend.store_warnings()

@@ -24,6 +24,14 @@ callback runs, the member thread cannot deliver ``on_lost``: if the lease lapses
 deadline on, and ``on_lost`` follows once the callback returns (a resource being revoked is
 then reported ``lost`` as of the deadline, not ``released``). Keep callbacks short.
 
+A store that lost its state (Redis restarted without persistence, an SQLite file replaced, a
+ZooKeeper chroot deleted) ends the member's session: the next renewal fails, the member stops
+its work at once (everything ``lost``) and rejoins; its backend handle then lifts every epoch it
+knew into the new incarnation of the group (:mod:`rebalancer_spark.backends.base`), so epochs
+never go back. ``epoch_floors`` (resource -> epoch, e.g. read from the audit table with
+:func:`rebalancer_spark.audit.reader.epoch_floors`; the Spark jobs do) adds epochs recorded
+durably elsewhere, for a process that never saw the group before.
+
 A member whose work cannot go on (its Spark driver's JVM died) calls :meth:`Member.abandon`
 instead of :meth:`Member.stop`: everything is lost at once, without draining, and the session
 ends in the store.
@@ -86,8 +94,10 @@ class Member:
         backend: Backend | None = None,
         discover: Callable[[], Collection[Resource]] | None = None,
         discovery_interval: float = 30.0,
+        epoch_floors: Mapping[str, int] | None = None,
     ) -> None:
         self.config = config
+        self._epoch_floors = dict(epoch_floors or {})
         self.group = config.group
         self.member_id = validate_member_id(config.member_id or generated_member_id())
         self._resources = None if resources is None else _as_resources(resources)
@@ -160,6 +170,8 @@ class Member:
             if self._backend is None:
                 self._backend = open_backend(self.config.backend, clock=self._clock)
             backend = self._backend
+            if self._epoch_floors:  # recorded durably elsewhere: never granted again below
+                backend.remember_epochs(self.group, self._epoch_floors)
             if self._resources is not None:
                 backend.update_resources(self.group, replace=self._resources)
             if self.config.metrics_port and self.metrics is not None:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rebalancer_spark.audit.delta import DeltaAuditLog
+from rebalancer_spark.audit.reader import epoch_floors
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.core.events import EventSink
 from rebalancer_spark.member import Member, OwnedResource
@@ -77,6 +78,7 @@ class RebalancerNode:
             on_assigned=self._assigned,
             on_revoked=self._revoked,
             on_lost=self._lost,
+            epoch_floors=epoch_floors(job.audit, job.member.group) if job.audit else None,
         )
         self._sources: dict[tuple[str, int], AssignedSource] = {}
         self._listeners: list[tuple[Callback | None, Callback | None, Callback | None]] = []

@@ -36,8 +36,9 @@ from rebalancer_spark.backends.redis.decode import (
     number,
 )
 from rebalancer_spark.backends.redis.errors import Refusal
-from rebalancer_spark.backends.redis.keys import check_session_id, prefix
+from rebalancer_spark.backends.redis.keys import check_session_id, meta_key, prefix
 from rebalancer_spark.backends.redis.memory import Memory
+from rebalancer_spark.backends.redis.persistence import persistence_warnings
 from rebalancer_spark.backends.redis.runner import ScriptRunner
 from rebalancer_spark.backends.redis.staging import chunks, stage_resources, stage_target
 from rebalancer_spark.backends.redis.watch import RedisWatch
@@ -158,6 +159,20 @@ class RedisBackend(Backend):
         self._runner.run("LEAVE", session.group, [self._sid(session)], "leaving")
 
     # -- reading ---------------------------------------------------------------------------
+
+    def _store_warnings(self) -> list[str]:
+        return persistence_warnings(self._runner.client, self.url.redacted())
+
+    def _incarnation(self, group: str) -> str | None:
+        def fill(pipe: Pipeline) -> None:
+            pipe.hget(meta_key(group), "inc")
+
+        (inc,) = self._runner.pipeline_read(fill, "reading the group's identity")
+        return None if inc is None else str(inc)
+
+    def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:
+        args = [x for r, e in floors.items() for x in (r, e)]
+        return int(self._runner.run("LIFT_EPOCHS", group, args, "lifting resource epochs"))
 
     def _state(self, group: str) -> GroupState:
         decoded = decode_state(group, self._runner.run("STATE", group, [], "reading the group"))

@@ -22,6 +22,7 @@ __all__ = [
     "ELECT",
     "JOIN",
     "LEAVE",
+    "LIFT_EPOCHS",
     "PUBLISH",
     "RENEW",
     "RESIGN",
@@ -146,6 +147,30 @@ local e = next_value('coord_epoch')
 redis.call('HSET', META, 'coord_member', m, 'coord_sid', sid)
 notify('elect')
 return {m, sid, int(e)}
+"""
+)
+
+# LIFT_EPOCHS -- raise the epoch of resources nobody holds to a floor (epochs known to a member
+#         or recorded durably elsewhere, after the group lost its data: backends/base.py).
+# KEYS[1] meta
+# ARGV    resource, floor, resource, floor, ...
+# Returns how many epochs were raised (0 if the group does not exist); raises high with them
+LIFT_EPOCHS = (
+    PRELUDE
+    + """
+if redis.call('EXISTS', META) == 0 then return 0 end
+local lifted, b = 0, base()
+for i = 1, #ARGV, 2 do
+  local r, f = ARGV[i], tonumber(ARGV[i + 1])
+  if f > b and not redis.call('HGET', P .. 'owner', r)
+      and num(redis.call('HGET', P .. 'epochs', r)) < f then
+    redis.call('HSET', P .. 'epochs', r, int(f))
+    raise_high(f)
+    lifted = lifted + 1
+  end
+end
+if lifted > 0 then notify('lift') end
+return lifted
 """
 )
 

@@ -9,15 +9,17 @@ the work, in :mod:`.sessions`, :mod:`.coordinator`, :mod:`.groups`, :mod:`.owner
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
-from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.base import Backend, Capability, Session, expired
 from rebalancer_spark.backends.sqlite import control as _control
 from rebalancer_spark.backends.sqlite import (
     coordinator,
+    floors,
     groups,
     ownership,
     reads,
@@ -65,6 +67,7 @@ class SqliteBackend(Backend):
         self.host = host_id()
         self._lock = threading.RLock()
         self._conn = open_database(self.path, self.busy_timeout)
+        self._file = _file_id(self.path)
         self._closed = False
         self._initialise()
 
@@ -128,8 +131,37 @@ class SqliteBackend(Backend):
             )
 
     def _renew(self, session: Session) -> None:
+        self._check_replaced(session)
         with self._transaction(_WRITE) as db:
             sessions.renew(db, self._clock, session)
+
+    def _check_replaced(self, session: Session) -> None:
+        """A file replaced under the path (moved over, deleted and created again) is another
+        store: this handle moves to the new file, and the session, kept in the old one, is
+        over (the member stops its work at once and rejoins; see backends/base.py)."""
+        now = _file_id(self.path)
+        if now is None or now == self._file:
+            return
+        with self._lock:
+            if _file_id(self.path) != self._file:
+                self._conn.close()
+                self._conn = open_database(self.path, self.busy_timeout)
+                self._file = _file_id(self.path)
+        self._initialise()
+        raise expired(
+            session,
+            f"the database file {self.path!r} was replaced by another one (the store lost its "
+            "state)",
+            doing="renewing",
+        )
+
+    def _incarnation(self, group: str) -> str | None:
+        with self._transaction(_READ) as db:
+            return floors.incarnation(db, group)
+
+    def _lift_epochs(self, group: str, lift: dict[str, int]) -> int:
+        with self._transaction(_WRITE) as db:
+            return floors.lift_epochs(db, group, lift)
 
     def _set_leaving(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
@@ -222,3 +254,12 @@ class SqliteBackend(Backend):
     def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         with self._transaction(_WRITE) as db:
             ownership.commit(db, self._clock, session, resource, epoch, text)
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None if there is none (or no such file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

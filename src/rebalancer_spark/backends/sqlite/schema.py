@@ -22,8 +22,11 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_re
 SCHEMA_VERSION = "3"
 
 _TO_3 = [
-    # 3: a session records the host that joined it (see host.py).
+    # 3: a session records the host that joined it (see host.py); a group has an identity
+    # marker (see floors.py).
     "ALTER TABLE members ADD COLUMN host TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE groups ADD COLUMN incarnation TEXT",
+    "UPDATE groups SET incarnation=lower(hex(randomblob(16))) WHERE incarnation IS NULL",
 ]
 
 _MIGRATIONS = {
@@ -47,7 +50,8 @@ CREATE TABLE IF NOT EXISTS groups(
     generation INTEGER NOT NULL DEFAULT 0, target_epoch INTEGER NOT NULL DEFAULT 0,
     phase TEXT NOT NULL DEFAULT 'running', has_target INTEGER NOT NULL DEFAULT 0,
     target_resources_version INTEGER NOT NULL DEFAULT 0,
-    resources_version INTEGER NOT NULL DEFAULT 0, change_seq INTEGER NOT NULL DEFAULT 0);
+    resources_version INTEGER NOT NULL DEFAULT 0, change_seq INTEGER NOT NULL DEFAULT 0,
+    incarnation TEXT);
 CREATE TABLE IF NOT EXISTS members(
     grp TEXT NOT NULL, member_id TEXT NOT NULL, session_id TEXT NOT NULL UNIQUE,
     info TEXT NOT NULL, expires REAL NOT NULL, acked INTEGER NOT NULL DEFAULT 0,

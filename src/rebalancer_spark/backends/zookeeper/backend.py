@@ -28,7 +28,7 @@ from rebalancer_spark.backends.base import (
     expired,
     fenced_coordinator,
 )
-from rebalancer_spark.backends.zookeeper import coordination, members, ownership, progress
+from rebalancer_spark.backends.zookeeper import coordination, floors, members, ownership, progress
 from rebalancer_spark.backends.zookeeper.client import (
     OPTIONS,
     Settings,
@@ -155,7 +155,7 @@ class ZookeeperBackend(Backend):
         zs = members.join(
             self.settings,
             self._client,
-            self._group(group),
+            self._present(group),
             member_id,
             info=info,
             ttl=ttl,
@@ -165,6 +165,24 @@ class ZookeeperBackend(Backend):
         )
         self._sessions.add(zs)
         return zs.session
+
+    def _present(self, group: str) -> GroupPaths:
+        """The group's paths, its skeleton created again if it vanished since this object
+        prepared it (a chroot deleted and created again: the store lost its state)."""
+        paths = self._group(group)
+        if not group_exists(self._client, self.settings, paths):
+            with self._lock:
+                self._groups.pop(group, None)
+            prepare_root(self._client, self.settings, self._root)
+            paths = self._group(group)
+        return paths
+
+    def _incarnation(self, group: str) -> str | None:
+        paths = self._paths(group, create=False)
+        return None if paths is None else floors.incarnation(self._client, self.settings, paths)
+
+    def _lift_epochs(self, group: str, lift: dict[str, int]) -> int:
+        return floors.lift_epochs(self._client, self.settings, self._group(group), lift)
 
     def _renew(self, session: Session) -> None:
         members.renew(self._hosted(session), self.settings, self._clock)
