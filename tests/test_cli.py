@@ -292,3 +292,24 @@ def test_status_imbalance_leaves_out_drained_members(home: Path) -> None:
         GroupControl(store, GROUP, actor="test").drain("m2")
     status = json.loads(run("status", "--group", GROUP, "--json", home=home).stdout)
     assert status["imbalance"] == 0  # only m1 may own: nothing to compare it with
+
+
+def test_status_shows_the_health_members_publish(home: Path) -> None:
+    with open_backend(f"sqlite://{home}/groups.db") as store:
+        m3 = store.join(GROUP, "m3", info={"host": "h3"}, ttl=300, static=False)
+        store.update_info(
+            m3, {"host": "h3", "callback_overruns": "on_revoked=2", "audit_backlog": "17"}
+        )
+    url = f"sqlite://{home}/groups.db"
+    out = run("status", "--group", GROUP, "--backend", url, home=home)
+    assert out.returncode == 0, out.stderr
+    assert (
+        "WARNING: member m3: on_revoked did not return within callback_timeout 2 times; "
+        "17 ownership events not in the audit table yet"
+    ) in out.stdout
+    assert "WARNING: member m1" not in out.stdout
+    shown = json.loads(run("status", "--group", GROUP, "--json", home=home).stdout)
+    assert shown["member_health"] == [
+        {"member_id": "m3", "callback_overruns": {"on_revoked": 2}, "audit_backlog": 17}
+    ]
+    assert shown["store_warnings"] == []

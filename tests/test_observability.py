@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rebalancer_spark import FencedError, Member, MemberConfig, Resource, SourceError
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.status import member_health
 from rebalancer_spark.member.logfields import (
     JsonFormatter,
     LogContext,
@@ -330,5 +331,14 @@ def test_stuck_callbacks_and_the_audit_backlog_show_in_the_metrics(tmp_path: Pat
             assert value(text, "rebalancer_callback_overruns", callback="on_revoked") == 0
             assert sink.backlog > 0, "the member emitted no event"
             assert value(text, "rebalancer_audit_backlog") == sink.backlog == member.audit_backlog()
+            with open_backend(url) as store:  # what `status` reads: the published info
+                health = wait_for(
+                    lambda: member_health(store.state(GROUP)),
+                    timeout=15,
+                    what="the member to publish its health after a renewal",
+                )
+            (m1,) = health
+            assert m1.callback_overruns.get("on_assigned", 0) >= 1 and m1.audit_backlog > 0
+            assert "on_assigned did not return within callback_timeout" in m1.text()
     finally:
         release.set()

@@ -84,6 +84,9 @@ class FlakyStore(Backend):
     def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:
         return self._reach().lift_epochs(group, floors)
 
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        self._reach().update_info(session, info)
+
     def _set_leaving(self, session: Session) -> None:
         self._reach().set_leaving(session)
 

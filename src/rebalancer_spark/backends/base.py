@@ -228,6 +228,12 @@ class Backend(abc.ABC):
         themselves (ZooKeeper's pings), the backend enforces this."""
         self._renew(session)
 
+    def update_info(self, session: Session, info: Mapping[str, str]) -> None:
+        """Replace the member's published info (what ``status`` shows of it: host, pid, its
+        health) while the session lives; :class:`SessionExpired` if it is gone. Wakes
+        nobody: info is for operators, not for the protocol."""
+        self._update_info(session, {str(k): str(v) for k, v in info.items()})
+
     def set_leaving(self, session: Session) -> None:
         """Mark the member as draining: the coordinator assigns it nothing from now on."""
         self._set_leaving(session)
@@ -405,6 +411,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _incarnation(self, group: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def _update_info(self, session: Session, info: dict[str, str]) -> None: ...
 
     @abc.abstractmethod
     def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:

@@ -19,7 +19,12 @@ from rebalancer_spark.cli.render import (
 )
 from rebalancer_spark.cli.store import backend_url, read_group, shown, store_warnings
 from rebalancer_spark.core.model import GroupState, Progress, validate_group
-from rebalancer_spark.core.status import assignment_statuses, group_status, member_statuses
+from rebalancer_spark.core.status import (
+    assignment_statuses,
+    group_status,
+    member_health,
+    member_statuses,
+)
 
 __all__ = ["cmd_assignments", "cmd_members", "cmd_status"]
 
@@ -40,11 +45,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = group_status(state)
     last = _last_rebalance(args.audit, state.group) if args.audit else None
     warnings = store_warnings(backend_url(args.backend))
-    data = {**status_json(status, backend), "last_rebalance": last, "store_warnings": warnings}
+    health = member_health(state)
+    data = {
+        **status_json(status, backend),
+        "last_rebalance": last,
+        "store_warnings": warnings,
+        "member_health": [asdict(h) for h in health],
+    }
 
     def human() -> None:
         print_status(status, backend, last, bool(args.audit))
-        print_store_warnings(warnings)
+        print_store_warnings([*warnings, *(h.text() for h in health)])
 
     emit(args.json, data, human)
     return EXIT_OK

@@ -144,7 +144,8 @@ def print_status(
 
 
 def print_store_warnings(warnings: Sequence[str]) -> None:
-    """The store's set-up warnings of ``status`` (``Backend.store_warnings``), one a line."""
+    """The warnings of ``status`` (the store's set-up, ``Backend.store_warnings``, and the
+    members' published health), one a line."""
     for warning in warnings:
         print(f"WARNING: {warning}")
 

@@ -148,6 +148,7 @@ class Member:
             lifecycle=self._lifecycle,
         )
         self._heartbeat: Heartbeat | None = None
+        self._published_health: dict[str, str] = {}
         self.rebalances: list[RebalanceRecord] = []
         """Rebalances made while this member was coordinator (most recent last, capped)."""
 
@@ -188,7 +189,7 @@ class Member:
             self._lease,
             self._clock,
             self.config.effective_heartbeat_interval,
-            on_renewed=None if self.metrics is None else self.metrics.renewed,
+            on_renewed=self._renewed,
         )
         self._coordinator = CoordinatorLoop(
             self.config,
@@ -472,6 +473,22 @@ class Member:
             audit_backlog=self.audit_backlog,
         )
 
+    def _renewed(self, seconds: float) -> None:
+        """After each renewal (heartbeat thread): the metric, and this member's health in its
+        published info when it changed (``status`` shows it)."""
+        if self.metrics is not None:
+            self.metrics.renewed(seconds)
+        health = health_info(self.callback_overruns, self.audit_backlog())
+        session, backend = self._lease.valid_session(), self._backend
+        if health == self._published_health or session is None or backend is None:
+            return
+        try:
+            backend.update_info(session, {**self.info, **health})
+        except RebalancerError as exc:  # the next renewal tries again
+            log.debug("member %s could not publish its health: %s", self.member_id, exc)
+            return
+        self._published_health = health
+
     def audit_backlog(self) -> int:
         """Ownership events accepted by this member's event sinks and not yet written: the
         sum of the ``backlog`` of the sinks that keep one (``DeltaAuditLog``)."""
@@ -485,6 +502,19 @@ class Member:
 
     def _coordinator_count(self, name: str) -> int:
         return 0 if self._coordinator is None else int(getattr(self._coordinator, name))
+
+
+def health_info(overruns: Mapping[str, int], backlog: int) -> dict[str, str]:
+    """The health keys of a member's published info: ``callback_overruns``
+    (``on_revoked=2,on_assigned=1``) and ``audit_backlog`` (events not in the audit table
+    yet), each present only when not zero."""
+    out: dict[str, str] = {}
+    stuck = ",".join(f"{name}={n}" for name, n in sorted(overruns.items()) if n)
+    if stuck:
+        out["callback_overruns"] = stuck
+    if backlog:
+        out["audit_backlog"] = str(backlog)
+    return out
 
 
 def _as_resources(resources: Iterable[str | Resource]) -> list[Resource]:

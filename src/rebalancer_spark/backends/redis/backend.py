@@ -149,6 +149,13 @@ class RedisBackend(Backend):
         except Refusal:
             raise messages.expired(session, "renewing") from None
 
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        args = [self._sid(session), json.dumps(info, sort_keys=True)]
+        try:
+            self._runner.run("UPDATE_INFO", session.group, args, "publishing info")
+        except Refusal:
+            raise messages.expired(session, "publishing its info") from None
+
     def _set_leaving(self, session: Session) -> None:
         try:
             self._runner.run("SET_LEAVING", session.group, [self._sid(session)], "marking a drain")

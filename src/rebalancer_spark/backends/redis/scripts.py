@@ -28,6 +28,7 @@ __all__ = [
     "RESIGN",
     "SET_LEAVING",
     "UPDATE_CONTROL",
+    "UPDATE_INFO",
     "UPDATE_RESOURCES",
 ]
 
@@ -108,6 +109,24 @@ if not m or not alive(ARGV[1]) then
 end
 redis.call('HSET', P .. 'leaving', m, '1')
 notify('leaving')
+return 1
+"""
+)
+
+# UPDATE_INFO -- replace the session's member info (no notification: it wakes nobody).
+# KEYS[1] meta
+# ARGV    session id, info JSON
+# Returns 1
+# Errors  EXPIRED {} if the session is not alive
+UPDATE_INFO = (
+    PRELUDE
+    + """
+local m = redis.call('HGET', P .. 'sessions', ARGV[1])
+if not m or not alive(ARGV[1]) then
+  note_if_lost()
+  return refuse('EXPIRED', {})
+end
+redis.call('HSET', P .. 'info', m, ARGV[2])
 return 1
 """
 )

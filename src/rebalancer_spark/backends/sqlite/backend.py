@@ -163,6 +163,10 @@ class SqliteBackend(Backend):
         with self._transaction(_WRITE) as db:
             return floors.lift_epochs(db, group, lift)
 
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        with self._transaction(_WRITE) as db:
+            sessions.update_info(db, self._clock, session, info)
+
     def _set_leaving(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
             sessions.set_leaving(db, self._clock, session)

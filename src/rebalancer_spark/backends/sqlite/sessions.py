@@ -24,7 +24,7 @@ from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import ConfigurationError, MemberIdInUse
 from rebalancer_spark.core.model import Freed
 
-__all__ = ["alive", "join", "leave", "renew", "require_alive", "set_leaving"]
+__all__ = ["alive", "join", "leave", "renew", "require_alive", "set_leaving", "update_info"]
 
 
 def alive(db: sqlite3.Connection, session: Session, clock: Clock) -> bool:
@@ -115,6 +115,17 @@ def renew(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
     )
     if cur.rowcount == 0:
         raise expired(session, "its lease lapsed before it was renewed", doing="renewing")
+
+
+def update_info(
+    db: sqlite3.Connection, clock: Clock, session: Session, info: Mapping[str, str]
+) -> None:
+    """:meth:`Backend.update_info`: no change counter bump (info wakes nobody)."""
+    require_alive(db, session, clock)
+    db.execute(
+        "UPDATE members SET info=? WHERE grp=? AND session_id=?",
+        (json.dumps(dict(info)), session.group, session.session_id),
+    )
 
 
 def set_leaving(db: sqlite3.Connection, clock: Clock, session: Session) -> None:

@@ -187,6 +187,11 @@ class ZookeeperBackend(Backend):
     def _renew(self, session: Session) -> None:
         members.renew(self._hosted(session), self.settings, self._clock)
 
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        members.update_member(
+            self._hosted(session), self.settings, members.with_info(info), "publishing info"
+        )
+
     def _set_leaving(self, session: Session) -> None:
         members.update_member(
             self._hosted(session), self.settings, members.leaving, "marking the member as leaving"

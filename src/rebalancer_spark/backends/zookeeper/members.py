@@ -32,7 +32,7 @@ from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import MemberIdInUse, RebalancerError
 from rebalancer_spark.core.model import MemberRecord
 
-__all__ = ["Leftovers", "acked", "join", "leaving", "renew", "update_member"]
+__all__ = ["Leftovers", "acked", "join", "leaving", "renew", "update_member", "with_info"]
 
 Change = Callable[[MemberRecord], bytes | None]
 
@@ -172,6 +172,17 @@ def acked(generation: int) -> Change:
             return None
         return member_data(
             r.session_id, r.info, static=r.static, leaving=r.leaving, acked=generation
+        )
+
+    return change
+
+
+def with_info(info: Mapping[str, str]) -> Change:
+    def change(r: MemberRecord) -> bytes | None:
+        if dict(r.info) == dict(info):
+            return None
+        return member_data(
+            r.session_id, info, static=r.static, leaving=r.leaving, acked=r.acked_generation
         )
 
     return change
