@@ -313,3 +313,27 @@ def test_status_shows_the_health_members_publish(home: Path) -> None:
         {"member_id": "m3", "callback_overruns": {"on_revoked": 2}, "audit_backlog": 17}
     ]
     assert shown["store_warnings"] == []
+
+
+def test_lift_epochs_raises_free_resources_above_a_floor_or_the_audit_tables(
+    home: Path, tmp_path: Path
+) -> None:
+    from tests.support.audit_tables import row, write_audit
+
+    url = f"sqlite://{home}/groups.db"
+    with open_backend(url) as store:
+        store.update_resources(GROUP, add=[Resource("d"), Resource("e")])
+    out = run("lift-epochs", "--group", GROUP, "--backend", url, "--floor", "50", home=home)
+    assert out.returncode == 0, out.stderr
+    assert "2 of 5 resource epochs lifted" in out.stdout  # a, b, c are held: left alone
+    audit = str(tmp_path / "audit")
+    write_audit(audit, [row("acquired", 1.0, "e", "old", 70, group=GROUP)])
+    shown = run("lift-epochs", "--group", GROUP, "--audit", audit, "--json", home=home)
+    assert json.loads(shown.stdout)["lifted"] == 1
+    import sqlite3
+
+    with sqlite3.connect(home / "groups.db") as db:  # the epochs the next grants follow
+        epochs = dict(db.execute("SELECT resource_id, epoch FROM ownership WHERE grp=?", (GROUP,)))
+    assert epochs == {"a": 1, "b": 1, "c": 1, "d": 50, "e": 70}
+    bad = run("lift-epochs", "--group", GROUP, "--floor", "0", home=home)
+    assert "floor '0' is not an epoch" in one_error_line(bad)
