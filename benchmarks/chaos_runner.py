@@ -319,7 +319,7 @@ def check(
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="all", help=f"all or one of {', '.join(KINDS)}")
     parser.add_argument("--faults", type=int, default=1000, help="faults to inject per backend")
@@ -332,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-fault-share", type=float, default=0.2)
     parser.add_argument("--audit", action="store_true", help="also verify the Delta audit table")
     parser.add_argument("--verbose", action="store_true", help="print the schedule as it runs")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # the faults make it complain
     kinds = list(KINDS) if args.backend == "all" else [args.backend]
     print(
