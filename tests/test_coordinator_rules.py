@@ -109,7 +109,7 @@ class Coordinator:
 
     def step(self, now: float) -> float:
         """One step at ``now``; returns when to look again."""
-        view = GroupView(ME, f"s-{ME}", self.group.read())
+        view = GroupView.of(ME, f"s-{ME}", self.group.read())
         state, actions = rules.decide(self.state, view, now, self.settings)
         for _ in range(4):
             *done, last = actions
@@ -219,7 +219,7 @@ def test_every_role_move_outside_the_table_is_refused() -> None:
 def test_a_new_coordinator_goes_through_candidate_idle_and_debouncing() -> None:
     group = Group()
     group.join(ME)
-    view = GroupView(ME, f"s-{ME}", group.read())
+    view = GroupView.of(ME, f"s-{ME}", group.read())
     state, actions = rules.decide(CoordinatorState(), view, 0.0, _settings())
     assert state.role is Role.CANDIDATE and actions == [Elect()]
     record = group.elect(ME)
@@ -239,7 +239,7 @@ def test_a_follower_stays_a_follower_and_plans_nothing() -> None:
     group.join("other")
     group.join(ME)
     group.coordinator = CoordinatorRecord("other", "s-other", 7)
-    view = GroupView(ME, f"s-{ME}", group.read())
+    view = GroupView.of(ME, f"s-{ME}", group.read())
     state, actions = rules.decide(CoordinatorState(), view, 10.0, _settings())
     assert state.role is Role.FOLLOWER and state.seen_epoch == 7
     assert actions == [WakeAt(10.0 + rules.IDLE_WAIT)]

@@ -10,7 +10,6 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -31,7 +30,7 @@ from rebalancer_spark.core.clock import SystemClock
 from rebalancer_spark.core.coordinator import Role
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
 from rebalancer_spark.core.model import Grant, GroupState, Resource
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.state import TRANSITIONS, MemberState
 from tests.support.helpers import FlakyStore, wait_for
@@ -819,7 +818,8 @@ def _state_of(member: Member) -> MemberState:
 def test_a_coordinator_step_reads_the_group_once_even_when_it_elects_and_lists(
     tmp_path: Any,
 ) -> None:
-    """Taking the role and listing the source used to read the group three times in one step."""
+    """Taking the role and listing the source used to read the group three times in one step;
+    now a step reads the head once, and the resource set only when its version moved."""
     url = f"sqlite://{tmp_path}/g.db"
     backend = open_backend(url)
     config = MemberConfig(group="g", backend=url, member_id="a")
@@ -829,15 +829,87 @@ def test_a_coordinator_step_reads_the_group_once_even_when_it_elects_and_lists(
         config, backend, SystemClock(), lambda: session, discover=lambda: listing
     )
     try:
-        with mock.patch.object(backend, "state", wraps=backend.state) as state:
-            assert loop.step() == 0.0  # elected, listed: the set changed, so look again now
-            assert state.call_count == 1 and loop.epoch == 1 and _role(loop) is Role.IDLE
-            loop.step()  # reads the new set once; the stability window starts
-            assert state.call_count == 2 and _role(loop) is Role.DEBOUNCING
+        assert loop.step() == 0.0  # elected, listed: the set changed, so look again now
+        assert loop.epoch == 1 and _role(loop) is Role.IDLE
+        assert loop.reads == {"head": 1, "resources": 1, "target": 0, "holders": 0}
+        loop.step()  # reads the new set once; the stability window starts
+        assert _role(loop) is Role.DEBOUNCING
+        assert loop.reads == {"head": 2, "resources": 2, "target": 0, "holders": 0}
+        loop.step()  # nothing changed: the head only
+        assert loop.reads == {"head": 3, "resources": 2, "target": 0, "holders": 0}
         assert set(backend.state("g").resources) == {"r1", "r2"}
     finally:
         backend.close()
 
 
+def test_a_join_and_a_leave_cost_the_coordinator_no_read_of_resources_or_target(
+    grp: Group,
+) -> None:
+    """The coordinator keeps the target it published and the resource set it read: members
+    coming and going are read from the group's head alone."""
+    resources = [f"r{i:03d}" for i in range(60)]
+    a = grp.start("a", resources=resources)
+    wait_for(lambda: a.is_coordinator, timeout=10, what="a to coordinate")
+    grp.wait_settled(1)
+    loop = a._coordinator
+    assert loop is not None
+    before = loop.reads
+    b = grp.start("b")
+    grp.wait_settled(2)
+    b.stop()
+    grp.wait_settled(1)
+    after = loop.reads
+    assert after["head"] > before["head"]
+    assert (after["resources"], after["target"]) == (before["resources"], before["target"])
+    assert a.is_coordinator  # the same coordinator did it all
+
+
 def _role(loop: CoordinatorLoop) -> Role:
     return loop.role
+
+
+class CountingViews(FlakyStore):
+    """Counts the member thread's reads: whole views and heads."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.views = 0
+        self.heads = 0
+
+    def member_view(self, session: Session) -> MemberView:
+        self.views += 1
+        return super().member_view(session)
+
+    def member_head(self, session: Session) -> MemberHead:
+        self.heads += 1
+        return super().member_head(session)
+
+
+def test_an_idle_member_reads_no_view_on_changes_that_do_not_concern_it(grp: Group) -> None:
+    """A settled member woken by changes of the group that publish no new target (here other
+    members' control notes) reads only its head: O(1), not its part of the target and its
+    claims. A new target makes it read the view again."""
+    store = CountingViews(open_backend(grp.url))
+    a = grp.start("a", RESOURCES, backend=store)
+    grp.start("b")
+    grp.wait_settled(2)
+    control = grp.observer.state(grp.name).control
+
+    def note(what: str) -> None:  # a write that wakes every watcher and changes no target
+        nonlocal control
+        control = grp.observer.update_control(
+            grp.name, control.version, control.noted(time.time(), what)
+        )
+
+    heads = store.heads
+    note("first")
+    wait_for(lambda: store.heads > heads, timeout=10, what="a to find itself idle")
+    views, heads = store.views, store.heads
+    for i in range(3):
+        note(f"note {i}")
+    wait_for(lambda: store.heads > heads, timeout=10, what="a's member thread to look")
+    assert store.views == views
+    grp.start("c")
+    grp.wait_settled(3)
+    wait_for(lambda: store.views > views, timeout=10, what="a to read its new part")
+    assert len(a.assigned()) == len(RESOURCES) // 3

@@ -37,7 +37,14 @@ def same(*resources: str, epoch: int = 1) -> dict[str, int]:
 
 
 def test_public_surface_is_pinned() -> None:
-    assert protocols_module.__all__ == ["MemberView", "Plan", "plan"]
+    assert protocols_module.__all__ == [
+        "MemberHead",
+        "MemberView",
+        "Plan",
+        "head_of",
+        "idle",
+        "plan",
+    ]
     assert [p.value for p in ProtocolName] == ["cooperative", "global_barrier", "resource_barrier"]
 
 

@@ -271,3 +271,89 @@ def test_renewals_wake_nobody_and_every_change_wakes_the_watch_at_once(
             assert time.monotonic() - started < 1.0
     finally:
         watch.close()
+
+
+# -- the coordinator's partial reads agree with the whole snapshot ----------------------------
+
+
+def _agree(store: Backend, group: str) -> None:
+    whole = store.state(group)
+    head = store.head(group)
+    assert head.members == whole.members
+    assert head.coordinator == whole.coordinator
+    assert head.control == whole.control
+    assert head.resources_version == whole.resources_version
+    assert head.generation == (whole.target.generation if whole.target else 0)
+    assert store.resources(group) == (whole.resources_version, dict(whole.resources))
+    assert store.target(group) == whole.target
+
+
+def test_head_resources_target_and_holders_agree_with_the_snapshot(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    a, b = open_store(), open_store()
+    _agree(a, group)  # a group that does not exist yet
+    assert a.head(group).members == {} and a.target(group) is None
+    s1, s2 = _join(a, group, "m1"), _join(b, group, "m2")
+    epoch = _lead(a, s1)
+    _agree(a, group)
+    version = a.update_resources(group, replace=[Resource("r", 2.0), Resource("q")])
+    _agree(b, group)
+    assert a.resources(group)[0] == version == a.head(group).resources_version
+    gen = a.publish(
+        s1, epoch, {"m1": ["r"], "m2": ["q"]}, phase=Phase.RUNNING, resources_version=version
+    ).generation
+    _agree(b, group)
+    assert b.head(group).generation == gen
+    sessions = {"m1": s1.session_id, "m2": s2.session_id}
+    assert a.holders(group, sessions) == frozenset()
+    a.claim(s1, ["r"], gen)
+    assert a.holders(group, sessions) == {"m1"}
+    b.claim(s2, ["q"], gen)
+    assert b.holders(group, sessions) == {"m1", "m2"}
+    assert b.holders(group, {"m2": s2.session_id}) == {"m2"}
+    a.release(s1, {"r": 1})
+    assert a.holders(group, sessions) == {"m2"}
+    assert a.holders(group, {}) == frozenset()
+    _agree(a, group)
+
+
+def test_a_target_published_as_a_change_reads_back_whole(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    """``publish(previous=…)`` writes the difference where the store still holds that
+    generation, and the whole target where it does not: either way the target reads back as
+    the assignment given."""
+    store, other = open_store(), open_store()
+    s1 = _join(store, group, "m1")
+    s2 = _join(other, group, "m2")
+    epoch = _lead(store, s1)
+    ids = [f"r{i}" for i in range(30)]
+    first = store.publish(
+        s1, epoch, {"m1": ids[:20], "m2": ids[20:]}, phase=Phase.RUNNING, resources_version=0
+    )
+    # m2 joins a third member's share, m1 gives some up, one id vanishes, one is new.
+    wanted = {"m1": ids[:12], "m2": [*ids[20:], *ids[12:18]], "m3": [*ids[18:19], "new"]}
+    second = store.publish(
+        s1, epoch, wanted, phase=Phase.RUNNING, resources_version=0, previous=first
+    )
+    assert second.generation == first.generation + 1
+    read = other.target(group)
+    assert read is not None and read.generation == second.generation
+    assert {m: set(rs) for m, rs in read.assignment.items()} == {
+        m: set(rs) for m, rs in wanted.items()
+    }
+    # A member dropped from the target, from a stale base (first, not second): written whole.
+    third = store.publish(
+        s1, epoch, {"m1": ids[:25]}, phase=Phase.RUNNING, resources_version=0, previous=first
+    )
+    read = other.target(group)
+    assert read is not None and read.generation == third.generation
+    assert {m: set(rs) for m, rs in read.assignment.items()} == {"m1": set(ids[:25])}
+    # And from the right base, dropping a member.
+    fourth = store.publish(
+        s1, epoch, {"m2": ids[:3]}, phase=Phase.STOPPING, resources_version=0, previous=third
+    )
+    read = other.target(group)
+    assert read == fourth
+    assert s2.member_id == "m2"

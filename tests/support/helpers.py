@@ -9,19 +9,20 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.backends.base import Backend, Session, TargetChange, Watch
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 if TYPE_CHECKING:
     from rebalancer_spark.member import Member
@@ -99,6 +100,21 @@ class FlakyStore(Backend):
     def _member_view(self, session: Session) -> MemberView:
         return self._reach().member_view(session)
 
+    def _member_head(self, session: Session) -> MemberHead:
+        return self._reach().member_head(session)
+
+    def _head(self, group: str) -> GroupHead:
+        return self._reach().head(group)
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        return self._reach().resources(group)
+
+    def _target(self, group: str) -> Target | None:
+        return self._reach().target(group)
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        return self._reach().holders(group, sessions)
+
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         return self._reach().progress(group, resources)
 
@@ -116,6 +132,7 @@ class FlakyStore(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         return self._reach().publish(
             session, epoch, assignment, phase=phase, resources_version=resources_version

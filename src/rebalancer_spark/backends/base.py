@@ -49,6 +49,7 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -57,10 +58,12 @@ from typing import ClassVar, Self
 
 from rebalancer_spark.backends.epochs import EpochMemory
 from rebalancer_spark.core.control import Control
+from rebalancer_spark.core.coordinator import GroupView
 from rebalancer_spark.core.errors import ConfigurationError, FencedError, SessionExpired
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     JsonValue,
     Phase,
@@ -72,13 +75,15 @@ from rebalancer_spark.core.model import (
     validate_member_id,
     validate_resource_id,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = [
     "Backend",
     "Capability",
+    "GroupReader",
     "Session",
+    "TargetChange",
     "Watch",
     "expired",
     "fenced_commit",
@@ -167,25 +172,39 @@ class Backend(abc.ABC):
         return session
 
     def _adopt(self, group: str, incarnation: str | None) -> None:
-        """A group this handle knows epochs of, in an incarnation it did not join before: lift
-        the epochs, and declare the remembered resource set again if the group has none."""
-        floors = self.epochs.floors(group)
-        lifted = self._lift_epochs(group, floors) if floors else 0
+        """A group this handle knows epochs of, in an incarnation it did not join before:
+        declare the remembered resource set again if the group has none, and lift the epochs.
+
+        When this handle joined another incarnation before (it saw the loss), every resource it
+        can name (remembered, in the new set, or its own) is lifted to at least the wall clock
+        in microseconds, as Redis lifts its base: every epoch handed out before grew by one per
+        grant from 1 (or from such a base), so it is below that as long as the clock did not go
+        back by more than the group's lifetime, whichever member held the resource. A first
+        join with epochs told of (the audit table) lifts those epochs only."""
+        known = self.epochs.floors(group)
+        saw_loss = self.epochs.incarnation(group) is not None
         remembered = self.epochs.resources(group)
+        current = self._state(group).resources
         restored = 0
-        if remembered and not self._state(group).resources:
+        if remembered and not current:
             self._update_resources(group, replace=remembered, add=(), remove=[])
             restored = len(remembered)
+        floors = dict(known)
+        if saw_loss:
+            base = time.time_ns() // 1000
+            names = set(known) | {r.id for r in remembered} | set(current)
+            floors = {r: max(known.get(r, 0), base) for r in names}
+        lifted = self._lift_epochs(group, floors) if floors else 0
         log.warning(
             "group %s: the store holds an incarnation of the group (%s) that this member did "
             "not join before (it was created again: the store lost its state, or it is "
-            "another store): %d of the %d resource epochs known here (up to %d) were lifted "
-            "into it, so that no epoch goes backwards; %d resources declared again",
+            "another store): %d of %d resource epochs lifted to at least %d, so that no epoch "
+            "goes backwards; %d resources declared again",
             group,
             incarnation,
             lifted,
             len(floors),
-            max(floors.values(), default=0),
+            min(floors.values(), default=0),
             restored,
         )
 
@@ -255,6 +274,38 @@ class Backend(abc.ABC):
         """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
         return self._member_view(session)
 
+    def member_head(self, session: Session) -> MemberHead:
+        """The target's generation, phase and coordinator epoch, in O(1);
+        :class:`SessionExpired` if the session is gone. A member whose head has not moved and
+        that has nothing left to do need not read its view (:func:`~.protocols.idle`)."""
+        return self._member_head(session)
+
+    def head(self, group: str) -> GroupHead:
+        """The small part of the group in one consistent read (members, coordinator, control,
+        the resource set's version and the target's generation): its cost follows the members,
+        not the resources. :class:`GroupReader` builds the coordinator's view on it."""
+        validate_group(group)
+        return self._head(group)
+
+    def resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        """The group's resource set and its version, read together."""
+        validate_group(group)
+        version, resources = self._resources(group)
+        self.epochs.saw_resources(group, resources)
+        return version, resources
+
+    def target(self, group: str) -> Target | None:
+        """The current target (None if none was published), read whole and consistently."""
+        validate_group(group)
+        return self._target(group)
+
+    def holders(self, group: str, sessions: Mapping[str, str]) -> frozenset[str]:
+        """Which of ``sessions`` (member id → session id) hold at least one claim. Cheap for
+        a few members on SQLite and Redis; ZooKeeper keeps no claims per session, so there it
+        reads every claim (the coordinator asks only while a drain is unfinished)."""
+        validate_group(group)
+        return self._holders(group, dict(sessions)) if sessions else frozenset()
+
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
         """The last committed progress of each resource that has any. A member needs none of
         it after a claim: each :class:`Grant` carries the progress it hands over."""
@@ -283,12 +334,30 @@ class Backend(abc.ABC):
         *,
         phase: Phase,
         resources_version: int,
+        previous: Target | None = None,
     ) -> Target:
         """Publish a new target generation; :class:`FencedError` unless ``epoch`` is current
-        and ``session`` is the live coordinator."""
-        checked = {validate_member_id(m): _ids(owned) for m, owned in assignment.items()}
+        and ``session`` is the live coordinator.
+
+        ``previous``: the target the caller believes current (the coordinator's kept copy).
+        The backend may then write only the difference (:class:`TargetChange`), after checking
+        in the same atomic step that the store still holds that generation; otherwise, or
+        without ``previous``, it writes the whole target. Only the ids new to a member are
+        validated again: those of ``previous`` were checked when it was published."""
+        change = None if previous is None else TargetChange.between(previous, assignment)
+        checked: dict[str, list[str]] = {}
+        for m, owned in assignment.items():
+            ids = list(dict.fromkeys(owned))
+            new = ids if change is None else change.added.get(m, ())
+            _ids(new)  # validation only
+            checked[validate_member_id(m)] = ids
         return self._publish(
-            session, epoch, checked, phase=phase, resources_version=resources_version
+            session,
+            epoch,
+            checked,
+            phase=phase,
+            resources_version=resources_version,
+            change=change,
         )
 
     def resign(self, session: Session, epoch: int) -> None:
@@ -432,6 +501,21 @@ class Backend(abc.ABC):
     def _member_view(self, session: Session) -> MemberView: ...
 
     @abc.abstractmethod
+    def _member_head(self, session: Session) -> MemberHead: ...
+
+    @abc.abstractmethod
+    def _head(self, group: str) -> GroupHead: ...
+
+    @abc.abstractmethod
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]: ...
+
+    @abc.abstractmethod
+    def _target(self, group: str) -> Target | None: ...
+
+    @abc.abstractmethod
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]: ...
+
+    @abc.abstractmethod
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         """Never called with no resources."""
 
@@ -450,6 +534,7 @@ class Backend(abc.ABC):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target: ...
 
     @abc.abstractmethod
@@ -483,6 +568,45 @@ class Backend(abc.ABC):
     def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         """``text``: the progress as JSON (:func:`~rebalancer_spark.core.model.encode_progress`),
         to store as it is or inside the backend's own record."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChange:
+    """A target as the difference from the one published at generation :attr:`base`: what a
+    backend writes when the store still holds ``base`` (:meth:`Backend.publish`). A join or a
+    leave that moves k resources changes k ids, whatever the total."""
+
+    base: int
+    """The generation this change applies to."""
+    added: Mapping[str, frozenset[str]]
+    """Member → ids it gets that it did not have at ``base`` (members with none left out)."""
+    removed: Mapping[str, frozenset[str]]
+    """Member → ids it had at ``base`` and no longer has (members with none left out)."""
+    dropped: frozenset[str]
+    """Members of ``base`` that the new target no longer names."""
+
+    @classmethod
+    def between(cls, previous: Target, assignment: Mapping[str, Collection[str]]) -> TargetChange:
+        added: dict[str, frozenset[str]] = {}
+        removed: dict[str, frozenset[str]] = {}
+        old = previous.assignment
+        for m, owned in assignment.items():
+            now, before = frozenset(owned), old.get(m, frozenset())
+            if now != before:
+                if gained := now - before:
+                    added[m] = gained
+                if lost := before - now:
+                    removed[m] = lost
+        dropped = frozenset(old) - frozenset(assignment)
+        for m in dropped:
+            if old[m]:
+                removed[m] = old[m]
+        return cls(previous.generation, added, removed, dropped)
+
+    @property
+    def size(self) -> int:
+        """Ids this change writes."""
+        return sum(map(len, self.added.values())) + sum(map(len, self.removed.values()))
 
 
 def _ids(resources: Collection[str]) -> list[str]:
@@ -540,3 +664,84 @@ def fenced_coordinator(
         current_epoch=current_epoch,
         why=why,
     )
+
+
+class GroupReader:
+    """The coordinator's view of one group, read in proportion to what changed.
+
+    Each :meth:`read` reads the group's head (:meth:`Backend.head`: members, coordinator,
+    control, versions; its size follows the members), and the resource set or the target only
+    when the head says they changed since the copy kept here: a wake-up of an idle coordinator,
+    a join or a leave read no resource and no target at 100,000 resources. A target this
+    coordinator published itself is kept as it was written (:meth:`published`), so it is never
+    read back. Not thread-safe: one reader per coordinator thread.
+    """
+
+    def __init__(self, backend: Backend, group: str) -> None:
+        self._backend = backend
+        self._group = group
+        self._resources: tuple[int, Mapping[str, Resource]] | None = None
+        self._target: Target | None = None
+        self.reads = {"head": 0, "resources": 0, "target": 0, "holders": 0}
+        """How many reads of each kind this reader made (benchmarks, tests)."""
+
+    def read(self, member_id: str, session_id: str) -> GroupView:
+        """The group as the coordinator rules need it. A follower (the role held by another
+        live session) reads only the head: its view carries no resources and no target, which
+        :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
+        member holds the role; with the role vacant or held, everything is brought up to date."""
+        head = self._backend.head(self._group)
+        self.reads["head"] += 1
+        coordinator = head.coordinator
+        if coordinator is not None and coordinator.session_id != session_id:
+            return GroupView(
+                member_id, session_id, head.members, coordinator, {}, -1, None, head.control
+            )
+        if self._resources is None or self._resources[0] != head.resources_version:
+            self._resources = self._backend.resources(self._group)
+            self.reads["resources"] += 1
+        known = self._target
+        if head.generation == 0:
+            self._target = None
+        elif known is None or known.generation != head.generation:
+            self._target = self._backend.target(self._group)
+            self.reads["target"] += 1
+        version, resources = self._resources
+        return GroupView(
+            member_id,
+            session_id,
+            head.members,
+            head.coordinator,
+            resources,
+            version,
+            self._target,
+            head.control,
+            self._holders(head, self._target),
+        )
+
+    def _holders(self, head: GroupHead, target: Target | None) -> frozenset[str]:
+        """Drained members still present with nothing in the target: whether they hold
+        claims is the one fact of claims a coordinator needs (``drain done``)."""
+        sessions = {
+            m: rec.session_id
+            for m, rec in head.members.items()
+            if m in head.control.drain and not (target and target.assignment.get(m))
+        }
+        if not sessions:
+            return frozenset()
+        self.reads["holders"] += 1
+        return self._backend.holders(self._group, sessions)
+
+    @property
+    def target(self) -> Target | None:
+        """The target as last read or published (the base of the next publication)."""
+        return self._target
+
+    def published(self, target: Target) -> None:
+        """Keep ``target``, which this coordinator has just published."""
+        self._target = target
+
+    def forget(self) -> None:
+        """Drop what is kept (after an error: the next read starts afresh)."""
+        self._resources = None
+        self._target = None

@@ -13,8 +13,8 @@ that were running still know better, and so does the audit table. This memory ke
 * ``floors``: per resource, the highest epoch this handle saw (granted, held, committed) or was
   told of (:meth:`~.base.Backend.remember_epochs`: the audit table, an operator's floor);
 * ``high`` and ``resources``: the highest epoch of any claim in a group snapshot this handle
-  read, and the last non-empty resource set it read (a reference, not a copy: snapshots are
-  not changed after they are made).
+  read (``state``), and the last non-empty resource set it read (``state`` or ``resources``,
+  as the coordinator reads it; a reference, not a copy: the caller does not change it).
 
 On a new incarnation the front lifts every remembered epoch into the store before anything is
 granted (each resource of the remembered set at least to ``high``: an epoch that jumps is
@@ -53,6 +53,12 @@ class EpochMemory:
                 self._high[state.group] = top
             if state.resources:
                 self._resources[state.group] = state.resources
+
+    def saw_resources(self, group: str, resources: Mapping[str, Resource]) -> None:
+        """The group's resource set was read (kept if not empty, as in :meth:`saw_state`)."""
+        if resources:
+            with self._lock:
+                self._resources[group] = resources
 
     def resources(self, group: str) -> list[Resource]:
         """The last non-empty resource set read of ``group`` (empty if none)."""
@@ -96,6 +102,11 @@ class EpochMemory:
                 for r in self._resources.get(group, {}):
                     own[r] = high
             return own
+
+    def incarnation(self, group: str) -> str | None:
+        """The incarnation of ``group`` this handle last joined (None: none yet)."""
+        with self._lock:
+            return self._incarnations.get(group)
 
     def is_new(self, group: str, incarnation: str | None) -> bool:
         """Whether joining ``incarnation`` must lift the known epochs: it is not the

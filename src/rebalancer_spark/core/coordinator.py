@@ -43,7 +43,14 @@ from rebalancer_spark.core.config import MemberConfig, ProtocolName
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.core.events import EventKind, Trigger
-from rebalancer_spark.core.model import CoordinatorRecord, GroupState, Phase
+from rebalancer_spark.core.model import (
+    CoordinatorRecord,
+    GroupState,
+    MemberRecord,
+    Phase,
+    Resource,
+    Target,
+)
 
 __all__ = [
     "TRANSITIONS",
@@ -125,15 +132,42 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class GroupView:
-    """What one step of the coordinator thread saw: its own session and one read of the group."""
+    """What one step of the coordinator thread saw: its own session and one read of the group.
+
+    Not a :class:`~rebalancer_spark.core.model.GroupState`: the coordinator never reads the
+    claims (their number follows the resources). The one fact of claims a rule needs, whether a
+    drained member still holds anything, is :attr:`holders`."""
 
     member_id: str
     session_id: str
-    group: GroupState
+    members: Mapping[str, MemberRecord]
+    coordinator: CoordinatorRecord | None
+    resources: Mapping[str, Resource]
+    resources_version: int
+    target: Target | None
+    control: Control = field(default_factory=Control)
+    holders: frozenset[str] = frozenset()
+    """Which of the drained members (``control.drain``) hold at least one claim."""
+
+    @classmethod
+    def of(cls, member_id: str, session_id: str, state: GroupState) -> GroupView:
+        """The view of a whole snapshot (the simulator and tests read whole snapshots)."""
+        drained = state.control.drain
+        return cls(
+            member_id,
+            session_id,
+            state.members,
+            state.coordinator,
+            state.resources,
+            state.resources_version,
+            state.target,
+            state.control,
+            frozenset(c.member_id for c in state.claims.values() if c.member_id in drained),
+        )
 
     def with_coordinator(self, record: CoordinatorRecord | None) -> GroupView:
         """The same read, with the coordinator an :class:`Elect` returned."""
-        return replace(self, group=replace(self.group, coordinator=record))
+        return replace(self, coordinator=record)
 
 
 @dataclass(frozen=True, slots=True)

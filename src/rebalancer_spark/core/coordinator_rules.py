@@ -55,7 +55,7 @@ from rebalancer_spark.core.coordinator import (
     WakeAt,
 )
 from rebalancer_spark.core.events import Trigger
-from rebalancer_spark.core.model import CoordinatorRecord, GroupState, Phase, Target
+from rebalancer_spark.core.model import CoordinatorRecord, Phase, Target
 
 __all__ = ["IDLE_WAIT", "decide", "elected", "fenced", "listed", "rediscover"]
 
@@ -70,7 +70,7 @@ def decide(state: CoordinatorState, view: GroupView | None, now: float, settings
     valid session, so it reads nothing and coordinates nothing)."""
     if view is None:
         return state.to(Role.FOLLOWER, epoch=None), [WakeAt(now + IDLE_WAIT)]
-    group = view.group
+    group = view
     statics = {m for m, rec in group.members.items() if rec.static}
     if not statics <= state.static_seen:
         state = state.update(static_seen=state.static_seen | statics)
@@ -140,7 +140,7 @@ def rediscover(state: CoordinatorState) -> CoordinatorState:
 def _coordinate(
     state: CoordinatorState, view: GroupView, epoch: int, now: float, settings: Settings
 ) -> Step:
-    group = view.group
+    group = view
     present, grace_end, away = _present(state, group, now, settings)
     state = state.update(
         away_since=away, present_members=len(present), listed_resources=len(group.resources)
@@ -176,7 +176,7 @@ def _coordinate(
 
 def _control(
     state: CoordinatorState,
-    group: GroupState,
+    group: GroupView,
     epoch: int,
     present: set[str],
     now: float,
@@ -205,7 +205,7 @@ def _control(
 
 def _debounce(
     state: CoordinatorState,
-    group: GroupState,
+    group: GroupView,
     epoch: int,
     present: set[str],
     inputs: tuple[frozenset[str], int],
@@ -234,7 +234,7 @@ def _resting(state: CoordinatorState) -> Role:
 
 
 def _present(
-    state: CoordinatorState, group: GroupState, now: float, settings: Settings
+    state: CoordinatorState, group: GroupView, now: float, settings: Settings
 ) -> tuple[set[str], float | None, dict[str, float]]:
     """Members the target must cover, when the next static member's grace ends, and the
     static members away (since when)."""
@@ -255,7 +255,7 @@ def _present(
 
 
 def _departed_drains(
-    state: CoordinatorState, group: GroupState, now: float, settings: Settings
+    state: CoordinatorState, group: GroupView, now: float, settings: Settings
 ) -> tuple[CoordinatorState, frozenset[str]]:
     """Drained members gone from the group for a session timeout plus their rejoin grace (one
     whose lease merely lapsed rejoins sooner and stays drained)."""
@@ -271,7 +271,7 @@ def _departed_drains(
 
 
 def _plan(
-    group: GroupState,
+    group: GroupView,
     present: AbstractSet[str],
     target: Target | None,
     forced: bool,
@@ -285,7 +285,7 @@ def _plan(
 
 def _rebalance_now(
     state: CoordinatorState,
-    group: GroupState,
+    group: GroupView,
     epoch: int,
     present: set[str],
     now: float,
@@ -309,7 +309,7 @@ def _rebalance_now(
 
 def _publish(
     state: CoordinatorState,
-    group: GroupState,
+    group: GroupView,
     epoch: int,
     present: set[str],
     now: float,
@@ -344,7 +344,7 @@ def _publish(
 
 def _finish_barrier(
     state: CoordinatorState,
-    group: GroupState,
+    group: GroupView,
     epoch: int,
     present: set[str],
     target: Target,
@@ -388,13 +388,13 @@ def _adopt(state: CoordinatorState, control: Control, epoch: int) -> Step:
     ]
 
 
-def _report_drains(state: CoordinatorState, group: GroupState, epoch: int) -> Step:
+def _report_drains(state: CoordinatorState, group: GroupView, epoch: int) -> Step:
     """``drain done`` once for each drained member that owns nothing any more."""
     target, control = group.target, group.control
     todo = sorted(control.drain - state.drain_done)
     if not todo:
         return state, []
-    claimed = {c.member_id for c in group.claims.values()}
+    claimed = group.holders
     done: list[str] = []
     for member in todo:
         if member not in group.members or target is None or target.assignment.get(member):
@@ -409,7 +409,7 @@ def _report_drains(state: CoordinatorState, group: GroupState, epoch: int) -> St
 
 
 def _cause(
-    state: CoordinatorState, group: GroupState, present: set[str], target: Target | None
+    state: CoordinatorState, group: GroupView, present: set[str], target: Target | None
 ) -> tuple[CoordinatorState, Trigger, str]:
     """What caused the target about to be published, and the details for ``reason``: the first
     target; members that joined, left (drained) or vanished (crashed: their session ended

@@ -34,6 +34,7 @@ __all__ = [
     "CoordinatorRecord",
     "Freed",
     "Grant",
+    "GroupHead",
     "GroupState",
     "JsonValue",
     "MemberRecord",
@@ -276,6 +277,22 @@ class Progress:
     value: JsonValue
     epoch: int
     member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupHead:
+    """The small part of a group, read in one consistent step: what the coordinator reads on
+    every wake-up. Its size follows the members, never the resources: the resource set and the
+    target are read only when :attr:`resources_version` or :attr:`generation` says they changed
+    (:class:`~rebalancer_spark.backends.base.GroupReader`)."""
+
+    group: str
+    members: Mapping[str, MemberRecord]
+    coordinator: CoordinatorRecord | None
+    resources_version: int
+    generation: int
+    """The generation of the current target (0: none published yet)."""
+    control: Control = field(default_factory=Control)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from rebalancer_spark.core.config import ProtocolName
 from rebalancer_spark.core.model import Phase
 
-__all__ = ["MemberView", "Plan", "plan"]
+__all__ = ["MemberHead", "MemberView", "Plan", "head_of", "idle", "plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,33 @@ class MemberView:
     """Resource id → epoch of every claim the store holds for this member's session."""
     coordinator_epoch: int = 0
     """The coordinator epoch the target at ``generation`` was published under (0: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHead:
+    """What says whether a member's view may have changed, read in O(1): the target's
+    generation, phase and coordinator epoch. While a member's session lives, only its own calls
+    change its claims, so a member with nothing left to do whose head is unchanged has nothing
+    to read (:func:`idle`)."""
+
+    generation: int
+    phase: Phase
+    coordinator_epoch: int = 0
+
+
+def head_of(view: MemberView) -> MemberHead:
+    return MemberHead(view.generation, view.phase, view.coordinator_epoch)
+
+
+def idle(
+    protocol: ProtocolName, view: MemberView, held: Mapping[str, int], handled_generation: int
+) -> bool:
+    """True when :func:`plan` on ``view`` asks nothing of a member holding ``held`` and the
+    store held exactly that: re-reading the same view could only say the same."""
+    if dict(held) != dict(view.owned):
+        return False
+    step = plan(protocol, view, held, handled_generation)
+    return not (step.lost or step.revoke or step.claim or step.ack is not None)
 
 
 @dataclass(frozen=True, slots=True)

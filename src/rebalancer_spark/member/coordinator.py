@@ -1,6 +1,7 @@
 """The coordinator thread: it carries out what :func:`core.coordinator_rules.decide` says.
 
-Every member runs one. A step reads the group once (``Backend.state``), hands that read to the
+Every member runs one. A step reads the group once (a :class:`~.backends.base.GroupReader`:
+the group's head, and the resource set or target only when they changed), hands that read to the
 pure state machine (:mod:`rebalancer_spark.core.coordinator`: the roles follower, candidate,
 idle, debouncing and barrier, with their transitions table) and carries out the actions it
 returns, in order: elect, list the source (discovery), publish a target (fenced by the
@@ -28,7 +29,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.backends.base import Backend, GroupReader, Session, Watch
 from rebalancer_spark.core import coordinator_rules as rules
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.config import MemberConfig
@@ -39,7 +40,6 @@ from rebalancer_spark.core.coordinator import (
     Elect,
     Emit,
     ForgetDrains,
-    GroupView,
     Note,
     Publish,
     Role,
@@ -111,6 +111,8 @@ class CoordinatorLoop:
         )
         self._sinks = list(event_sinks)
         self._info = dict(info or {})
+        self._reader = GroupReader(backend, config.group)
+        """The group as this thread last read it: re-read in proportion to what changed."""
 
     # -- what the member reads -------------------------------------------------------------------
 
@@ -138,6 +140,12 @@ class CoordinatorLoop:
     def listed_resources(self) -> int:
         """Resources in the group's set, as this member last read it coordinating."""
         return self._state.listed_resources
+
+    @property
+    def reads(self) -> dict[str, int]:
+        """How many reads of each kind (head, resources, target, holders) this thread made:
+        the cost of coordinating, for benchmarks and tests."""
+        return dict(self._reader.reads)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -193,6 +201,7 @@ class CoordinatorLoop:
 
     def _failed_step(self, exc: Exception, retry: float) -> float:
         """What a step's error means: how long to wait before the next step."""
+        self._reader.forget()
         if isinstance(exc, FencedError):
             log.info("coordinator step fenced, stepping down: %s", exc)
             self._state = rules.fenced(self._state)
@@ -237,8 +246,7 @@ class CoordinatorLoop:
         session = self._session()
         view = None
         if session is not None:
-            group = self._backend.state(self._config.group)
-            view = GroupView(session.member_id, session.session_id, group)
+            view = self._reader.read(session.member_id, session.session_id)
         now = self._clock.monotonic()
         state, actions = rules.decide(self._state, view, now, self._settings)
         for _ in range(_MAX_FEEDBACK):
@@ -254,7 +262,7 @@ class CoordinatorLoop:
                 view = view.with_coordinator(record)
                 state, actions = rules.elected(state, record, view, now)
             else:
-                changed = self._list(session, view.group.resources_version)
+                changed = self._list(session, view.resources_version)
                 state, actions = rules.listed(state, now, changed=changed)
             self._state = state  # what was asked for happened: keep what it led to
             if actions and isinstance(actions[-1], WakeAt):
@@ -325,7 +333,9 @@ class CoordinatorLoop:
             action.assignment,
             phase=action.phase,
             resources_version=action.resources_version,
+            previous=self._reader.target,
         )
+        self._reader.published(published)
         if action.phase is Phase.STOPPING:
             log.info(
                 "group %s: barrier generation %d published, waiting for %d members",

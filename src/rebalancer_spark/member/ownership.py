@@ -84,6 +84,7 @@ class Ownership:
         self._sinks = list(event_sinks)
         self._callback_timeout = callback_timeout
         self._held: dict[str, OwnedResource] = {}
+        self._version = 0
         self.overruns: dict[str, int] = {}
         """Per callback name: how many of its calls overran ``callback_timeout``."""
 
@@ -101,6 +102,12 @@ class Ownership:
         """Everything held, sorted by resource id."""
         with self._changed:
             return [self._held[r] for r in sorted(self._held)]
+
+    @property
+    def version(self) -> int:
+        """Grows with every change of what is held (a step that changed nothing keeps it)."""
+        with self._changed:
+            return self._version
 
     def epochs(self) -> dict[str, int]:
         with self._changed:
@@ -132,6 +139,7 @@ class Ownership:
         with self._changed:
             for o in owned:
                 self._held[o.resource] = o
+            self._version += 1
             self._changed.notify_all()
         for o in owned:
             self.emit_acquired(session, o, "granted by the target")
@@ -204,6 +212,7 @@ class Ownership:
         with self._changed:
             for o in owned:
                 self._held.pop(o.resource, None)
+            self._version += 1
             self._changed.notify_all()
         return owned, ended is None
 
@@ -213,6 +222,7 @@ class Ownership:
         with self._changed:
             wanted = sorted(self._held if resources is None else resources)
             owned = [self._held.pop(r) for r in wanted if r in self._held]
+            self._version += 1
             self._changed.notify_all()
         return owned
 

@@ -33,7 +33,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.events import EventKind
-from rebalancer_spark.core.protocols import MemberView, plan
+from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, idle, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.lease import Lease
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
@@ -73,6 +73,11 @@ class Reconciler:
         self._lifecycle = lifecycle
         self._handled_generation = 0
         self._target: tuple[int, int] | None = None
+        self._idle: tuple[str, MemberHead, int] | None = None
+        """Set when a step found nothing to do (:func:`~.protocols.idle`): the session, the
+        view's head and the ownership's version. While the session lives only this member's
+        own calls change its claims, so until the head or what is held moves, a wake-up reads
+        the head (O(1)) and neither the view nor the held set (O(owned))."""
         """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._backend: Backend | None = None
         self._coordinator: CoordinatorLoop | None = None
@@ -268,9 +273,22 @@ class Reconciler:
             return 0.0
         session = snap.session
         assert session is not None
+        wait = max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
+        mark = self._idle
+        if (
+            mark is not None
+            and mark[0] == session.session_id
+            and mark[2] == self._ownership.version
+            and backend.member_head(session) == mark[1]
+        ):
+            return wait  # nothing to do, and nothing that could give us any has changed
+        self._idle = None
+        version, epochs = self._ownership.version, self._ownership.epochs()
         view = backend.member_view(session)
         self._target = (view.generation, view.coordinator_epoch)
-        epochs = self._ownership.epochs()
+        if idle(self._config.protocol, view, epochs, self._handled_generation):
+            self._idle = (session.session_id, head_of(view), version)
+            return wait
         step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
             self._ownership.lost(
@@ -294,7 +312,7 @@ class Reconciler:
             self._handled_generation = step.generation
         if step.claim and not self._draining.is_set():
             self._acquire(backend, session, step.claim, view)
-        return max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
+        return wait
 
     def _acquire(
         self, backend: Backend, session: Session, wanted: Collection[str], view: MemberView

@@ -23,24 +23,34 @@ from typing import ClassVar
 import redis
 from redis.client import Pipeline
 
-from rebalancer_spark.backends.base import Backend, Capability, Session
+from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
+from rebalancer_spark.backends.records import parse_phase
 from rebalancer_spark.backends.redis import messages
 from rebalancer_spark.backends.redis.connection import OPTIONS
 from rebalancer_spark.backends.redis.decode import (
     CLAIM_ROW,
     decode_grant,
+    decode_head,
     decode_member_view,
     decode_progress_record,
+    decode_resources,
     decode_state,
+    decode_target,
     encode_progress_record,
     number,
+    pairs,
 )
 from rebalancer_spark.backends.redis.errors import Refusal
 from rebalancer_spark.backends.redis.keys import check_session_id, meta_key, prefix
 from rebalancer_spark.backends.redis.memory import Memory
 from rebalancer_spark.backends.redis.persistence import persistence_warnings
 from rebalancer_spark.backends.redis.runner import ScriptRunner
-from rebalancer_spark.backends.redis.staging import chunks, stage_resources, stage_target
+from rebalancer_spark.backends.redis.staging import (
+    chunks,
+    stage_change,
+    stage_resources,
+    stage_target,
+)
 from rebalancer_spark.backends.redis.watch import RedisWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
@@ -48,13 +58,14 @@ from rebalancer_spark.core.errors import ControlConflict
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["RedisBackend"]
@@ -190,6 +201,51 @@ class RedisBackend(Backend):
             self._memory.saw_resources(group, decoded.resources)
         return decoded.state
 
+    def _head(self, group: str) -> GroupHead:
+        decoded = decode_head(group, self._runner.run("HEAD", group, [], "reading the group"))
+        self._memory.see(group, decoded.numbers)
+        self._memory.saw_ttls(group, decoded.ttls_ms)
+        return decoded.head
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        text, incarnation, flat = self._runner.run(
+            "RESOURCES", group, [], "reading the resource set"
+        )
+        version = number(group, "resources_version", text)
+        weights = pairs(flat)
+        self._memory.see(group, [version])
+        joined = self._memory.snapshot(group).incarnation
+        if incarnation and joined in ("", str(incarnation)):
+            self._memory.saw_resources(group, weights)
+        return version, decode_resources(group, weights)
+
+    def _target(self, group: str) -> Target | None:
+        meta, flat = self._runner.run("TARGET", group, [], "reading the target")
+        target = decode_target(group, pairs(meta), flat)
+        if target is not None:
+            self._memory.see(group, [target.generation, target.coordinator_epoch])
+        return target
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        owners = {sid: m for m, sid in sessions.items()}
+        sids = [check_session_id(group, owners[sid], sid) for sid in owners]
+        found = self._runner.run("HOLDERS", group, sids, "reading which members hold claims")
+        return frozenset(owners[str(sid)] for sid in found)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        try:
+            reply = self._runner.run("MEMBER_HEAD", session.group, [self._sid(session)], "reading")
+        except Refusal:
+            raise messages.expired(session, "reading the member's view") from None
+        generation, phase, epoch = (str(v) for v in reply)
+        head = MemberHead(
+            number(session.group, "generation", generation),
+            parse_phase(session.group, phase, store="Redis"),
+            number(session.group, "target epoch", epoch),
+        )
+        self._memory.see(session.group, [head.generation])
+        return head
+
     def _member_view(self, session: Session) -> MemberView:
         try:
             reply = self._runner.run("MEMBER_VIEW", session.group, [self._sid(session)], "reading")
@@ -241,25 +297,52 @@ class RedisBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         group, sid = session.group, self._sid(session)
         members = list(assignment)
         nonce = uuid.uuid4().hex
-        wanted = assignment
-        fill = stage_target(group, nonce, wanted)
-        args = [sid, epoch, phase.value, resources_version, nonce, len(members), *members]
+        head = [sid, epoch, phase.value, resources_version, nonce]
         try:
-            generation = int(self._runner.run_staged("PUBLISH", group, fill, args, "publishing"))
+            generation = None
+            if change is not None:
+                generation = self._publish_change(group, nonce, head, members, change)
+            if generation is None:
+                fill = stage_target(group, nonce, assignment)
+                args = [*head, len(members), *members]
+                generation = int(
+                    self._runner.run_staged("PUBLISH", group, fill, args, "publishing")
+                )
         except Refusal as exc:
             raise messages.fenced_coordinator_refused(session, epoch, exc) from None
         self._memory.see(group, [epoch, generation])
         return Target(
             generation=generation,
             coordinator_epoch=epoch,
-            assignment={m: frozenset(rs) for m, rs in wanted.items()},
+            assignment={m: frozenset(rs) for m, rs in assignment.items()},
             phase=phase,
             resources_version=resources_version,
         )
+
+    def _publish_change(
+        self,
+        group: str,
+        nonce: str,
+        head: list[object],
+        members: list[str],
+        change: TargetChange,
+    ) -> int | None:
+        """PUBLISH_CHANGE: only the moved ids travel; None if the stored target is no
+        longer ``change.base`` (then the caller publishes the whole target)."""
+        fill = stage_change(group, nonce, members, change.added, change.removed)
+        dropped = sorted(change.dropped)
+        args = [*head, change.base, len(members), *members, len(dropped), *dropped]
+        try:
+            return int(self._runner.run_staged("PUBLISH_CHANGE", group, fill, args, "publishing"))
+        except Refusal as exc:
+            if exc.code == "STALE":
+                return None
+            raise
 
     def _resign(self, session: Session, epoch: int) -> None:
         self._runner.run("RESIGN", session.group, [self._sid(session), epoch], "resigning")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Freed,
     Grant,
+    GroupHead,
     GroupState,
     MemberRecord,
     Progress,
@@ -25,12 +26,17 @@ from rebalancer_spark.core.protocols import MemberView
 
 __all__ = [
     "CLAIM_ROW",
+    "DecodedHead",
     "DecodedState",
     "decode_control",
     "decode_grant",
+    "decode_head",
     "decode_member_view",
+    "decode_members",
     "decode_progress_record",
+    "decode_resources",
     "decode_state",
+    "decode_target",
     "encode_progress_record",
     "pairs",
 ]
@@ -95,14 +101,9 @@ class DecodedState:
     incarnation: str
 
 
-def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
-    """The STATE script's reply (see :mod:`.reads`) as a snapshot of live members only."""
-    control = decode_control(group, reply[-1] if len(reply) in (2, 7) else [])
-    if not reply or not reply[0]:
-        empty = GroupState(group, {}, None, {}, 0, None, {}, control)
-        return DecodedState(empty, [], [], {}, "")
-    meta = pairs(reply[0])
-    rows = list(reply[1])
+def decode_members(group: str, flat: Sequence[Any]) -> tuple[dict[str, MemberRecord], list[int]]:
+    """The live member rows of STATE and HEAD, and their lease TTLs in ms."""
+    rows = list(flat)
     members: dict[str, MemberRecord] = {}
     ttls: list[int] = []
     for i in range(0, len(rows) - _MEMBER_ROW + 1, _MEMBER_ROW):
@@ -116,13 +117,10 @@ def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
             static=static == "1",
         )
         ttls.append(number(group, f"lease ttl of {mid!r}", ttl))
-    live = {m.session_id: m.member_id for m in members.values()}
-    coord_sid = meta.get("coord_sid")
-    coord_epoch = number(group, "coord_epoch", meta.get("coord_epoch", "0"))
-    coordinator = (
-        CoordinatorRecord(live[coord_sid], coord_sid, coord_epoch) if coord_sid in live else None
-    )
-    weights = pairs(reply[2])
+    return members, ttls
+
+
+def decode_resources(group: str, weights: Mapping[str, str]) -> dict[str, Resource]:
     resources: dict[str, Resource] = {}
     for rid, weight in weights.items():
         try:
@@ -132,20 +130,74 @@ def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
                 f"resource {rid[:60]!r} of group {group!r} has weight {weight[:40]!r} in Redis: "
                 "it was not written by rebalancer-spark"
             ) from None
+    return resources
+
+
+def decode_target(group: str, meta: Mapping[str, str], flat: Sequence[Any]) -> Target | None:
+    """The target from the group's meta fields and ``{member, {ids}, ...}``."""
+    if meta.get("has_target") != "1":
+        return None
+    parts = list(flat)
+    assignment = {
+        str(parts[i]): frozenset(str(r) for r in parts[i + 1]) for i in range(0, len(parts), 2)
+    }
+    return Target(
+        generation=number(group, "generation", meta.get("generation", "0")),
+        coordinator_epoch=number(group, "target_epoch", meta.get("target_epoch", "0")),
+        assignment=assignment,
+        phase=parse_phase(group, meta.get("phase", "running"), store="Redis"),
+        resources_version=number(group, "target_rv", meta.get("target_rv", "0")),
+    )
+
+
+def _coordinator(
+    group: str, meta: Mapping[str, str], members: Mapping[str, MemberRecord]
+) -> CoordinatorRecord | None:
+    live = {m.session_id: m.member_id for m in members.values()}
+    coord_sid = meta.get("coord_sid")
+    coord_epoch = number(group, "coord_epoch", meta.get("coord_epoch", "0"))
+    if coord_sid in live:
+        return CoordinatorRecord(live[coord_sid], coord_sid, coord_epoch)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedHead:
+    head: GroupHead
+    numbers: list[int]
+    ttls_ms: list[int]
+
+
+def decode_head(group: str, reply: Sequence[Any]) -> DecodedHead:
+    """The HEAD script's reply (see :mod:`.reads`)."""
+    control = decode_control(group, reply[-1] if reply else [])
+    if not reply or not reply[0]:
+        return DecodedHead(GroupHead(group, {}, None, 0, 0, control), [], [])
+    meta = pairs(reply[0])
+    members, ttls = decode_members(group, reply[1])
+    coordinator = _coordinator(group, meta, members)
+    version = number(group, "resources_version", meta.get("resources_version", "0"))
     generation = number(group, "generation", meta.get("generation", "0"))
-    target = None
-    if meta.get("has_target") == "1":
-        flat = list(reply[3])
-        assignment = {
-            str(flat[i]): frozenset(str(r) for r in flat[i + 1]) for i in range(0, len(flat), 2)
-        }
-        target = Target(
-            generation=generation,
-            coordinator_epoch=number(group, "target_epoch", meta.get("target_epoch", "0")),
-            assignment=assignment,
-            phase=parse_phase(group, meta.get("phase", "running"), store="Redis"),
-            resources_version=number(group, "target_rv", meta.get("target_rv", "0")),
-        )
+    shown = generation if meta.get("has_target") == "1" else 0
+    head = GroupHead(group, members, coordinator, version, shown, control)
+    coord_epoch = number(group, "coord_epoch", meta.get("coord_epoch", "0"))
+    numbers = [coord_epoch, generation, version, *(m.acked_generation for m in members.values())]
+    return DecodedHead(head, numbers, ttls)
+
+
+def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
+    """The STATE script's reply (see :mod:`.reads`) as a snapshot of live members only."""
+    control = decode_control(group, reply[-1] if len(reply) in (2, 7) else [])
+    if not reply or not reply[0]:
+        empty = GroupState(group, {}, None, {}, 0, None, {}, control)
+        return DecodedState(empty, [], [], {}, "")
+    meta = pairs(reply[0])
+    members, ttls = decode_members(group, reply[1])
+    live = {m.session_id: m.member_id for m in members.values()}
+    coordinator = _coordinator(group, meta, members)
+    weights = pairs(reply[2])
+    resources = decode_resources(group, weights)
+    target = decode_target(group, meta, reply[3])
     epochs = pairs(reply[5])
     claims = {
         rid: Claim(rid, live[sid], sid, number(group, f"epoch of {rid[:60]!r}", epochs.get(rid)))
@@ -154,6 +206,8 @@ def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
     }
     version = number(group, "resources_version", meta.get("resources_version", "0"))
     state = GroupState(group, members, coordinator, resources, version, target, claims, control)
+    generation = number(group, "generation", meta.get("generation", "0"))
+    coord_epoch = number(group, "coord_epoch", meta.get("coord_epoch", "0"))
     numbers = [coord_epoch, generation, version, *(c.epoch for c in claims.values())]
     numbers += [m.acked_generation for m in members.values()]
     return DecodedState(state, numbers, ttls, weights, meta.get("inc", ""))

@@ -24,11 +24,11 @@ from rebalancer_spark.core.urls import BackendUrl, redact_url
 
 __all__ = ["Refusal", "refusal", "translate"]
 
-_CODES = frozenset({"EXPIRED", "FENCED", "INUSE"})
+_CODES = frozenset({"EXPIRED", "FENCED", "INUSE", "STALE"})
 
 
 class Refusal(Exception):
-    """A script said no: ``code`` is EXPIRED, FENCED or INUSE, ``fields`` its details."""
+    """A script said no: ``code`` is EXPIRED, FENCED, INUSE or STALE, ``fields`` its details."""
 
     def __init__(self, code: str, fields: dict[str, str]) -> None:
         super().__init__(code)

@@ -8,22 +8,18 @@ from __future__ import annotations
 
 from rebalancer_spark.backends.redis.prelude import PRELUDE
 
-__all__ = ["LEASES", "MEMBER_VIEW", "STATE"]
+__all__ = [
+    "HEAD",
+    "HOLDERS",
+    "LEASES",
+    "MEMBER_HEAD",
+    "MEMBER_VIEW",
+    "RESOURCES",
+    "STATE",
+    "TARGET",
+]
 
-# STATE -- the whole group in one atomic read; only members whose lease key exists appear.
-# KEYS[1] meta
-# ARGV    (none)
-# Returns {{}, control} if the group does not exist, else
-#         {meta (HGETALL), members {member, session id, info, acked, leaving, static, ttl ms,
-#         ...} (live only), resources (HGETALL id -> weight), target {member, {ids}, ...},
-#         owner (HGETALL id -> session id), epochs (HGETALL id -> epoch), control}, where
-#         control is HGETALL of the control record {version, body} (empty if none)
-STATE = (
-    PRELUDE
-    + """
-local meta = redis.call('HGETALL', META)
-local control = redis.call('HGETALL', P .. 'control')
-if #meta == 0 then return {{}, control} end
+_MEMBERS = """
 local members = {}
 local ms = redis.call('HGETALL', P .. 'members')
 for i = 1, #ms, 2 do
@@ -35,13 +31,82 @@ for i = 1, #ms, 2 do
     for _, v in ipairs(row) do members[#members + 1] = v end
   end
 end
+"""
+"""Lua: ``members``, the flat rows of the live members (7 values each)."""
+
+_TARGET = """
 local target = {}
 for _, m in ipairs(redis.call('SMEMBERS', P .. 'tmembers')) do
   target[#target + 1] = m
   target[#target + 1] = redis.call('SMEMBERS', P .. 't:' .. m)
 end
+"""
+"""Lua: ``target``, {member, {ids}, ...} of the current target."""
+
+_META = """
+local meta = redis.call('HGETALL', META)
+local control = redis.call('HGETALL', P .. 'control')
+if #meta == 0 then return {{}, control} end
+"""
+"""Lua: ``meta`` and ``control``; a group that does not exist answers ``{{}, control}``."""
+
+# STATE -- the whole group in one atomic read; only members whose lease key exists appear.
+# KEYS[1] meta
+# ARGV    (none)
+# Returns {{}, control} if the group does not exist, else
+#         {meta (HGETALL), members {member, session id, info, acked, leaving, static, ttl ms,
+#         ...} (live only), resources (HGETALL id -> weight), target {member, {ids}, ...},
+#         owner (HGETALL id -> session id), epochs (HGETALL id -> epoch), control}, where
+#         control is HGETALL of the control record {version, body} (empty if none)
+STATE = (
+    PRELUDE
+    + _META
+    + _MEMBERS
+    + _TARGET
+    + """
 return {meta, members, redis.call('HGETALL', P .. 'resources'), target,
   redis.call('HGETALL', P .. 'owner'), redis.call('HGETALL', P .. 'epochs'), control}
+"""
+)
+
+# HEAD -- what the coordinator reads on every step: no resource, target or claim.
+# KEYS[1] meta
+# ARGV    (none)
+# Returns {{}, control} if the group does not exist, else {meta, members, control}
+HEAD = PRELUDE + _META + _MEMBERS + "return {meta, members, control}\n"
+
+# RESOURCES -- the resource set with the meta fields that say which one it is.
+# KEYS[1] meta
+# ARGV    (none)
+# Returns {resources version, incarnation, HGETALL id -> weight}
+RESOURCES = (
+    PRELUDE
+    + """
+local v, inc = unpack(redis.call('HMGET', META, 'resources_version', 'inc'))
+return {v or '0', inc or '', redis.call('HGETALL', P .. 'resources')}
+"""
+)
+
+# TARGET -- the current target whole, with the meta fields that describe it.
+# KEYS[1] meta
+# ARGV    (none)
+# Returns {meta (HGETALL), target {member, {ids}, ...}}; meta is empty if there is no group
+TARGET = PRELUDE + _TARGET + "return {redis.call('HGETALL', META), target}\n"
+
+# HOLDERS -- which of the given sessions hold at least one claim.
+# KEYS[1] meta
+# ARGV    session ids
+# Returns the session ids among ARGV that own a resource
+HOLDERS = (
+    PRELUDE
+    + """
+local out = {}
+for _, sid in ipairs(ARGV) do
+  for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
+    if redis.call('HGET', P .. 'owner', r) == sid then out[#out + 1] = sid; break end
+  end
+end
+return out
 """
 )
 
@@ -72,6 +137,23 @@ for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
 end
 return {g or '0', phase or 'running', redis.call('SMEMBERS', P .. 't:' .. m), owned, inc or '',
   te or '0'}
+"""
+)
+
+# MEMBER_HEAD -- the target fields of MEMBER_VIEW without the ids: O(1).
+# KEYS[1] meta
+# ARGV    session id
+# Returns {generation, phase, coordinator epoch of the target}
+# Errors  EXPIRED {} if the session is not alive
+MEMBER_HEAD = (
+    PRELUDE
+    + """
+if not alive(ARGV[1]) then
+  note_if_lost()
+  return refuse('EXPIRED', {})
+end
+local g, phase, te = unpack(redis.call('HMGET', META, 'generation', 'phase', 'target_epoch'))
+return {g or '0', phase or 'running', te or '0'}
 """
 )
 

@@ -24,6 +24,7 @@ __all__ = [
     "LEAVE",
     "LIFT_EPOCHS",
     "PUBLISH",
+    "PUBLISH_CHANGE",
     "RENEW",
     "RESIGN",
     "SET_LEAVING",
@@ -241,6 +242,56 @@ redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', 
   'target_rv', ARGV[4])
 notify('publish')
 return int(g)
+"""
+)
+
+# PUBLISH_CHANGE -- publish a target as the difference from generation `base`, as PUBLISH
+# does (same fence, same answer), writing only the ids that moved: member i's ids to add were
+# staged in the set stage:<nonce>:a<i>, those to remove in stage:<nonce>:d<i>. If the stored
+# target is not generation `base`, nothing is written and the caller publishes it whole.
+# KEYS[1] meta
+# ARGV    session id, epoch, phase, resources version, nonce, base generation, n,
+#         member 1 .. member n, k, dropped member 1 .. dropped member k
+# Returns the new generation
+# Errors  FENCED as PUBLISH; STALE {generation} if the stored target is not `base`
+PUBLISH_CHANGE = (
+    PRELUDE
+    + """
+local sid, epoch, nonce, n = ARGV[1], ARGV[2], ARGV[5], tonumber(ARGV[7])
+local k = tonumber(ARGV[8 + n])
+local function stage(x) return P .. 'stage:' .. nonce .. ':' .. x end
+local function unstage()
+  for i = 1, n do redis.call('DEL', stage('a' .. i), stage('d' .. i)) end
+end
+local cm, cs, ce = unpack(redis.call('HMGET', META, 'coord_member', 'coord_sid', 'coord_epoch'))
+if cs ~= sid or ce ~= epoch or not alive(sid) then
+  unstage()
+  return refuse('FENCED', {member = cm or '', epoch = ce or '0',
+    alive = alive(sid) and '1' or '0'})
+end
+local g, has = unpack(redis.call('HMGET', META, 'generation', 'has_target'))
+if has ~= '1' or g ~= ARGV[6] then
+  unstage()
+  return refuse('STALE', {generation = g or '0'})
+end
+purge()
+for j = 1, k do
+  local m = ARGV[8 + n + j]
+  redis.call('DEL', P .. 't:' .. m)
+  redis.call('SREM', P .. 'tmembers', m)
+end
+for i = 1, n do
+  local m, t = ARGV[7 + i], P .. 't:' .. ARGV[7 + i]
+  redis.call('SADD', P .. 'tmembers', m)
+  for _, r in ipairs(redis.call('SMEMBERS', stage('d' .. i))) do redis.call('SREM', t, r) end
+  for _, r in ipairs(redis.call('SMEMBERS', stage('a' .. i))) do redis.call('SADD', t, r) end
+end
+unstage()
+local g2 = next_value('generation')
+redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', '1',
+  'target_rv', ARGV[4])
+notify('publish')
+return int(g2)
 """
 )
 

@@ -8,14 +8,14 @@ same MULTI/EXEC as the script, which renames the staged keys into place (see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from redis.client import Pipeline
 
 from rebalancer_spark.backends.redis.keys import stage_key
 
-__all__ = ["CHUNK", "chunks", "stage_resources", "stage_target"]
+__all__ = ["CHUNK", "chunks", "stage_change", "stage_resources", "stage_target"]
 
 CHUNK = 1000
 """Most ids (or id/weight pairs) per command."""
@@ -41,6 +41,28 @@ def stage_target(
                 pipe.sadd(key, *chunk)
             if ids:
                 pipe.pexpire(key, STAGE_TTL_MS)
+
+    return fill
+
+
+def stage_change(
+    group: str,
+    nonce: str,
+    members: Sequence[str],
+    added: Mapping[str, Collection[str]],
+    removed: Mapping[str, Collection[str]],
+) -> Callable[[Pipeline], None]:
+    """Member ``i`` (1-based, in ``members``' order) gets ``stage:<nonce>:a<i>`` (ids to add)
+    and ``stage:<nonce>:d<i>`` (ids to remove), sets, only where it has any."""
+
+    def fill(pipe: Pipeline) -> None:
+        for i, m in enumerate(members, 1):
+            for part, ids in (("a", added.get(m, ())), ("d", removed.get(m, ()))):
+                key = stage_key(group, nonce, f"{part}{i}")
+                for chunk in chunks(list(ids)):
+                    pipe.sadd(key, *chunk)
+                if ids:
+                    pipe.pexpire(key, STAGE_TTL_MS)
 
     return fill
 

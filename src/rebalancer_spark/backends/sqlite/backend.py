@@ -15,7 +15,7 @@ import threading
 from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
-from rebalancer_spark.backends.base import Backend, Capability, Session, expired
+from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange, expired
 from rebalancer_spark.backends.sqlite import control as _control
 from rebalancer_spark.backends.sqlite import (
     coordinator,
@@ -35,13 +35,14 @@ from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["SqliteBackend"]
@@ -185,6 +186,26 @@ class SqliteBackend(Backend):
         with self._transaction(_READ) as db:
             return reads.member_view(db, self._clock, session)
 
+    def _member_head(self, session: Session) -> MemberHead:
+        with self._transaction(_READ) as db:
+            return reads.member_head(db, self._clock, session)
+
+    def _head(self, group: str) -> GroupHead:
+        with self._transaction(_READ) as db:
+            return reads.head(db, self._clock, group)
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        with self._transaction(_READ) as db:
+            return reads.resources(db, group)
+
+    def _target(self, group: str) -> Target | None:
+        with self._transaction(_READ) as db:
+            return reads.target(db, group)
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        with self._transaction(_READ) as db:
+            return reads.holders(db, group, sessions)
+
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         with self._transaction(_READ) as db:
             return reads.progress(db, group, resources)
@@ -206,6 +227,7 @@ class SqliteBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         with self._transaction(_WRITE) as db:
             return coordinator.publish(
@@ -216,6 +238,7 @@ class SqliteBackend(Backend):
                 assignment,
                 phase=phase,
                 resources_version=resources_version,
+                change=change,
             )
 
     def _resign(self, session: Session, epoch: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Collection, Mapping
 
-from rebalancer_spark.backends.base import Session, fenced_coordinator
+from rebalancer_spark.backends.base import Session, TargetChange, fenced_coordinator
 from rebalancer_spark.backends.sqlite.chain import end_sessions, wall_time
 from rebalancer_spark.backends.sqlite.groups import bump
 from rebalancer_spark.backends.sqlite.sessions import alive
@@ -79,16 +79,22 @@ def publish(
     *,
     phase: Phase,
     resources_version: int,
+    change: TargetChange | None = None,
 ) -> Target:
-    """:meth:`Backend.publish`: write only the rows of the target that changed."""
+    """:meth:`Backend.publish`: write only the rows of the target that changed; from
+    ``change`` when the stored target is still its base generation (no read of the target),
+    else from a comparison with the stored rows."""
     group = session.group
     require_coordinator(db, clock, session, epoch)
-    current = dict(
-        db.execute("SELECT resource_id, member_id FROM targets WHERE grp=?", (group,)).fetchall()
-    )
-    wanted = {r: m for m, rs in assignment.items() for r in rs}
-    gone = [(group, r) for r in current.keys() - wanted.keys()]
-    changed = [(group, r, m) for r, m in wanted.items() if current.get(r) != m]
+    stored, has_target = db.execute(
+        "SELECT generation, has_target FROM groups WHERE name=?", (group,)
+    ).fetchone()
+    if change is not None and has_target and stored == change.base:
+        moved_to = {r: m for m, rs in change.added.items() for r in rs}
+        gone = [(group, r) for rs in change.removed.values() for r in rs if r not in moved_to]
+        changed = [(group, r, m) for r, m in moved_to.items()]
+    else:
+        gone, changed = _compare(db, group, assignment)
     db.executemany("DELETE FROM targets WHERE grp=? AND resource_id=?", gone)
     db.executemany("INSERT OR REPLACE INTO targets VALUES (?, ?, ?)", changed)
     db.execute("DELETE FROM target_members WHERE grp=?", (group,))
@@ -107,6 +113,19 @@ def publish(
         phase=phase,
         resources_version=resources_version,
     )
+
+
+def _compare(
+    db: sqlite3.Connection, group: str, assignment: Mapping[str, Collection[str]]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """The target rows to delete and to write, against what the table holds."""
+    current = dict(
+        db.execute("SELECT resource_id, member_id FROM targets WHERE grp=?", (group,)).fetchall()
+    )
+    wanted = {r: m for m, rs in assignment.items() for r in rs}
+    gone = [(group, r) for r in current.keys() - wanted.keys()]
+    changed = [(group, r, m) for r, m in wanted.items() if current.get(r) != m]
+    return gone, changed
 
 
 def resign(db: sqlite3.Connection, session: Session, epoch: int) -> None:

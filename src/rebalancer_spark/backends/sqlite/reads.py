@@ -27,15 +27,26 @@ from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import (
     Claim,
     CoordinatorRecord,
+    GroupHead,
     GroupState,
     MemberRecord,
     Progress,
+    Resource,
     Target,
     decode_progress,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
-__all__ = ["member_view", "progress", "state"]
+__all__ = [
+    "head",
+    "holders",
+    "member_head",
+    "member_view",
+    "progress",
+    "resources",
+    "state",
+    "target",
+]
 
 STORE = "SQLite"
 """How error messages name this store."""
@@ -49,30 +60,19 @@ def _chunks(items: list[str]) -> Iterator[list[str]]:
         yield items[i : i + _CHUNK]
 
 
-def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
-    """:meth:`Backend.state`: a snapshot of ``group`` with live sessions only."""
-    now = clock.monotonic()
-    g = db.execute(
-        "SELECT coord_member, coord_session, coord_epoch, generation, target_epoch, "
-        "phase, has_target, target_resources_version, resources_version "
-        "FROM groups WHERE name=?",
-        (group,),
-    ).fetchone()
-    if g is None:
-        return GroupState(group, {}, None, {}, 0, None, {})
-    coord_epoch, generation, target_epoch = (
-        parse_count(group, what, g[i], store=STORE)
-        for what, i in (("coordinator epoch", 2), ("generation", 3), ("target epoch", 4))
-    )
-    target_version, version = (
-        parse_count(group, what, g[i], store=STORE)
-        for what, i in (("target resources version", 7), ("resources version", 8))
-    )
+_GROUP_ROW = (
+    "SELECT coord_member, coord_session, coord_epoch, generation, target_epoch, "
+    "phase, has_target, target_resources_version, resources_version "
+    "FROM groups WHERE name=?"
+)
+
+
+def _members(db: sqlite3.Connection, clock: Clock, group: str) -> dict[str, MemberRecord]:
     members: dict[str, MemberRecord] = {}
     for mid, sid, info, acked, leaving, static in db.execute(
         "SELECT member_id, session_id, info, acked, leaving, static FROM members "
         "WHERE grp=? AND expires > ?",
-        (group, now),
+        (group, clock.monotonic()),
     ).fetchall():
         members[mid] = MemberRecord(
             member_id=mid,
@@ -84,33 +84,89 @@ def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
             leaving=bool(leaving),
             static=bool(static),
         )
-    live_sessions = {m.session_id for m in members.values()}
-    coordinator = CoordinatorRecord(g[0], g[1], coord_epoch) if g[1] in live_sessions else None
-    resources = {
+    return members
+
+
+def _count(group: str, row: tuple[object, ...], what: str, i: int) -> int:
+    return parse_count(group, what, row[i], store=STORE)
+
+
+def head(db: sqlite3.Connection, clock: Clock, group: str) -> GroupHead:
+    """:meth:`Backend.head`: members, coordinator, control and versions; no resource rows."""
+    g = db.execute(_GROUP_ROW, (group,)).fetchone()
+    if g is None:
+        return GroupHead(group, {}, None, 0, 0, read_control(db, group))
+    members = _members(db, clock, group)
+    live = {m.session_id for m in members.values()}
+    coordinator = (
+        CoordinatorRecord(g[0], g[1], _count(group, g, "coordinator epoch", 2))
+        if g[1] in live
+        else None
+    )
+    return GroupHead(
+        group,
+        members,
+        coordinator,
+        _count(group, g, "resources version", 8),
+        _count(group, g, "generation", 3) if g[6] else 0,
+        read_control(db, group),
+    )
+
+
+def resources(db: sqlite3.Connection, group: str) -> tuple[int, dict[str, Resource]]:
+    """:meth:`Backend.resources`: the resource set and its version."""
+    row = db.execute("SELECT resources_version FROM groups WHERE name=?", (group,)).fetchone()
+    if row is None:
+        return 0, {}
+    found = {
         rid: parse_resource(group, rid, weight, store=STORE)
         for rid, weight in db.execute(
             "SELECT resource_id, weight FROM resources WHERE grp=?", (group,)
         ).fetchall()
     }
-    target = None
-    if g[6]:
-        assignment: dict[str, set[str]] = {
-            m: set()
-            for (m,) in db.execute(
-                "SELECT member_id FROM target_members WHERE grp=?", (group,)
-            ).fetchall()
-        }
-        for rid, mid in db.execute(
-            "SELECT resource_id, member_id FROM targets WHERE grp=?", (group,)
-        ).fetchall():
-            assignment.setdefault(mid, set()).add(rid)
-        target = Target(
-            generation=generation,
-            coordinator_epoch=target_epoch,
-            assignment={m: frozenset(rs) for m, rs in assignment.items()},
-            phase=parse_phase(group, g[5], store=STORE),
-            resources_version=target_version,
-        )
+    return _count(group, row, "resources version", 0), found
+
+
+def target(db: sqlite3.Connection, group: str) -> Target | None:
+    """:meth:`Backend.target`: the current target, whole."""
+    g = db.execute(_GROUP_ROW, (group,)).fetchone()
+    if g is None or not g[6]:
+        return None
+    assignment: dict[str, set[str]] = {
+        m: set()
+        for (m,) in db.execute(
+            "SELECT member_id FROM target_members WHERE grp=?", (group,)
+        ).fetchall()
+    }
+    for rid, mid in db.execute(
+        "SELECT resource_id, member_id FROM targets WHERE grp=?", (group,)
+    ).fetchall():
+        assignment.setdefault(mid, set()).add(rid)
+    return Target(
+        generation=_count(group, g, "generation", 3),
+        coordinator_epoch=_count(group, g, "target epoch", 4),
+        assignment={m: frozenset(rs) for m, rs in assignment.items()},
+        phase=parse_phase(group, g[5], store=STORE),
+        resources_version=_count(group, g, "target resources version", 7),
+    )
+
+
+def holders(db: sqlite3.Connection, group: str, sessions: dict[str, str]) -> frozenset[str]:
+    """:meth:`Backend.holders`: one indexed probe per session."""
+    return frozenset(
+        m
+        for m, sid in sessions.items()
+        if db.execute(
+            "SELECT 1 FROM ownership WHERE session_id=? AND grp=? LIMIT 1", (sid, group)
+        ).fetchone()
+    )
+
+
+def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
+    """:meth:`Backend.state`: a snapshot of ``group`` with live sessions only."""
+    top = head(db, clock, group)
+    live_sessions = {m.session_id for m in top.members.values()}
+    version, found = resources(db, group)
     claims = {
         rid: Claim(rid, mid, sid, parse_count(group, f"epoch of {rid!r}", epoch, store=STORE))
         for rid, mid, sid, epoch in db.execute(
@@ -120,8 +176,29 @@ def state(db: sqlite3.Connection, clock: Clock, group: str) -> GroupState:
         ).fetchall()
         if sid in live_sessions
     }
-    control = read_control(db, group)
-    return GroupState(group, members, coordinator, resources, version, target, claims, control)
+    return GroupState(
+        group,
+        top.members,
+        top.coordinator,
+        found,
+        version,
+        target(db, group),
+        claims,
+        top.control,
+    )
+
+
+def member_head(db: sqlite3.Connection, clock: Clock, session: Session) -> MemberHead:
+    """:meth:`Backend.member_head`: the group row's target fields, for a live session."""
+    require_alive(db, session, clock)
+    generation, phase, target_epoch = db.execute(
+        "SELECT generation, phase, target_epoch FROM groups WHERE name=?", (session.group,)
+    ).fetchone()
+    return MemberHead(
+        parse_count(session.group, "generation", generation, store=STORE),
+        parse_phase(session.group, phase, store=STORE),
+        parse_count(session.group, "target epoch", target_epoch, store=STORE),
+    )
 
 
 def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> MemberView:

@@ -25,6 +25,7 @@ from rebalancer_spark.backends.base import (
     Backend,
     Capability,
     Session,
+    TargetChange,
     expired,
     fenced_coordinator,
 )
@@ -52,6 +53,7 @@ from rebalancer_spark.core.errors import (
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
+    GroupHead,
     GroupState,
     Phase,
     Progress,
@@ -59,7 +61,7 @@ from rebalancer_spark.core.model import (
     Target,
     validate_group,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["ZookeeperBackend"]
@@ -152,17 +154,23 @@ class ZookeeperBackend(Backend):
     def _join(
         self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
     ) -> Session:
-        zs = members.join(
-            self.settings,
-            self._client,
-            self._present(group),
-            member_id,
-            info=info,
-            ttl=ttl,
-            static=static,
-            clock=self._clock,
-            leftovers=self._leftovers,
-        )
+        def once() -> ZkSession:
+            return members.join(
+                self.settings,
+                self._client,
+                self._present(group),
+                member_id,
+                info=info,
+                ttl=ttl,
+                static=static,
+                clock=self._clock,
+                leftovers=self._leftovers,
+            )
+
+        try:
+            zs = once()
+        except members.GroupGone:  # deleted between the check and the join: prepare again
+            zs = once()
         self._sessions.add(zs)
         return zs.session
 
@@ -228,6 +236,27 @@ class ZookeeperBackend(Backend):
             return GroupState(group, {}, None, {}, 0, None, {})
         return self._snapshot(paths).state()
 
+    def _head(self, group: str) -> GroupHead:
+        paths = self._paths(group, create=False)
+        if paths is None:
+            return GroupHead(group, {}, None, 0, 0)
+        return self._snapshot(paths).head()
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        paths = self._paths(group, create=False)
+        return (0, {}) if paths is None else self._snapshot(paths).resources()
+
+    def _target(self, group: str) -> Target | None:
+        paths = self._paths(group, create=False)
+        return None if paths is None else self._snapshot(paths).target()
+
+    def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
+        paths = self._paths(group, create=False)
+        return frozenset() if paths is None else self._snapshot(paths).holders(sessions)
+
+    def _member_head(self, session: Session) -> MemberHead:
+        return ownership.member_head(self._hosted(session), self.settings)
+
     def _member_view(self, session: Session) -> MemberView:
         return ownership.member_view(self._hosted(session), self.settings)
 
@@ -260,6 +289,7 @@ class ZookeeperBackend(Backend):
         *,
         phase: Phase,
         resources_version: int,
+        change: TargetChange | None,
     ) -> Target:
         zs = self._sessions.get(session.session_id)
         if zs is None:
@@ -269,6 +299,9 @@ class ZookeeperBackend(Backend):
                 why=f"its session {session.session_id} is not open in this backend object, so "
                 "it cannot be the coordinator",
             )
+        # The target's chunks live under one directory per generation (a reader sees one whole
+        # target or the previous one), so a change is written as the whole new target.
+        del change
         return coordination.publish(zs, self.settings, epoch, assignment, phase, resources_version)
 
     def _resign(self, session: Session, epoch: int) -> None:

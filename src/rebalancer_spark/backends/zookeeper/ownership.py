@@ -44,9 +44,9 @@ from rebalancer_spark.backends.zookeeper.records import (
 )
 from rebalancer_spark.backends.zookeeper.session import SessionState, ZkSession
 from rebalancer_spark.core.model import Freed, Grant, Phase, Progress
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
-__all__ = ["claim", "member_view", "release"]
+__all__ = ["claim", "member_head", "member_view", "release"]
 
 _ATTEMPTS = 10
 
@@ -66,6 +66,26 @@ def _units(units: list[tuple[str, list[Op]]], fixed: int) -> list[list[tuple[str
     if current:
         out.append(current)
     return out
+
+
+def member_head(zs: ZkSession, settings: Settings) -> MemberHead:
+    """The target pointer's generation, phase and epoch, for a live session: one round trip
+    behind a ``sync``, like :func:`member_view` without the ids."""
+    what = "reading this member's view"
+    require_live(zs, settings, what)
+    p, s = zs.paths, zs.session
+    synced = session_sync(zs, p.changes)
+    reader = session_reader(zs, settings, what)
+    alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+    reader.send()
+    wait(synced, settings, what, zs.expired(), p.changes)
+    if alive() is None:
+        raise session_gone(zs)
+    found = pointer()
+    if found is None:
+        return MemberHead(0, Phase.RUNNING)
+    ptr = read_target_pointer(found[0], p.target, group=p.group)
+    return MemberHead(ptr.generation, ptr.phase, ptr.epoch)
 
 
 def member_view(zs: ZkSession, settings: Settings) -> MemberView:

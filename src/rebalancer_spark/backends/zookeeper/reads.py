@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from rebalancer_spark.backends.zookeeper.client import Settings
 from rebalancer_spark.backends.zookeeper.control import decode_control
@@ -31,11 +31,20 @@ from rebalancer_spark.backends.zookeeper.records import (
     read_target_pointer,
 )
 from rebalancer_spark.core.errors import BackendUnavailable
-from rebalancer_spark.core.model import Claim, GroupState, MemberRecord, Resource, Target
+from rebalancer_spark.core.model import (
+    Claim,
+    CoordinatorRecord,
+    GroupHead,
+    GroupState,
+    MemberRecord,
+    Resource,
+    Target,
+)
 
 __all__ = ["Changed", "SnapshotReader", "read_resources", "read_target_part"]
 
 _ATTEMPTS = 50
+_T = TypeVar("_T")
 
 
 class Changed(Exception):
@@ -133,15 +142,120 @@ class SnapshotReader:
         return collect
 
     def state(self) -> GroupState:
+        return self._retry(self._attempt)
+
+    def _retry(self, attempt: Callable[[], _T]) -> _T:
         for _ in range(_ATTEMPTS):
             try:
-                return self._attempt()
+                return attempt()
             except Changed:
                 continue
         raise BackendUnavailable(
             f"ZooKeeper {self._settings.shown}: group {self._paths.group!r} changed during "
             f"each of {_ATTEMPTS} attempts to read it consistently; try again"
         )
+
+    def head(self) -> GroupHead:
+        """:meth:`Backend.head` in two round trips: the member list, coordinator, pointers and
+        control, then the member records; consistent when the member list did not change
+        in between (``members/`` cversion). Claims may change meanwhile: the head has none."""
+        return self._retry(self._head_attempt)
+
+    def _head_attempt(self) -> GroupHead:
+        p = self._paths
+        r1 = self._reader()
+        before, members_list = r1.stat(p.members), r1.children(p.members)
+        coordinator, rptr_raw, tptr_raw = (
+            r1.get(p.coordinator),
+            r1.get(p.resources),
+            r1.get(p.target),
+        )
+        control = r1.get(p.control, 4 * CHUNK_BYTES)
+        names: list[str] = _need(members_list())
+        r2 = self._reader()
+        gets = [(m, r2.get(p.member(m))) for m in names]
+        after = r2.stat(p.members)
+        members: dict[str, MemberRecord] = {}
+        for m, pending in gets:
+            data, _ = _need(pending())
+            members[m] = read_member(m, data, p.member(m))
+        if _need(after()).cversion != _need(before()).cversion:
+            raise Changed
+        rptr, tptr = self._pointers(rptr_raw(), tptr_raw())
+        return GroupHead(
+            p.group,
+            members,
+            self._coordinator(coordinator(), members),
+            0 if rptr is None else rptr.version,
+            0 if tptr is None else tptr.generation,
+            decode_control(p.group, control()),
+        )
+
+    def _pointers(
+        self, rptr_raw: tuple[bytes, Any] | None, tptr_raw: tuple[bytes, Any] | None
+    ) -> tuple[ResourcesPointer | None, TargetPointer | None]:
+        p = self._paths
+        rptr = None if rptr_raw is None else read_resources_pointer(rptr_raw[0], p.resources)
+        tptr = (
+            None if tptr_raw is None else read_target_pointer(tptr_raw[0], p.target, group=p.group)
+        )
+        return rptr, tptr
+
+    def _coordinator(
+        self, found: tuple[bytes, Any] | None, members: dict[str, MemberRecord]
+    ) -> CoordinatorRecord | None:
+        if found is None:
+            return None
+        record = read_coordinator(found[0], self._paths.coordinator)
+        live = {rec.session_id for rec in members.values()}
+        return record if record.session_id in live else None
+
+    def resources(self) -> tuple[int, dict[str, Resource]]:
+        """:meth:`Backend.resources`: the pointer, then its chunks (a set replaced meanwhile
+        loses its chunks: read again)."""
+
+        def attempt() -> tuple[int, dict[str, Resource]]:
+            r1 = self._reader()
+            found = r1.get(self._paths.resources)()
+            rptr, _ = self._pointers(found, None)
+            if rptr is None:
+                return 0, {}
+            return rptr.version, read_resources(self._reader(), self._paths, rptr)()
+
+        return self._retry(attempt)
+
+    def target(self) -> Target | None:
+        """:meth:`Backend.target`: the pointer, then every member's part of it."""
+
+        def attempt() -> Target | None:
+            found = self._reader().get(self._paths.target)()
+            _, tptr = self._pointers(None, found)
+            if tptr is None:
+                return None
+            parts = read_target_part(self._reader(), self._paths, tptr, list(tptr.members))
+            return target_of(tptr, parts())
+
+        return self._retry(attempt)
+
+    def holders(self, sessions: dict[str, str]) -> frozenset[str]:
+        """:meth:`Backend.holders`: ZooKeeper keeps claims per resource only, so this reads
+        every claim (the coordinator asks only while a drain is unfinished)."""
+        p = self._paths
+        by_session = {sid: m for m, sid in sessions.items()}
+        names = self._reader().children(p.claims)() or []
+        reader = self._reader()
+        gets = [
+            (unescape(n, p.claims), f"{p.claims}/{n}", reader.get(f"{p.claims}/{n}")) for n in names
+        ]
+        found: set[str] = set()
+        for resource, path, pending in gets:
+            data = pending()
+            if data is None:
+                continue  # released meanwhile
+            claim = read_claim(resource, data[0], path)
+            if claim.session_id in by_session:
+                found.add(by_session[claim.session_id])
+        return frozenset(found)
 
     def _attempt(self) -> GroupState:
         p = self._paths
@@ -160,11 +274,7 @@ class SnapshotReader:
         member_names: list[str] = _need(members_list())
         claim_names: list[str] = _need(claims_list())
         coord = coordinator()
-        rptr_raw, tptr_raw = resources_ptr(), target_ptr()
-        rptr = None if rptr_raw is None else read_resources_pointer(rptr_raw[0], p.resources)
-        tptr = (
-            None if tptr_raw is None else read_target_pointer(tptr_raw[0], p.target, group=p.group)
-        )
+        rptr, tptr = self._pointers(resources_ptr(), target_ptr())
 
         r2 = self._reader()
         member_gets = [(m, r2.get(p.member(m))) for m in member_names]
@@ -188,14 +298,10 @@ class SnapshotReader:
         if after() != before:
             raise Changed
         live = {rec.session_id for rec in members.values()}
-        coord_record = None
-        if coord is not None:
-            record = read_coordinator(coord[0], p.coordinator)
-            coord_record = record if record.session_id in live else None
         state = GroupState(
             group=p.group,
             members=members,
-            coordinator=coord_record,
+            coordinator=self._coordinator(coord, members),
             resources=snapshot_resources,
             resources_version=0 if rptr is None else rptr.version,
             target=target,

@@ -47,7 +47,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.model import CoordinatorRecord, GroupState, Phase, Target
-from rebalancer_spark.core.protocols import MemberView, plan
+from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, idle, plan
 from rebalancer_spark.testing.sim.store import HandleMemory, SimSession, SimStore
 
 __all__ = ["MAX_WAIT", "Call", "Hooks", "MemberBugs", "SimMember", "Wait"]
@@ -183,6 +183,8 @@ class SimMember:
         self.lease = Lease(now, margin)
         self.held: dict[str, int] = {}
         self.handled_generation = 0
+        self.last_view: tuple[str, MemberView] | None = None
+        """The session and view of the last step (the reconciler's skip of an idle member)."""
         self.draining = False
         self.stopping = False
         self.alive = True
@@ -265,6 +267,18 @@ class SimMember:
             return 0.0
         session = lease.session
         sid = session.session_id
+        wait = max(min(lease.deadline - self.now(), MAX_WAIT), 0.0)
+        last = self.last_view
+        if (
+            last is not None
+            and last[0] == sid
+            and idle(self.config.protocol, last[1], dict(self.held), self.handled_generation)
+        ):
+            # As the reconciler: an idle member reads its view again only if its head moved.
+            head: MemberHead = yield Call("member_head", lambda s, now: s.member_head(sid, now))
+            if head == head_of(last[1]):
+                return wait
+        self.last_view = None
         view: MemberView = yield Call("member_view", lambda s, now: s.member_view(sid, now))
         step = plan(self.config.protocol, view, dict(self.held), self.handled_generation)
         for r in step.lost:
@@ -285,7 +299,8 @@ class SimMember:
                 if self.held.get(r) != e:
                     self.held[r] = e
                     self.hooks.acquired(self, r, e)
-        return max(min(lease.deadline - self.now(), MAX_WAIT), 0.0)
+        self.last_view = (sid, view)
+        return wait
 
     def _revoke(self, session: SimSession, resources: set[str]) -> Generator[Effect, Any, None]:
         owned = {r: self.held.pop(r) for r in sorted(resources) if r in self.held}
@@ -391,7 +406,7 @@ class SimMember:
         if session is not None:
             sid, memory = session.session_id, self.memory
             group: GroupState = yield Call("state", lambda s, now: s.state(now, memory))
-            view = GroupView(self.member_id, sid, group)
+            view = GroupView.of(self.member_id, sid, group)
         now = self.now()
         state, actions = rules.decide(self.coordination, view, now, self.settings)
         for _ in range(4):
@@ -408,7 +423,7 @@ class SimMember:
                 view = view.with_coordinator(record)
                 state, actions = rules.elected(state, record, view, now)
             else:
-                changed = yield from self._list(session, view.group.resources_version)
+                changed = yield from self._list(session, view.resources_version)
                 state, actions = rules.listed(state, now, changed=changed)
             self.coordination = state
             if actions and isinstance(actions[-1], WakeAt):
@@ -454,7 +469,7 @@ class SimMember:
         self, session: SimSession, action: Publish, view: GroupView
     ) -> Generator[Effect, Any, None]:
         sid, memory = session.session_id, self.memory
-        target = view.group.target
+        target = view.target
         previous = {m: set(rs) for m, rs in target.assignment.items()} if target else {}
         published: Target = yield Call(
             "publish",

@@ -47,7 +47,7 @@ from rebalancer_spark.core.model import (
     Resource,
     Target,
 )
-from rebalancer_spark.core.protocols import MemberView
+from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 __all__ = ["SIM_GROUP", "HandleMemory", "SimClaim", "SimSession", "SimStore", "StoreBugs"]
 
@@ -265,6 +265,13 @@ class SimStore:
             claims,
             self.control,
         )
+
+    def member_head(self, sid: str, now: float) -> MemberHead:
+        self._require(sid, now)
+        target = self.target
+        if target is None:
+            return MemberHead(0, Phase.RUNNING)
+        return MemberHead(target.generation, target.phase, target.coordinator_epoch)
 
     def member_view(self, sid: str, now: float) -> MemberView:
         rec = self._require(sid, now)

@@ -137,6 +137,9 @@ class _Proc:
 
 START = 1000.0
 
+_READS = frozenset({"renew", "member_head", "member_view", "state", "commit"})
+"""Calls that wake no watcher (renewals and commits change nothing a member waits for)."""
+
 
 class World:
     def __init__(self, seed: int, config: SimConfig, *, trace: bool) -> None:
@@ -267,7 +270,7 @@ class World:
                 result = call.apply(self.store, self.now)
             except RebalancerError as exc:  # a checker's _Broken ends the run right here
                 error = exc
-            if call.label not in ("renew", "member_view", "state", "commit") and error is None:
+            if call.label not in _READS and error is None:
                 self.notify()
             if call.label in ("join", "renew") and error is None:
                 self._watch_expiry()
