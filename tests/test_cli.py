@@ -318,3 +318,48 @@ def test_status_imbalance_leaves_out_drained_members(home: Path) -> None:
         GroupControl(store, GROUP, actor="test").drain("m2")
     status = json.loads(run("status", "--group", GROUP, "--json", home=home).stdout)
     assert status["imbalance"] == 0  # only m1 may own: nothing to compare it with
+
+
+def test_status_shows_the_health_members_publish(home: Path) -> None:
+    with open_backend(f"sqlite://{home}/groups.db") as store:
+        m3 = store.join(GROUP, "m3", info={"host": "h3"}, ttl=300, static=False)
+        store.update_info(
+            m3, {"host": "h3", "callback_overruns": "on_revoked=2", "audit_backlog": "17"}
+        )
+    url = f"sqlite://{home}/groups.db"
+    out = run("status", "--group", GROUP, "--backend", url, home=home)
+    assert out.returncode == 0, out.stderr
+    assert (
+        "WARNING: member m3: on_revoked did not return within callback_timeout 2 times; "
+        "17 ownership events not in the audit table yet"
+    ) in out.stdout
+    assert "WARNING: member m1" not in out.stdout
+    shown = json.loads(run("status", "--group", GROUP, "--json", home=home).stdout)
+    assert shown["member_health"] == [
+        {"member_id": "m3", "callback_overruns": {"on_revoked": 2}, "audit_backlog": 17}
+    ]
+    assert shown["store_warnings"] == []
+
+
+def test_lift_epochs_raises_free_resources_above_a_floor_or_the_audit_tables(
+    home: Path, tmp_path: Path
+) -> None:
+    from tests.support.audit_tables import row, write_audit
+
+    url = f"sqlite://{home}/groups.db"
+    with open_backend(url) as store:
+        store.update_resources(GROUP, add=[Resource("d"), Resource("e")])
+    out = run("lift-epochs", "--group", GROUP, "--backend", url, "--floor", "50", home=home)
+    assert out.returncode == 0, out.stderr
+    assert "2 of 5 resource epochs lifted" in out.stdout  # a, b, c are held: left alone
+    audit = str(tmp_path / "audit")
+    write_audit(audit, [row("acquired", 1.0, "e", "old", 70, group=GROUP)])
+    shown = run("lift-epochs", "--group", GROUP, "--audit", audit, "--json", home=home)
+    assert json.loads(shown.stdout)["lifted"] == 1
+    import sqlite3
+
+    with sqlite3.connect(home / "groups.db") as db:  # the epochs the next grants follow
+        epochs = dict(db.execute("SELECT resource_id, epoch FROM ownership WHERE grp=?", (GROUP,)))
+    assert epochs == {"a": 1, "b": 1, "c": 1, "d": 50, "e": 70}
+    bad = run("lift-epochs", "--group", GROUP, "--floor", "0", home=home)
+    assert "floor '0' is not an epoch" in one_error_line(bad)

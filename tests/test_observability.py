@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rebalancer_spark import FencedError, Member, MemberConfig, Resource, SourceError
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.status import member_health
 from rebalancer_spark.member.logfields import (
     JsonFormatter,
     LogContext,
@@ -306,3 +307,56 @@ def test_the_job_thread_that_started_the_node_logs_with_the_member_fields(
     assert mine["epoch"] == node.member.log_context.fields()["epoch"] is not None
     for message in ("batch on another thread", "after the node stopped"):
         assert records[message]["group"] is records[message]["member"] is None, records[message]
+
+
+class _SlowSink:
+    """An event sink that keeps what it is given, as an audit log whose table is down would."""
+
+    def __init__(self) -> None:
+        self.kept: list[object] = []
+
+    def __call__(self, event: object) -> None:
+        self.kept.append(event)
+
+    @property
+    def backlog(self) -> int:
+        return len(self.kept)
+
+
+def test_stuck_callbacks_and_the_audit_backlog_show_in_the_metrics(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/groups.db"
+    release = threading.Event()
+    sink = _SlowSink()
+
+    def hang(owned: object) -> None:
+        release.wait(30)
+
+    member = Member(
+        config(url, "m1", callback_timeout=0.3),
+        resources=RESOURCES,
+        on_assigned=hang,
+        event_sinks=[sink],
+    )
+    try:
+        with member:
+            wait_for(
+                lambda: member.callback_overruns.get("on_assigned", 0) >= 1,
+                timeout=15,
+                what="on_assigned to overrun callback_timeout",
+            )
+            text = member.metrics_text()
+            assert value(text, "rebalancer_callback_overruns", callback="on_assigned") >= 1
+            assert value(text, "rebalancer_callback_overruns", callback="on_revoked") == 0
+            assert sink.backlog > 0, "the member emitted no event"
+            assert value(text, "rebalancer_audit_backlog") == sink.backlog == member.audit_backlog()
+            with open_backend(url) as store:  # what `status` reads: the published info
+                health = wait_for(
+                    lambda: member_health(store.state(GROUP)),
+                    timeout=15,
+                    what="the member to publish its health after a renewal",
+                )
+            (m1,) = health
+            assert m1.callback_overruns.get("on_assigned", 0) >= 1 and m1.audit_backlog > 0
+            assert "on_assigned did not return within callback_timeout" in m1.text()
+    finally:
+        release.set()

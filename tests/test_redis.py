@@ -729,3 +729,33 @@ def test_raw_keys_are_only_under_the_prefix(store: RedisBackend) -> None:
     keys = [str(k) for k in store.client.keys(f"*{group}*")]
     assert keys and all(k.startswith(f"rb:{{{group}}}:") for k in keys)
     assert isinstance(store.client, redis.Redis)
+
+
+def test_status_warns_when_redis_persists_nothing(
+    redis_backend_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    with open_backend(redis_backend_url) as store:  # the test server: --save '' --appendonly no
+        (warning,) = store.store_warnings()
+    assert "persists nothing (appendonly no, save '')" in warning
+    assert "appendfsync always" in warning
+    shown = subprocess.run(
+        [sys.executable, "-m", "rebalancer_spark.cli", "status", "--json", "--group", "g",
+         "--backend", redis_backend_url],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(shown.stdout)["store_warnings"] == [warning]
+    human = subprocess.run(
+        [sys.executable, "-m", "rebalancer_spark.cli", "status", "--group", "g",
+         "--backend", redis_backend_url],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert f"WARNING: {warning}" in human.stdout
+    durable = RedisServer(tmp_path / "aof", ["--appendonly", "yes", "--appendfsync", "always"])
+    durable.start()
+    request.addfinalizer(durable.stop)
+    with open_backend(durable.url()) as store:
+        assert store.store_warnings() == []

@@ -70,7 +70,7 @@ def test_sessions_of_a_previous_boot_are_dead(sqlite_path: Path) -> None:
     store.join("g", "m", info={}, ttl=600.0, static=False)
     store.close()
     conn = sqlite3.connect(sqlite_path)
-    conn.execute("UPDATE rebalancer_meta SET value='another-boot' WHERE key='boot_id'")
+    conn.execute("UPDATE rebalancer_meta SET value='another-boot' WHERE key LIKE 'boot_id:%'")
     conn.commit()
     conn.close()
     reopened, _ = _pair(sqlite_path, clock)
@@ -136,6 +136,8 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
     conn = sqlite3.connect(sqlite_path)  # make it a file as version 1 wrote it
     for column in ("prev_member", "prev_session", "freed", "freed_at"):
         conn.execute(f"ALTER TABLE ownership DROP COLUMN {column}")
+    conn.execute("ALTER TABLE members DROP COLUMN host")
+    conn.execute("ALTER TABLE groups DROP COLUMN incarnation")
     conn.execute("UPDATE rebalancer_meta SET value='1' WHERE key='schema'")
     conn.commit()
     conn.close()
@@ -145,3 +147,49 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
     assert held["a"] == Grant(1, None, None, None, 0, None)  # its link predates the chain
     reopened.release(session, {"a": 1})
     reopened.close()
+
+
+def test_a_member_of_a_second_host_is_refused_and_the_first_hosts_sessions_stay(
+    sqlite_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rebalancer_spark.backends.sqlite.host import HOST_ID_ENV
+    from rebalancer_spark.core.errors import ConfigurationError
+
+    clock = ManualClock()
+    monkeypatch.setenv(HOST_ID_ENV, "host-a")
+    first, _ = _pair(sqlite_path, clock)
+    one = first.join("g", "a1", info={}, ttl=30.0, static=False)
+    first.join("h", "a2", info={}, ttl=30.0, static=False)
+    assert first.elect(one) is not None
+    monkeypatch.setenv(HOST_ID_ENV, "host-b")  # the same file, opened from another host ...
+    later = ManualClock(start=10_000.0)  # ... whose clock reads past every deadline of host a
+    second, _ = _pair(sqlite_path, later)
+    with pytest.raises(ConfigurationError) as refused:
+        second.join("g", "b1", info={}, ttl=30.0, static=False)
+    text = str(refused.value)
+    for needed in ("one host's store", "'host-a'", "'host-b'", "g/a1", "zookeeper://", "redis://"):
+        assert needed in text, f"{needed!r} missing from: {text}"
+    assert set(second.state("g").members) == set(), "host a's deadlines mean nothing here"
+    second.close()
+    assert set(first.state("g").members) == {"a1"}
+    assert set(first.state("h").members) == {"a2"}
+    first.renew(one)
+    first.leave(one)
+    first.close()
+
+
+def test_a_second_host_may_use_the_file_once_the_first_hosts_members_left(
+    sqlite_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rebalancer_spark.backends.sqlite.host import HOST_ID_ENV
+
+    clock = ManualClock()
+    monkeypatch.setenv(HOST_ID_ENV, "host-a")
+    first, _ = _pair(sqlite_path, clock)
+    first.leave(first.join("g", "a1", info={}, ttl=30.0, static=False))
+    first.close()
+    monkeypatch.setenv(HOST_ID_ENV, "host-b")
+    second, _ = _pair(sqlite_path, clock)
+    second.join("g", "b1", info={}, ttl=30.0, static=False)
+    assert set(second.state("g").members) == {"b1"}
+    second.close()

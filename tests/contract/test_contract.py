@@ -385,3 +385,15 @@ def test_watch_wakes_when_a_lease_runs_out_while_others_keep_writing(
         stop.set()
         renewer.join()
         watch.close()
+
+
+def test_update_info_replaces_what_the_member_publishes_while_it_lives(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    a, b = open_store(), open_store()
+    session = a.join(group, "m1", info={"host": "h1"}, ttl=TTL, static=False)
+    a.update_info(session, {"host": "h1", "audit_backlog": "3"})
+    assert b.state(group).members["m1"].info == {"host": "h1", "audit_backlog": "3"}
+    a.leave(session)
+    with pytest.raises(SessionExpired):
+        a.update_info(session, {"host": "h1"})

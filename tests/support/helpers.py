@@ -80,6 +80,15 @@ class FlakyStore(Backend):
     ) -> Session:
         return self._reach().join(group, member_id, info=info, ttl=ttl, static=static)
 
+    def _incarnation(self, group: str) -> str | None:
+        return self._reach().incarnation(group)
+
+    def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:
+        return self._reach().lift_epochs(group, floors)
+
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        self._reach().update_info(session, info)
+
     def _set_leaving(self, session: Session) -> None:
         self._reach().set_leaving(session)
 

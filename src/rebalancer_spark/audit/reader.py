@@ -19,11 +19,12 @@ from rebalancer_spark.audit.delta import (
     missing_chain_columns,
     open_audit_table,
 )
+from rebalancer_spark.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["delta_reader_available", "load_events", "read_audit"]
+__all__ = ["delta_reader_available", "epoch_floors", "load_events", "read_audit"]
 
 _TIME_COLUMNS = ("at", "observed_at", "freed_at")
 _DELTA_SOURCE_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
@@ -46,6 +47,29 @@ def load_events(
     rows: list[dict[str, object]] = table.to_pylist()
     rows.sort(key=lambda row: (row["at"], row["resource"]))
     return rows
+
+
+def epoch_floors(
+    path: str, group: str, *, storage_options: Mapping[str, str] | None = None
+) -> dict[str, int]:
+    """The highest epoch the audit table at ``path`` records for each resource of ``group``:
+    what a member tells its store (``Backend.remember_epochs``) so that no grant goes back
+    below it, even if the store lost its state. Empty when there is no table there yet."""
+    try:
+        table = open_audit_table(path, storage_options)
+    except ConfigurationError:
+        return {}
+    arrow = table.to_pyarrow_table(columns=["resource", "epoch"], filters=[("group", "=", group)])
+    grouped = arrow.group_by("resource").aggregate([("epoch", "max")])
+    return {
+        str(r): int(e)
+        for r, e in zip(
+            grouped.column("resource").to_pylist(),
+            grouped.column("epoch_max").to_pylist(),
+            strict=True,
+        )
+        if e is not None
+    }
 
 
 def read_audit(spark: SparkSession, path: str, *, group: str | None = None) -> DataFrame:

@@ -33,19 +33,30 @@ implements for its store. A refusal is raised as :class:`MemberIdInUse`, :class:
 or :class:`FencedError` built from facts (:func:`expired`, :func:`fenced_commit`,
 :func:`fenced_coordinator` fill in the session's), so its text is the same for every backend.
 
+Epochs never go backwards, even when the store loses its state: the front remembers, per
+group, the store's identity marker of the group (:meth:`Backend.incarnation`) and the highest
+epoch it saw per resource (:mod:`.epochs`; :meth:`Backend.remember_epochs` adds epochs recorded
+elsewhere, such as the audit table). A join that finds another incarnation than the one this
+handle joined before lifts every remembered epoch into the store (:meth:`Backend.lift_epochs`)
+before anything is granted, and :meth:`Backend.claim` never passes on a grant at or below an
+epoch already seen: it hands it back, lifts the epoch and leaves the resource to the next claim.
+
 The shared contract suite (``tests/contract/``) runs unchanged against every backend.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 import math
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
 from typing import ClassVar, Self
 
+from rebalancer_spark.backends.epochs import EpochMemory
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.coordinator import GroupView
 from rebalancer_spark.core.errors import ConfigurationError, FencedError, SessionExpired
@@ -78,6 +89,8 @@ __all__ = [
     "fenced_commit",
     "fenced_coordinator",
 ]
+
+log = logging.getLogger("rebalancer_spark.backend")
 
 
 class Capability(StrEnum):
@@ -136,6 +149,8 @@ class Backend(abc.ABC):
 
     def __init__(self, url: BackendUrl) -> None:
         self.url = url
+        self.epochs = EpochMemory()
+        """What this handle knows of each group's epochs (see the module docstring)."""
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -149,7 +164,79 @@ class Backend(abc.ABC):
         validate_member_id(member_id)
         if isinstance(ttl, bool) or not (isinstance(ttl, int | float) and 0 < ttl < math.inf):
             raise ConfigurationError(f"session ttl {ttl!r} for group {group!r}: use seconds > 0")
-        return self._join(group, member_id, info=dict(info), ttl=ttl, static=static)
+        session = self._join(group, member_id, info=dict(info), ttl=ttl, static=static)
+        incarnation = self._incarnation(group)
+        if self.epochs.is_new(group, incarnation):
+            self._adopt(group, incarnation)
+        self.epochs.joined(group, incarnation)
+        return session
+
+    def _adopt(self, group: str, incarnation: str | None) -> None:
+        """A group this handle knows epochs of, in an incarnation it did not join before:
+        declare the remembered resource set again if the group has none, and lift the epochs.
+
+        When this handle joined another incarnation before (it saw the loss), every resource it
+        can name (remembered, in the new set, or its own) is lifted to at least the wall clock
+        in microseconds, as Redis lifts its base: every epoch handed out before grew by one per
+        grant from 1 (or from such a base), so it is below that as long as the clock did not go
+        back by more than the group's lifetime, whichever member held the resource. A first
+        join with epochs told of (the audit table) lifts those epochs only."""
+        known = self.epochs.floors(group)
+        saw_loss = self.epochs.incarnation(group) is not None
+        remembered = self.epochs.resources(group)
+        current = self._state(group).resources
+        restored = 0
+        if remembered and not current:
+            self._update_resources(group, replace=remembered, add=(), remove=[])
+            restored = len(remembered)
+        floors = dict(known)
+        if saw_loss:
+            base = time.time_ns() // 1000
+            names = set(known) | {r.id for r in remembered} | set(current)
+            floors = {r: max(known.get(r, 0), base) for r in names}
+        lifted = self._lift_epochs(group, floors) if floors else 0
+        log.warning(
+            "group %s: the store holds an incarnation of the group (%s) that this member did "
+            "not join before (it was created again: the store lost its state, or it is "
+            "another store): %d of %d resource epochs lifted to at least %d, so that no epoch "
+            "goes backwards; %d resources declared again",
+            group,
+            incarnation,
+            lifted,
+            len(floors),
+            min(floors.values(), default=0),
+            restored,
+        )
+
+    def incarnation(self, group: str) -> str | None:
+        """The store's identity marker of ``group``, written when the group was created (None
+        if the group does not exist). Another value than before means the group was created
+        again: the store lost its state (or it is another store)."""
+        validate_group(group)
+        return self._incarnation(group)
+
+    def store_warnings(self) -> list[str]:
+        """What an operator should know about how the store is set up (for ``status``): a
+        Redis server that persists nothing, for instance. Empty where there is nothing to say."""
+        return self._store_warnings()
+
+    def _store_warnings(self) -> list[str]:
+        return []
+
+    def remember_epochs(self, group: str, epochs: Mapping[str, int]) -> None:
+        """Epochs of ``group``'s resources recorded durably elsewhere (the audit table, an
+        operator's floor): this handle grants nothing at or below them, and lifts them into the
+        store when it first joins the group or finds it created again."""
+        validate_group(group)
+        self.epochs.see(group, {validate_resource_id(r): int(e) for r, e in epochs.items()})
+
+    def lift_epochs(self, group: str, floors: Mapping[str, int]) -> int:
+        """Raise the stored epoch of each free resource of ``floors`` to at least its floor, so
+        that its next grant is above it; resources held now are left alone (their holders are
+        fenced by the store as ever). Returns how many were raised."""
+        validate_group(group)
+        checked = {validate_resource_id(r): int(e) for r, e in floors.items() if int(e) > 0}
+        return self._lift_epochs(group, checked) if checked else 0
 
     def renew(self, session: Session) -> None:
         """Extend the lease by ``ttl`` from now; :class:`SessionExpired` if it already lapsed.
@@ -159,6 +246,12 @@ class Backend(abc.ABC):
         if the process is still running: on stores whose clients keep sessions alive by
         themselves (ZooKeeper's pings), the backend enforces this."""
         self._renew(session)
+
+    def update_info(self, session: Session, info: Mapping[str, str]) -> None:
+        """Replace the member's published info (what ``status`` shows of it: host, pid, its
+        health) while the session lives; :class:`SessionExpired` if it is gone. Wakes
+        nobody: info is for operators, not for the protocol."""
+        self._update_info(session, {str(k): str(v) for k, v in info.items()})
 
     def set_leaving(self, session: Session) -> None:
         """Mark the member as draining: the coordinator assigns it nothing from now on."""
@@ -173,7 +266,9 @@ class Backend(abc.ABC):
     def state(self, group: str) -> GroupState:
         """A consistent snapshot of the group; only live sessions and their claims appear."""
         validate_group(group)
-        return self._state(group)
+        state = self._state(group)
+        self.epochs.saw_state(state)
+        return state
 
     def member_view(self, session: Session) -> MemberView:
         """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
@@ -195,7 +290,9 @@ class Backend(abc.ABC):
     def resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         """The group's resource set and its version, read together."""
         validate_group(group)
-        return self._resources(group)
+        version, resources = self._resources(group)
+        self.epochs.saw_resources(group, resources)
+        return version, resources
 
     def target(self, group: str) -> Target | None:
         """The current target (None if none was published), read whole and consistently."""
@@ -304,7 +401,37 @@ class Backend(abc.ABC):
         the grant that gave it (same epoch, same predecessor) and its progress now. The cost
         stays constant per call: the chain and the progress ride on the reads and writes a
         claim makes anyway."""
-        return self._claim(session, _ids(resources), generation)
+        grants = self._claim(session, _ids(resources), generation)
+        low = {
+            r: g.epoch
+            for r, g in grants.items()
+            if not self.epochs.allows(session.group, r, g.epoch, session.session_id)
+        }
+        if low:
+            return self._refuse_backwards(session, grants, low)
+        self.epochs.see(session.group, {r: g.epoch for r, g in grants.items()}, session.session_id)
+        return grants
+
+    def _refuse_backwards(
+        self, session: Session, grants: dict[str, Grant], low: dict[str, int]
+    ) -> dict[str, Grant]:
+        """Grants at or below an epoch already seen: hand them back, lift their epochs above
+        what is known, and return the other grants (the next claim takes them higher)."""
+        floors = {r: self.epochs.floor(session.group, r) for r in low}
+        self._release(session, low)
+        self._lift_epochs(session.group, floors)
+        shown = ", ".join(f"{r} at {e} (known {floors[r]})" for r, e in list(low.items())[:5])
+        log.warning(
+            "group %s: the store granted %d resources at epochs that went backwards (%s): it "
+            "lost its state. They were handed back and their epochs lifted; the next claim "
+            "takes them above every epoch known",
+            session.group,
+            len(low),
+            shown,
+        )
+        kept = {r: g for r, g in grants.items() if r not in low}
+        self.epochs.see(session.group, {r: g.epoch for r, g in kept.items()}, session.session_id)
+        return kept
 
     def release(self, session: Session, claims: Mapping[str, int]) -> None:
         """Release claims held by this session at the given epochs (others are ignored)."""
@@ -320,6 +447,7 @@ class Backend(abc.ABC):
         else :class:`FencedError` (or :class:`SessionExpired`)."""
         text = encode_progress(validate_resource_id(resource), progress)
         self._commit(session, resource, epoch, text)
+        self.epochs.see(session.group, {resource: epoch}, session.session_id)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -349,6 +477,16 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _renew(self, session: Session) -> None: ...
+
+    @abc.abstractmethod
+    def _incarnation(self, group: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def _update_info(self, session: Session, info: dict[str, str]) -> None: ...
+
+    @abc.abstractmethod
+    def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:
+        """Never called with no floors; every floor above 0."""
 
     @abc.abstractmethod
     def _set_leaving(self, session: Session) -> None: ...

@@ -19,6 +19,7 @@ from rebalancer_spark.cli.control_commands import CONTROL_COMMANDS, cmd_control
 from rebalancer_spark.cli.exits import EPILOG, PROG, fail
 from rebalancer_spark.cli.progress_commands import add_progress_commands
 from rebalancer_spark.cli.read_commands import cmd_assignments, cmd_members, cmd_status
+from rebalancer_spark.cli.store_commands import cmd_lift_epochs
 
 __all__ = ["build_parser"]
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_read_commands(commands)
     _add_control_commands(commands)
     add_progress_commands(commands, EPILOG)
+    _add_lift_epochs(commands)
     audit = commands.add_parser(
         "audit", help="the Delta audit table: verify, history, owners, rebalances, timeline"
     )
@@ -113,6 +115,31 @@ def _add_control_commands(commands: Any) -> None:
             + (" and to a member that is not in the group (yet)" if command.name == "pin" else ""),
         )
         sub.set_defaults(func=cmd_control)
+
+
+def _add_lift_epochs(commands: Any) -> None:
+    text = "raise resource epochs above a floor after the store lost its state"
+    sub = commands.add_parser("lift-epochs", help=text, description=text, epilog=EPILOG)
+    _add_store_options(sub)
+    floor = sub.add_mutually_exclusive_group(required=True)
+    floor.add_argument("--floor", type=_epoch_floor, metavar="N", help="the floor, an epoch >= 1")
+    floor.add_argument(
+        "--audit", metavar="PATH", help="the group's Delta audit table: its highest epochs"
+    )
+    sub.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        metavar="RESOURCE",
+        help="with --floor: a resource to lift (repeat; default: the group's resource set)",
+    )
+    sub.set_defaults(func=cmd_lift_epochs)
+
+
+def _epoch_floor(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"floor {text!r} is not an epoch (a whole number >= 1)")
+    return int(text)
 
 
 def _threshold_value(text: str) -> float:

@@ -8,10 +8,23 @@ from typing import Any
 
 from rebalancer_spark.cli.audit_commands import audit_module
 from rebalancer_spark.cli.exits import EXIT_OK
-from rebalancer_spark.cli.render import emit, members_table, print_status, status_json, table, utc
-from rebalancer_spark.cli.store import backend_url, read_group, shown
+from rebalancer_spark.cli.render import (
+    emit,
+    members_table,
+    print_status,
+    print_store_warnings,
+    status_json,
+    table,
+    utc,
+)
+from rebalancer_spark.cli.store import backend_url, read_group, shown, store_warnings
 from rebalancer_spark.core.model import GroupState, Progress, validate_group
-from rebalancer_spark.core.status import assignment_statuses, group_status, member_statuses
+from rebalancer_spark.core.status import (
+    assignment_statuses,
+    group_status,
+    member_health,
+    member_statuses,
+)
 
 __all__ = ["cmd_assignments", "cmd_members", "cmd_status"]
 
@@ -31,8 +44,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     backend, state, progress = _read(args, progress=True)
     status = group_status(state, progress)
     last = _last_rebalance(args.audit, state.group) if args.audit else None
-    data = {**status_json(status, backend), "last_rebalance": last}
-    emit(args.json, data, lambda: print_status(status, backend, last, bool(args.audit)))
+    warnings = store_warnings(backend_url(args.backend))
+    health = member_health(state)
+    data = {
+        **status_json(status, backend),
+        "last_rebalance": last,
+        "store_warnings": warnings,
+        "member_health": [asdict(h) for h in health],
+    }
+
+    def human() -> None:
+        print_status(status, backend, last, bool(args.audit))
+        print_store_warnings([*warnings, *(h.text() for h in health)])
+
+    emit(args.json, data, human)
     return EXIT_OK
 
 

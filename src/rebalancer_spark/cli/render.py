@@ -22,6 +22,7 @@ __all__ = [
     "print_control",
     "print_rebalances",
     "print_status",
+    "print_store_warnings",
     "status_json",
     "table",
     "utc",
@@ -148,6 +149,13 @@ def print_status(
             print(f"  {resource}: {why}")
     print_control(status.control)
     _print_members_and_owners(status)
+
+
+def print_store_warnings(warnings: Sequence[str]) -> None:
+    """The warnings of ``status`` (the store's set-up, ``Backend.store_warnings``, and the
+    members' published health), one a line."""
+    for warning in warnings:
+        print(f"WARNING: {warning}")
 
 
 def _last_rebalance(last: Mapping[str, Any] | None, audit_given: bool) -> str:

@@ -7,7 +7,7 @@ from rebalancer_spark.cli.exits import fail
 from rebalancer_spark.core.model import GroupState, Progress
 from rebalancer_spark.member import default_backend_url
 
-__all__ = ["backend_url", "group_known", "missing_store", "read_group", "shown"]
+__all__ = ["backend_url", "group_known", "missing_store", "read_group", "shown", "store_warnings"]
 
 
 def backend_url(given: str | None) -> str:
@@ -62,3 +62,12 @@ def read_group(
             "control record; check --group and --backend (the jobs' --group and --backend)"
         )
     return state, done
+
+
+def store_warnings(url: str) -> list[str]:
+    """What the store's set-up warrants telling the operator (``Backend.store_warnings``:
+    a Redis server without persistence); nothing for a store that does not exist yet."""
+    if missing_store(url) is not None:
+        return []
+    with open_backend(url) as backend:
+        return backend.store_warnings()

@@ -23,6 +23,7 @@ __all__ = [
     "DrainStatus",
     "GroupStatus",
     "HeldResource",
+    "MemberHealth",
     "MemberStatus",
     "PinStatus",
     "ProgressView",
@@ -30,6 +31,7 @@ __all__ = [
     "assignment_statuses",
     "control_status",
     "group_status",
+    "member_health",
     "member_statuses",
     "progress_view",
 ]
@@ -204,6 +206,43 @@ def member_statuses(state: GroupState) -> tuple[MemberStatus, ...]:
         )
         for m in sorted(state.members.values(), key=lambda rec: rec.member_id)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHealth:
+    """What a member publishes about its own trouble (its info's health keys, refreshed after
+    its lease renewals when they change): callbacks that overran ``callback_timeout`` and
+    ownership events its audit sinks have not written yet."""
+
+    member_id: str
+    callback_overruns: dict[str, int]
+    audit_backlog: int
+
+    def text(self) -> str:
+        parts = [
+            f"{name} did not return within callback_timeout {n} time{'s' if n > 1 else ''}"
+            for name, n in sorted(self.callback_overruns.items())
+        ]
+        if self.audit_backlog:
+            parts.append(f"{self.audit_backlog} ownership events not in the audit table yet")
+        return f"member {self.member_id}: " + "; ".join(parts)
+
+
+def member_health(state: GroupState) -> tuple[MemberHealth, ...]:
+    """The live members that publish trouble (``callback_overruns``, ``audit_backlog`` in
+    their info), by member id; a value that does not parse counts as nothing."""
+    out = []
+    for m in sorted(state.members.values(), key=lambda rec: rec.member_id):
+        overruns: dict[str, int] = {}
+        for item in m.info.get("callback_overruns", "").split(","):
+            name, _, count = item.partition("=")
+            if name and count.isdigit() and int(count):
+                overruns[name] = int(count)
+        backlog_text = m.info.get("audit_backlog", "0")
+        backlog = int(backlog_text) if backlog_text.isdigit() else 0
+        if overruns or backlog:
+            out.append(MemberHealth(m.member_id, overruns, backlog))
+    return tuple(out)
 
 
 def assignment_statuses(

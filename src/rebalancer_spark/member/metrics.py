@@ -32,7 +32,11 @@ what each alert means):
 * ``rebalancer_pending_files{resource}``, ``rebalancer_pending_bytes{resource}``: the lag,
   files listed and not processed yet, as the job last listed them;
 * ``rebalancer_discovery_failing``: 1 while the coordinator's last listing of the source failed
-  (the group keeps its resource set meanwhile; ``Member.discovery_error`` says why).
+  (the group keeps its resource set meanwhile; ``Member.discovery_error`` says why);
+* ``rebalancer_callback_overruns{callback}``: callbacks of this member that did not return
+  within ``callback_timeout`` (``Ownership.overruns``; a count read from memory);
+* ``rebalancer_audit_backlog``: ownership events accepted by this member's audit sinks and not
+  in the table yet (the sum of the sinks' ``backlog``, e.g. ``DeltaAuditLog.backlog``).
 
 ``prometheus_client`` is imported when a member is made (``pip install
 'rebalancer-spark[metrics]'``); without it the member runs without metrics and
@@ -44,17 +48,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.core.events import EventKind, OwnershipEvent
 
-__all__ = ["MemberMetrics", "metrics_available"]
+__all__ = ["CALLBACKS", "MemberMetrics", "metrics_available"]
 
 log = logging.getLogger("rebalancer_spark.metrics")
 
 _REBALANCE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CALLBACKS = ("on_assigned", "on_revoked", "on_lost")
+"""The user callbacks whose overruns are counted (``rebalancer_callback_overruns``)."""
+
 _RENEW_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -79,6 +86,10 @@ def _candidates(port: int) -> list[int]:
     return [*range(port, min(port + FALLBACK_PORTS, 65535) + 1), 0]
 
 
+def _count_of(counts: Callable[[], Mapping[str, int]], name: str) -> Callable[[], float]:
+    return lambda: counts().get(name, 0)
+
+
 class MemberMetrics:
     """The metrics of member ``member`` of ``group``; see the module docstring.
 
@@ -97,6 +108,8 @@ class MemberMetrics:
         group_members: Callable[[], int],
         group_resources: Callable[[], int],
         discovery_failing: Callable[[], bool] = lambda: False,
+        overruns: Callable[[], Mapping[str, int]] = dict,
+        audit_backlog: Callable[[], int] = lambda: 0,
     ) -> None:
         try:
             from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -125,6 +138,16 @@ class MemberMetrics:
         ))  # fmt: skip
         gauge("rebalancer_discovery_failing", "1 while the last listing of the source failed",
               lambda: 1 if is_coordinator() and discovery_failing() else 0)  # fmt: skip
+        gauge("rebalancer_audit_backlog", "ownership events not in the audit table yet",
+              audit_backlog)  # fmt: skip
+        stuck = Gauge(
+            "rebalancer_callback_overruns",
+            "callbacks that did not return within callback_timeout",
+            (*labels, "callback"),
+            registry=self.registry,
+        )
+        for name in CALLBACKS:
+            stuck.labels(*values, name).set_function(_count_of(overruns, name))
         self._rebalances = Counter(
             "rebalancer_rebalances",
             "targets published by this member as coordinator",

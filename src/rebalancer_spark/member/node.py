@@ -24,6 +24,14 @@ callback runs, the member thread cannot deliver ``on_lost``: if the lease lapses
 deadline on, and ``on_lost`` follows once the callback returns (a resource being revoked is
 then reported ``lost`` as of the deadline, not ``released``). Keep callbacks short.
 
+A store that lost its state (Redis restarted without persistence, an SQLite file replaced, a
+ZooKeeper chroot deleted) ends the member's session: the next renewal fails, the member stops
+its work at once (everything ``lost``) and rejoins; its backend handle then lifts every epoch it
+knew into the new incarnation of the group (:mod:`rebalancer_spark.backends.base`), so epochs
+never go back. ``epoch_floors`` (resource -> epoch, e.g. read from the audit table with
+:func:`rebalancer_spark.audit.reader.epoch_floors`; the Spark jobs do) adds epochs recorded
+durably elsewhere, for a process that never saw the group before.
+
 A member whose work cannot go on (its Spark driver's JVM died) calls :meth:`Member.abandon`
 instead of :meth:`Member.stop`: everything is lost at once, without draining, and the session
 ends in the store.
@@ -86,8 +94,10 @@ class Member:
         backend: Backend | None = None,
         discover: Callable[[], Collection[Resource]] | None = None,
         discovery_interval: float = 30.0,
+        epoch_floors: Mapping[str, int] | None = None,
     ) -> None:
         self.config = config
+        self._epoch_floors = dict(epoch_floors or {})
         self.group = config.group
         self.member_id = validate_member_id(config.member_id or generated_member_id())
         self._resources = None if resources is None else _as_resources(resources)
@@ -138,6 +148,7 @@ class Member:
             lifecycle=self._lifecycle,
         )
         self._heartbeat: Heartbeat | None = None
+        self._published_health: dict[str, str] = {}
         self.rebalances: list[RebalanceRecord] = []
         """Rebalances made while this member was coordinator (most recent last, capped)."""
 
@@ -160,6 +171,8 @@ class Member:
             if self._backend is None:
                 self._backend = open_backend(self.config.backend, clock=self._clock)
             backend = self._backend
+            if self._epoch_floors:  # recorded durably elsewhere: never granted again below
+                backend.remember_epochs(self.group, self._epoch_floors)
             if self._resources is not None:
                 backend.update_resources(self.group, replace=self._resources)
             if self.config.metrics_port and self.metrics is not None:
@@ -176,7 +189,7 @@ class Member:
             self._lease,
             self._clock,
             self.config.effective_heartbeat_interval,
-            on_renewed=None if self.metrics is None else self.metrics.renewed,
+            on_renewed=self._renewed,
         )
         self._coordinator = CoordinatorLoop(
             self.config,
@@ -456,10 +469,52 @@ class Member:
             group_members=lambda: self._coordinator_count("present_members"),
             group_resources=lambda: self._coordinator_count("listed_resources"),
             discovery_failing=lambda: self.discovery_error is not None,
+            overruns=lambda: self.callback_overruns,
+            audit_backlog=self.audit_backlog,
         )
+
+    def _renewed(self, seconds: float) -> None:
+        """After each renewal (heartbeat thread): the metric, and this member's health in its
+        published info when it changed (``status`` shows it)."""
+        if self.metrics is not None:
+            self.metrics.renewed(seconds)
+        health = health_info(self.callback_overruns, self.audit_backlog())
+        session, backend = self._lease.valid_session(), self._backend
+        if health == self._published_health or session is None or backend is None:
+            return
+        try:
+            backend.update_info(session, {**self.info, **health})
+        except RebalancerError as exc:  # the next renewal tries again
+            log.debug("member %s could not publish its health: %s", self.member_id, exc)
+            return
+        self._published_health = health
+
+    def audit_backlog(self) -> int:
+        """Ownership events accepted by this member's event sinks and not yet written: the
+        sum of the ``backlog`` of the sinks that keep one (``DeltaAuditLog``)."""
+        return sum(int(getattr(sink, "backlog", 0)) for sink in self._event_sinks)
+
+    @property
+    def callback_overruns(self) -> dict[str, int]:
+        """How many times each callback did not return within ``callback_timeout``."""
+        with self._lock:
+            return dict(self._ownership.overruns)
 
     def _coordinator_count(self, name: str) -> int:
         return 0 if self._coordinator is None else int(getattr(self._coordinator, name))
+
+
+def health_info(overruns: Mapping[str, int], backlog: int) -> dict[str, str]:
+    """The health keys of a member's published info: ``callback_overruns``
+    (``on_revoked=2,on_assigned=1``) and ``audit_backlog`` (events not in the audit table
+    yet), each present only when not zero."""
+    out: dict[str, str] = {}
+    stuck = ",".join(f"{name}={n}" for name, n in sorted(overruns.items()) if n)
+    if stuck:
+        out["callback_overruns"] = stuck
+    if backlog:
+        out["audit_backlog"] = str(backlog)
+    return out
 
 
 def _as_resources(resources: Iterable[str | Resource]) -> list[Resource]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rebalancer_spark.audit.delta import DeltaAuditLog
+from rebalancer_spark.audit.reader import epoch_floors
 from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
 from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
 from rebalancer_spark.member import Member, OwnedResource
@@ -88,6 +89,7 @@ class RebalancerNode:
             on_assigned=self._assigned,
             on_revoked=self._revoked,
             on_lost=self._lost,
+            epoch_floors=epoch_floors(job.audit, job.member.group) if job.audit else None,
         )
         self._sources: dict[tuple[str, int], AssignedSource] = {}
         self._listeners: list[tuple[Callback | None, Callback | None, Callback | None]] = []

@@ -27,6 +27,7 @@ from rebalancer_spark.backends.base import Backend, Capability, Session, TargetC
 from rebalancer_spark.backends.records import parse_phase
 from rebalancer_spark.backends.redis import messages
 from rebalancer_spark.backends.redis.errors import Refusal
+from rebalancer_spark.backends.redis.persistence import persistence_warnings
 from rebalancer_spark.backends.redis.store.connection import OPTIONS
 from rebalancer_spark.backends.redis.store.decode import (
     CLAIM_ROW,
@@ -41,7 +42,7 @@ from rebalancer_spark.backends.redis.store.decode import (
     number,
     pairs,
 )
-from rebalancer_spark.backends.redis.store.keys import check_session_id, prefix
+from rebalancer_spark.backends.redis.store.keys import check_session_id, meta_key, prefix
 from rebalancer_spark.backends.redis.store.memory import Memory
 from rebalancer_spark.backends.redis.store.runner import Lua, ScriptRunner
 from rebalancer_spark.backends.redis.store.staging import (
@@ -159,6 +160,13 @@ class RedisBackend(Backend):
         except Refusal:
             raise messages.expired(session, "renewing") from None
 
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        args = [self._sid(session), json.dumps(info, sort_keys=True)]
+        try:
+            self._runner.run(Lua.UPDATE_INFO, session.group, args, "publishing info")
+        except Refusal:
+            raise messages.expired(session, "publishing its info") from None
+
     def _set_leaving(self, session: Session) -> None:
         try:
             self._runner.run(
@@ -171,6 +179,20 @@ class RedisBackend(Backend):
         self._runner.run(Lua.LEAVE, session.group, [self._sid(session)], "leaving")
 
     # -- reading ---------------------------------------------------------------------------
+
+    def _store_warnings(self) -> list[str]:
+        return persistence_warnings(self._runner.client, self.url.redacted())
+
+    def _incarnation(self, group: str) -> str | None:
+        def fill(pipe: Pipeline) -> None:
+            pipe.hget(meta_key(group), "inc")
+
+        (inc,) = self._runner.pipeline_read(fill, "reading the group's identity")
+        return None if inc is None else str(inc)
+
+    def _lift_epochs(self, group: str, floors: dict[str, int]) -> int:
+        args = [x for r, e in floors.items() for x in (r, e)]
+        return int(self._runner.run(Lua.LIFT_EPOCHS, group, args, "lifting resource epochs"))
 
     def _state(self, group: str) -> GroupState:
         decoded = decode_state(group, self._runner.run(Lua.STATE, group, [], "reading the group"))

@@ -22,12 +22,14 @@ __all__ = [
     "ELECT",
     "JOIN",
     "LEAVE",
+    "LIFT_EPOCHS",
     "PUBLISH",
     "PUBLISH_CHANGE",
     "RENEW",
     "RESIGN",
     "SET_LEAVING",
     "UPDATE_CONTROL",
+    "UPDATE_INFO",
     "UPDATE_RESOURCES",
 ]
 
@@ -112,6 +114,24 @@ return 1
 """
 )
 
+# UPDATE_INFO -- replace the session's member info (no notification: it wakes nobody).
+# KEYS[1] meta
+# ARGV    session id, info JSON
+# Returns 1
+# Errors  EXPIRED {} if the session is not alive
+UPDATE_INFO = (
+    PRELUDE
+    + """
+local m = redis.call('HGET', P .. 'sessions', ARGV[1])
+if not m or not alive(ARGV[1]) then
+  note_if_lost()
+  return refuse('EXPIRED', {})
+end
+redis.call('HSET', P .. 'info', m, ARGV[2])
+return 1
+"""
+)
+
 # LEAVE -- end a session: release its claims and coordinatorship. Idempotent.
 # KEYS[1] meta
 # ARGV    session id
@@ -147,6 +167,30 @@ local e = next_value('coord_epoch')
 redis.call('HSET', META, 'coord_member', m, 'coord_sid', sid)
 notify('elect')
 return {m, sid, int(e)}
+"""
+)
+
+# LIFT_EPOCHS -- raise the epoch of resources nobody holds to a floor (epochs known to a member
+#         or recorded durably elsewhere, after the group lost its data: backends/base.py).
+# KEYS[1] meta
+# ARGV    resource, floor, resource, floor, ...
+# Returns how many epochs were raised (0 if the group does not exist); raises high with them
+LIFT_EPOCHS = (
+    PRELUDE
+    + """
+if redis.call('EXISTS', META) == 0 then return 0 end
+local lifted, b = 0, base()
+for i = 1, #ARGV, 2 do
+  local r, f = ARGV[i], tonumber(ARGV[i + 1])
+  if f > b and not redis.call('HGET', P .. 'owner', r)
+      and num(redis.call('HGET', P .. 'epochs', r)) < f then
+    redis.call('HSET', P .. 'epochs', r, int(f))
+    raise_high(f)
+    lifted = lifted + 1
+  end
+end
+if lifted > 0 then notify('lift') end
+return lifted
 """
 )
 

@@ -9,9 +9,10 @@ How it keeps the contract:
 * **Atomic checks.** Every write is one ``BEGIN IMMEDIATE`` transaction that re-reads what it
   depends on (coordinator epoch, claim epoch, lease) before changing anything.
 * **Leases.** A lease deadline is ``CLOCK_BOOTTIME`` + ttl, a clock every process of the host
-  shares and that never jumps. The boot id is kept in the file: after a reboot every session of
-  the previous boot is dead. ``synchronous=FULL`` keeps epochs from going backwards across a
-  power cut.
+  shares and that never jumps. The boot id is kept in the file, per host: after a reboot every
+  session of the host's previous boot is dead. The file is one host's store: a session records
+  its host (:mod:`.host`), and a member of another host is refused at join.
+  ``synchronous=FULL`` keeps epochs from going backwards across a power cut.
 * **A paused writer stalls the file.** SQLite has one write lock per file. A member process
   paused *inside* a write transaction (SIGSTOP, a debugger) holds it until it resumes: other
   members can then neither renew nor claim, so they stop their work when their leases run out

@@ -9,19 +9,22 @@ the work, in :mod:`.sessions`, :mod:`.coordinator`, :mod:`.groups`, :mod:`.owner
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
-from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
+from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange, expired
 from rebalancer_spark.backends.sqlite import control as _control
 from rebalancer_spark.backends.sqlite import (
     coordinator,
+    floors,
     ownership,
     reads,
     sessions,
 )
+from rebalancer_spark.backends.sqlite.host import host_id
 from rebalancer_spark.backends.sqlite.store import groups, schema
 from rebalancer_spark.backends.sqlite.store.connection import (
     OPTIONS,
@@ -66,8 +69,10 @@ class SqliteBackend(Backend):
         self.path = url.path
         self.poll_interval = url.option("poll", positive("poll"), 0.02)
         self.busy_timeout = url.option("busy_timeout", positive("busy_timeout"), 10.0)
+        self.host = host_id()
         self._lock = threading.RLock()
         self._conn = open_database(self.path, self.busy_timeout)
+        self._file = _file_id(self.path)
         self._closed = False
         self._initialise()
 
@@ -75,10 +80,10 @@ class SqliteBackend(Backend):
 
     def _initialise(self) -> None:
         with self._transaction(_READ) as db:
-            if schema.is_ready(db):
+            if schema.is_ready(db, self.host):
                 return
         with self._transaction(_WRITE) as db:
-            schema.initialise(db, self.path)
+            schema.initialise(db, self.path, self.host)
 
     @contextlib.contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
@@ -119,12 +124,53 @@ class SqliteBackend(Backend):
     ) -> Session:
         with self._transaction(_WRITE) as db:
             return sessions.join(
-                db, self._clock, group, member_id, info=info, ttl=ttl, static=static
+                db,
+                self._clock,
+                group,
+                member_id,
+                info=info,
+                ttl=ttl,
+                static=static,
+                host=self.host,
+                path=self.path,
             )
 
     def _renew(self, session: Session) -> None:
+        self._check_replaced(session)
         with self._transaction(_WRITE) as db:
             sessions.renew(db, self._clock, session)
+
+    def _check_replaced(self, session: Session) -> None:
+        """A file replaced under the path (moved over, deleted and created again) is another
+        store: this handle moves to the new file, and the session, kept in the old one, is
+        over (the member stops its work at once and rejoins; see backends/base.py)."""
+        now = _file_id(self.path)
+        if now is None or now == self._file:
+            return
+        with self._lock:
+            if _file_id(self.path) != self._file:
+                self._conn.close()
+                self._conn = open_database(self.path, self.busy_timeout)
+                self._file = _file_id(self.path)
+        self._initialise()
+        raise expired(
+            session,
+            f"the database file {self.path!r} was replaced by another one (the store lost its "
+            "state)",
+            doing="renewing",
+        )
+
+    def _incarnation(self, group: str) -> str | None:
+        with self._transaction(_READ) as db:
+            return floors.incarnation(db, group)
+
+    def _lift_epochs(self, group: str, lift: dict[str, int]) -> int:
+        with self._transaction(_WRITE) as db:
+            return floors.lift_epochs(db, group, lift)
+
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        with self._transaction(_WRITE) as db:
+            sessions.update_info(db, self._clock, session, info)
 
     def _set_leaving(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
@@ -175,7 +221,7 @@ class SqliteBackend(Backend):
 
     def _elect(self, session: Session) -> CoordinatorRecord | None:
         with self._transaction(_WRITE) as db:
-            return coordinator.elect(db, self._clock, session)
+            return coordinator.elect(db, self._clock, session, self.host)
 
     def _publish(
         self,
@@ -239,3 +285,12 @@ class SqliteBackend(Backend):
     def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         with self._transaction(_WRITE) as db:
             ownership.commit(db, self._clock, session, resource, epoch, text)
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None if there is none (or no such file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

@@ -20,15 +20,19 @@ from rebalancer_spark.core.model import CoordinatorRecord, Freed, Phase, Target
 __all__ = ["elect", "publish", "require_coordinator", "resign"]
 
 
-def elect(db: sqlite3.Connection, clock: Clock, session: Session) -> CoordinatorRecord | None:
-    """:meth:`Backend.elect`: first end the expired sessions of the group, then keep a live
+def elect(
+    db: sqlite3.Connection, clock: Clock, session: Session, host: str
+) -> CoordinatorRecord | None:
+    """:meth:`Backend.elect`: first end the expired sessions of the group (only ``host``'s:
+    another host's lease deadlines are readings of another clock), then keep a live
     coordinator or make ``session`` the next one at a higher epoch."""
     group = session.group
     now = clock.monotonic()
     if not alive(db, session, clock):
         return None
     expired = db.execute(
-        "SELECT session_id, expires FROM members WHERE grp=? AND expires <= ?", (group, now)
+        "SELECT session_id, expires FROM members WHERE grp=? AND expires <= ? AND host IN (?, '')",
+        (group, now, host),
     ).fetchall()
     # Their claims end as expired at their lease deadlines, as wall-clock times.
     end_sessions(db, group, [(sid, wall_time(clock, at)) for sid, at in expired], Freed.EXPIRED)

@@ -29,7 +29,7 @@ from rebalancer_spark.backends.base import (
     expired,
     fenced_coordinator,
 )
-from rebalancer_spark.backends.zookeeper import coordination, ownership, progress, sessions
+from rebalancer_spark.backends.zookeeper import coordination, floors, ownership, progress, sessions
 from rebalancer_spark.backends.zookeeper.control import update_control
 from rebalancer_spark.backends.zookeeper.reads import SnapshotReader
 from rebalancer_spark.backends.zookeeper.resources import update_resources
@@ -158,22 +158,51 @@ class ZookeeperBackend(Backend):
     def _join(
         self, group: str, member_id: str, *, info: dict[str, str], ttl: float, static: bool
     ) -> Session:
-        zs = sessions.join(
-            self.settings,
-            self._client,
-            self._group(group),
-            member_id,
-            info=info,
-            ttl=ttl,
-            static=static,
-            clock=self._clock,
-            leftovers=self._leftovers,
-        )
+        def once() -> ZkSession:
+            return sessions.join(
+                self.settings,
+                self._client,
+                self._present(group),
+                member_id,
+                info=info,
+                ttl=ttl,
+                static=static,
+                clock=self._clock,
+                leftovers=self._leftovers,
+            )
+
+        try:
+            zs = once()
+        except sessions.GroupGone:  # deleted between the check and the join: prepare again
+            zs = once()
         self._sessions.add(zs)
         return zs.session
 
+    def _present(self, group: str) -> GroupPaths:
+        """The group's paths, its skeleton created again if it vanished since this object
+        prepared it (a chroot deleted and created again: the store lost its state)."""
+        paths = self._group(group)
+        if not group_exists(self._client, self.settings, paths):
+            with self._lock:
+                self._groups.pop(group, None)
+            prepare_root(self._client, self.settings, self._root)
+            paths = self._group(group)
+        return paths
+
+    def _incarnation(self, group: str) -> str | None:
+        paths = self._paths(group, create=False)
+        return None if paths is None else floors.incarnation(self._client, self.settings, paths)
+
+    def _lift_epochs(self, group: str, lift: dict[str, int]) -> int:
+        return floors.lift_epochs(self._client, self.settings, self._group(group), lift)
+
     def _renew(self, session: Session) -> None:
         sessions.renew(self._hosted(session), self.settings, self._clock)
+
+    def _update_info(self, session: Session, info: dict[str, str]) -> None:
+        sessions.update_member(
+            self._hosted(session), self.settings, sessions.with_info(info), "publishing info"
+        )
 
     def _set_leaving(self, session: Session) -> None:
         sessions.update_member(

@@ -9,6 +9,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kazoo.exceptions import NoNodeError
+
 from rebalancer_spark.backends.base import Session
 from rebalancer_spark.backends.zookeeper.store.client import (
     Settings,
@@ -29,12 +31,26 @@ from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused
 from rebalancer_spark.backends.zookeeper.store.records import member_data, read_member
 from rebalancer_spark.core.clock import Clock
-from rebalancer_spark.core.errors import MemberIdInUse, RebalancerError
+from rebalancer_spark.core.errors import BackendUnavailable, MemberIdInUse, RebalancerError
 from rebalancer_spark.core.model import MemberRecord
 
-__all__ = ["Leftovers", "acked", "join", "leaving", "renew", "update_member"]
+__all__ = [
+    "GroupGone",
+    "Leftovers",
+    "acked",
+    "join",
+    "leaving",
+    "renew",
+    "update_member",
+    "with_info",
+]
 
 Change = Callable[[MemberRecord], bytes | None]
+
+
+class GroupGone(BackendUnavailable):
+    """A join found the group's znodes gone (a chroot deleted since this backend object
+    prepared the group): the backend prepares it again and retries."""
 
 
 class Leftovers:
@@ -92,6 +108,11 @@ def join(
     except BaseException as exc:
         zs.close("its join failed")
         if isinstance(exc, Refused) and exc.op.path == paths.member(member_id):
+            if isinstance(exc.error, NoNodeError):  # not in use: the group's znodes are gone
+                raise GroupGone(
+                    f"joining group {paths.group!r}: its znodes are gone (the chroot was "
+                    "deleted?); the join prepares the group again and retries"
+                ) from None
             raise _in_use(client, settings, paths, member_id) from None
         raise
     return zs
@@ -172,6 +193,17 @@ def acked(generation: int) -> Change:
             return None
         return member_data(
             r.session_id, r.info, static=r.static, leaving=r.leaving, acked=generation
+        )
+
+    return change
+
+
+def with_info(info: Mapping[str, str]) -> Change:
+    def change(r: MemberRecord) -> bytes | None:
+        if dict(r.info) == dict(info):
+            return None
+        return member_data(
+            r.session_id, info, static=r.static, leaving=r.leaving, acked=r.acked_generation
         )
 
     return change

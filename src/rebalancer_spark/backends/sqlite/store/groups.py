@@ -8,6 +8,7 @@ progress commits do not bump it.
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import Collection
 
 from rebalancer_spark.core.model import Resource
@@ -16,8 +17,12 @@ __all__ = ["bump", "ensure_group", "update_resources"]
 
 
 def ensure_group(db: sqlite3.Connection, group: str) -> None:
-    """Create the row of ``group`` if it has none yet."""
-    db.execute("INSERT OR IGNORE INTO groups(name) VALUES (?)", (group,))
+    """Create the row of ``group`` if it has none yet, with a new incarnation id (the
+    group's identity marker, see :mod:`.floors`)."""
+    db.execute(
+        "INSERT OR IGNORE INTO groups(name, incarnation) VALUES (?, ?)",
+        (group, uuid.uuid4().hex),
+    )
 
 
 def bump(db: sqlite3.Connection, group: str) -> None:

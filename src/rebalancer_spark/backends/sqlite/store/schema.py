@@ -3,8 +3,10 @@
 :func:`is_ready` needs only a read transaction: opening a file that already holds this schema
 version for this boot takes no write lock. :func:`initialise` runs in a write transaction and
 refuses a file that holds tables of someone else, another schema version, or a damaged set of
-tables. A file last used under another boot (see :func:`boot_id`) loses every session: lease
-deadlines of another boot mean nothing on this boot's clock.
+tables. The boot id is kept per host (``boot_id:<host>`` in ``rebalancer_meta``): a host whose
+last recorded boot is not the current one loses *its own* sessions (lease deadlines of another
+boot mean nothing on this boot's clock); another host's sessions are never touched (the file
+is one host's store: :mod:`.sessions` refuses a second host's join).
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from rebalancer_spark.core.errors import CorruptStateError
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_ready"]
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
+
+_TO_3 = [
+    # 3: a session records the host that joined it (see host.py); a group has an identity
+    # marker (see floors.py).
+    "ALTER TABLE members ADD COLUMN host TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE groups ADD COLUMN incarnation TEXT",
+    "UPDATE groups SET incarnation=lower(hex(randomblob(16))) WHERE incarnation IS NULL",
+]
 
 _MIGRATIONS = {
     "1": [
@@ -26,7 +36,9 @@ _MIGRATIONS = {
         "ALTER TABLE ownership ADD COLUMN prev_session TEXT",
         "ALTER TABLE ownership ADD COLUMN freed TEXT",
         "ALTER TABLE ownership ADD COLUMN freed_at REAL",
-    ]
+        *_TO_3,
+    ],
+    "2": _TO_3,
 }
 """Statements that bring a file of an older schema version to :data:`SCHEMA_VERSION`."""
 
@@ -38,12 +50,13 @@ CREATE TABLE IF NOT EXISTS groups(
     generation INTEGER NOT NULL DEFAULT 0, target_epoch INTEGER NOT NULL DEFAULT 0,
     phase TEXT NOT NULL DEFAULT 'running', has_target INTEGER NOT NULL DEFAULT 0,
     target_resources_version INTEGER NOT NULL DEFAULT 0,
-    resources_version INTEGER NOT NULL DEFAULT 0, change_seq INTEGER NOT NULL DEFAULT 0);
+    resources_version INTEGER NOT NULL DEFAULT 0, change_seq INTEGER NOT NULL DEFAULT 0,
+    incarnation TEXT);
 CREATE TABLE IF NOT EXISTS members(
     grp TEXT NOT NULL, member_id TEXT NOT NULL, session_id TEXT NOT NULL UNIQUE,
     info TEXT NOT NULL, expires REAL NOT NULL, acked INTEGER NOT NULL DEFAULT 0,
     leaving INTEGER NOT NULL DEFAULT 0, static INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY(grp, member_id));
+    host TEXT NOT NULL DEFAULT '', PRIMARY KEY(grp, member_id));
 CREATE TABLE IF NOT EXISTS resources(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, weight REAL NOT NULL,
     PRIMARY KEY(grp, resource_id));
@@ -94,18 +107,23 @@ def _table_names(db: sqlite3.Connection) -> set[str]:
     return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
-def is_ready(db: sqlite3.Connection) -> bool:
-    """True if the file already holds this schema version for this boot: then opening it
-    takes no write lock (a member paused inside a write must not stop others opening)."""
+def _boot_key(host: str) -> str:
+    return f"boot_id:{host}"
+
+
+def is_ready(db: sqlite3.Connection, host: str) -> bool:
+    """True if the file already holds this schema version for this boot of ``host``: then
+    opening it takes no write lock (a member paused inside a write must not stop others
+    opening)."""
     if not _table_names(db) >= TABLES:
         return False
     meta = dict(db.execute("SELECT key, value FROM rebalancer_meta").fetchall())
-    return meta.get("schema") == SCHEMA_VERSION and meta.get("boot_id") == boot_id()
+    return meta.get("schema") == SCHEMA_VERSION and meta.get(_boot_key(host)) == boot_id()
 
 
-def initialise(db: sqlite3.Connection, path: str) -> None:
+def initialise(db: sqlite3.Connection, path: str, host: str) -> None:
     """Create the tables in the file at ``path`` (in a write transaction on ``db``), check its
-    schema version, and end the sessions of a previous boot."""
+    schema version, and end the sessions that ``host`` left from a previous boot."""
     names = _table_names(db)
     if names and "rebalancer_meta" not in names:
         raise CorruptStateError(
@@ -138,15 +156,25 @@ def initialise(db: sqlite3.Connection, path: str) -> None:
             "damaged outside rebalancer-spark; move it away"
         )
     boot = boot_id()
-    if meta.get("boot_id") != boot:
-        # Lease deadlines of another boot are meaningless on this clock: all dead.
-        db.execute("DELETE FROM members")
-        # Their claims ended with that boot, at some time before now: now bounds it.
-        db.execute(
-            "UPDATE ownership SET prev_member=member_id, prev_session=session_id, "
-            "freed='expired', freed_at=?, member_id=NULL, session_id=NULL "
-            "WHERE session_id IS NOT NULL",
-            (time.time(),),
-        )
-        db.execute("UPDATE groups SET coord_member=NULL, coord_session=NULL")
-        db.execute("INSERT OR REPLACE INTO rebalancer_meta VALUES ('boot_id', ?)", (boot,))
+    if meta.get(_boot_key(host)) != boot:
+        _end_previous_boot(db, host)
+        db.execute("INSERT OR REPLACE INTO rebalancer_meta VALUES (?, ?)", (_boot_key(host), boot))
+
+
+def _end_previous_boot(db: sqlite3.Connection, host: str) -> None:
+    """Lease deadlines of another boot of ``host`` are meaningless on this clock: its sessions
+    (and those of files from before hosts were recorded, host ``''``) are dead. Another host's
+    sessions are left alone."""
+    # Their claims ended with that boot, at some time before now: now bounds it.
+    db.execute(
+        "UPDATE ownership SET prev_member=member_id, prev_session=session_id, "
+        "freed='expired', freed_at=?, member_id=NULL, session_id=NULL WHERE session_id IN "
+        "(SELECT session_id FROM members WHERE host IN (?, ''))",
+        (time.time(), host),
+    )
+    db.execute(
+        "UPDATE groups SET coord_member=NULL, coord_session=NULL WHERE coord_session IN "
+        "(SELECT session_id FROM members WHERE host IN (?, ''))",
+        (host,),
+    )
+    db.execute("DELETE FROM members WHERE host IN (?, '')", (host,))

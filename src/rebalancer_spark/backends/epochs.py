@@ -1,0 +1,123 @@
+"""What one backend handle remembers of a group's epochs, so that a store that lost its state
+cannot make a resource epoch go backwards (used by the front of :mod:`.base`).
+
+A store can lose its state: Redis restarted without persistence, an SQLite file replaced, a
+ZooKeeper chroot deleted and created again. The group then starts again from nothing, and its
+resource epochs from 1, while the output may already be fenced at higher epochs. The members
+that were running still know better, and so does the audit table. This memory keeps, per group:
+
+* ``incarnation``: the store's identity marker of the group that this handle last joined (a
+  value written when the group is created: SQLite's ``groups.incarnation``, the ZooKeeper
+  group znode's creation zxid, Redis' ``meta inc``); a different one after a join means the
+  group was created again;
+* ``floors``: per resource, the highest epoch this handle saw (granted, held, committed) or was
+  told of (:meth:`~.base.Backend.remember_epochs`: the audit table, an operator's floor);
+* ``high`` and ``resources``: the highest epoch of any claim in a group snapshot this handle
+  read (``state``), and the last non-empty resource set it read (``state`` or ``resources``,
+  as the coordinator reads it; a reference, not a copy: the caller does not change it).
+
+On a new incarnation the front lifts every remembered epoch into the store before anything is
+granted (each resource of the remembered set at least to ``high``: an epoch that jumps is
+harmless, one that goes back is not), declares the remembered resource set again if the new
+incarnation has none, and never passes on a grant at or below a remembered epoch (see
+:meth:`~.base.Backend.claim`). Stdlib only, thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+
+from rebalancer_spark.core.model import GroupState, Resource
+
+__all__ = ["EpochMemory"]
+
+
+class EpochMemory:
+    """Per group: the incarnation last joined and, per resource, the highest epoch seen (with
+    the session that held it then, None for epochs told of)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._floors: dict[str, dict[str, tuple[int, str | None]]] = {}
+        self._incarnations: dict[str, str | None] = {}
+        self._high: dict[str, int] = {}
+        self._resources: dict[str, Mapping[str, Resource]] = {}
+
+    def saw_state(self, state: GroupState) -> None:
+        """A snapshot of the group was read: keep its highest claim epoch and its resource set
+        (if it has any: the empty set of a group that lost its state must not replace it)."""
+        top = max((c.epoch for c in state.claims.values()), default=0)
+        with self._lock:
+            if top > self._high.get(state.group, 0):
+                self._high[state.group] = top
+            if state.resources:
+                self._resources[state.group] = state.resources
+
+    def saw_resources(self, group: str, resources: Mapping[str, Resource]) -> None:
+        """The group's resource set was read (kept if not empty, as in :meth:`saw_state`)."""
+        if resources:
+            with self._lock:
+                self._resources[group] = resources
+
+    def resources(self, group: str) -> list[Resource]:
+        """The last non-empty resource set read of ``group`` (empty if none)."""
+        with self._lock:
+            return list(self._resources.get(group, {}).values())
+
+    def see(
+        self,
+        group: str,
+        epochs: Mapping[str, int] | Iterable[tuple[str, int]],
+        session_id: str | None = None,
+    ) -> None:
+        """Epochs of ``group``'s resources seen (held by ``session_id``) or told of (None):
+        keep the highest of each."""
+        items = epochs.items() if isinstance(epochs, Mapping) else epochs
+        with self._lock:
+            floors = self._floors.setdefault(group, {})
+            for resource, epoch in items:
+                if epoch > floors.get(resource, (0, None))[0]:
+                    floors[resource] = (epoch, session_id)
+
+    def allows(self, group: str, resource: str, epoch: int, session_id: str) -> bool:
+        """Whether a grant of ``resource`` at ``epoch`` to ``session_id`` is above everything
+        known (or is the grant this session already holds)."""
+        with self._lock:
+            known, holder = self._floors.get(group, {}).get(resource, (0, None))
+        return epoch > known or (epoch == known and holder == session_id)
+
+    def floor(self, group: str, resource: str) -> int:
+        """The highest epoch known for ``resource`` (0 if none)."""
+        with self._lock:
+            return self._floors.get(group, {}).get(resource, (0, None))[0]
+
+    def floors(self, group: str) -> dict[str, int]:
+        """The floor of every resource known in ``group``: its own highest epoch, and at least
+        the group's highest for the resources of the remembered set."""
+        with self._lock:
+            own = {r: e for r, (e, _) in self._floors.get(group, {}).items()}
+            high = max(self._high.get(group, 0), max(own.values(), default=0))
+            if high:
+                for r in self._resources.get(group, {}):
+                    own[r] = high
+            return own
+
+    def incarnation(self, group: str) -> str | None:
+        """The incarnation of ``group`` this handle last joined (None: none yet)."""
+        with self._lock:
+            return self._incarnations.get(group)
+
+    def is_new(self, group: str, incarnation: str | None) -> bool:
+        """Whether joining ``incarnation`` must lift the known epochs: it is not the
+        incarnation joined before, or this handle joins for the first time while it knows
+        epochs of the group."""
+        with self._lock:
+            if group not in self._incarnations:
+                return bool(self._floors.get(group)) or bool(self._high.get(group))
+            return self._incarnations[group] != incarnation
+
+    def joined(self, group: str, incarnation: str | None) -> None:
+        """Record a join of ``incarnation`` (after its epochs were lifted)."""
+        with self._lock:
+            self._incarnations[group] = incarnation
