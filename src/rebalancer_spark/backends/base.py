@@ -687,10 +687,12 @@ class GroupReader:
         """How many reads of each kind this reader made (benchmarks, tests)."""
 
     def read(self, member_id: str, session_id: str) -> GroupView:
-        """The group as the coordinator rules need it. A follower (the role held by another
-        live session) reads only the head: its view carries no resources and no target, which
+        """The group as the coordinator rules need it. Every member keeps the resource set
+        (read again only when its version moves: a listing that changed, not a rebalance), so
+        that any member can declare it again into a store that lost it. A follower (the role
+        held by another live session) reads no target, which
         :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
-        member holds the role; with the role vacant or held, everything is brought up to date."""
+        member holds the role; with the role vacant or held, the target is brought up to date."""
         if session_id != self._session:
             # A new session: the store may have lost the group (and numbered it afresh) since
             # anything here was read, so nothing kept is trusted.
@@ -698,21 +700,28 @@ class GroupReader:
             self._session = session_id
         head = self._backend.head(self._group)
         self.reads["head"] += 1
-        coordinator = head.coordinator
-        if coordinator is not None and coordinator.session_id != session_id:
-            return GroupView(
-                member_id, session_id, head.members, coordinator, {}, -1, None, head.control
-            )
         if self._resources is None or self._resources[0] != head.resources_version:
             self._resources = self._backend.resources(self._group)
             self.reads["resources"] += 1
+        version, resources = self._resources
+        coordinator = head.coordinator
+        if coordinator is not None and coordinator.session_id != session_id:
+            return GroupView(
+                member_id,
+                session_id,
+                head.members,
+                coordinator,
+                resources,
+                version,
+                None,
+                head.control,
+            )
         known = self._target
         if head.generation == 0:
             self._target = None
         elif known is None or known.generation != head.generation:
             self._target = self._backend.target(self._group)
             self.reads["target"] += 1
-        version, resources = self._resources
         return GroupView(
             member_id,
             session_id,
