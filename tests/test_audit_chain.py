@@ -261,6 +261,22 @@ def test_a_store_that_lost_its_records_starts_the_chain_again() -> None:
     assert (a.end, a.closed_by) == (19.0, "expired")
 
 
+def test_an_unchained_grant_ends_a_crashed_owner_before_a_later_reset_does() -> None:
+    """a crashed (no row of its end); the store lost its records and b's grant, lifted to a
+    floor, names nothing; much later c's grant says the store started again. a ended by b's
+    grant at the latest, not only by c's reset (the chaos runner found this on Redis)."""
+    trail = [
+        grant(10.0, "a", 2, None, "new", None),
+        ev("acquired", 20.0, "b", 1_000, prev_epoch=999),  # unchained: no freed
+        ev("released", 30.0, "b", 1_000),
+        ev("acquired", 80.0, "c", 5_000, prev_epoch=None, freed="expired", freed_at=79.0),
+    ]
+    verdict = verify_events(trail)
+    assert not verdict.overlaps, verdict.report()
+    a = next(i for i in intervals(trail)["r"] if i.member_id == "a")
+    assert (a.end, a.closed_by) == (20.0, "superseded")
+
+
 def test_a_table_without_the_chain_columns_verifies_and_says_the_check_was_skipped() -> None:
     old = [{k: v for k, v in e.items() if k in {"kind", "resource", "member_id", "session_id",
             "epoch", "at", "observed_at"}} for e in clean_chain()]  # fmt: skip

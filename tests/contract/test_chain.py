@@ -101,3 +101,17 @@ def test_a_grant_after_a_leave_names_the_member_that_left(store: Backend, group:
     assert granted.freed in (Freed.RELEASED, Freed.EXPIRED)
     assert granted.freed_at is not None and granted.freed_at <= time.time() + SKEW
     assert granted.freed is Freed.EXPIRED or granted.freed_at <= left + SKEW
+
+
+def test_a_grant_after_a_lift_names_no_predecessor(store: Backend, group: str) -> None:
+    """A lifted epoch (after a store lost its records, or an operator's floor) breaks the
+    chain on purpose: the next grant must not name the last holder at an epoch it never held;
+    the audit then bounds the earlier owners by this grant (core.audit, superseded)."""
+    s1 = _join(store, group, "m1")
+    gen = _target(store, s1, _lead(store, s1), "m1")
+    store.claim(s1, ["a"], gen)
+    store.release(s1, {"a": 1})
+    assert store.lift_epochs(group, {"a": 50}) == 1
+    granted = store.claim(s1, ["a"], gen)["a"]
+    assert granted.epoch == 51
+    assert (granted.freed, granted.prev_member_id, granted.prev_session_id) == (None, None, None)

@@ -100,6 +100,8 @@ class _Trail:
         """Per resource: epoch -> when it ended, as a chained successor names it."""
         self.resets: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.chained: dict[tuple[str, int], bool] = {}
+        self.implied: set[_Key] = set()
+        """Ownerships whose end only a later reset or successor implies (see end_of)."""
         self._epochs: dict[str, list[int]] | None = None
 
     def add(self, e: Mapping[str, object]) -> None:
@@ -149,20 +151,23 @@ class _Trail:
         upto = known[after] if after < len(known) else math.inf
         unrecorded = [t for p, t in self.ended.get(resource, {}).items() if epoch < p < upto]
         if later or unrecorded:
+            self.implied.add(key)
             return min([*later, *unrecorded]), "expired"
         return end, how
 
     def superseded(self, resource: str, items: list[Interval]) -> list[Interval]:
-        """``items`` sorted by epoch then start; one still open before an unchained grant of a
-        higher epoch ends there (the store granted a higher epoch, so this session's claim had
-        ended by then: all a table without the chain can say)."""
+        """``items`` sorted by epoch then start; one with no end of its own (still open, or
+        ended only by what a later reset implies) before an unchained grant of a higher epoch
+        ends there at the latest (the store granted a higher epoch, so this session's claim
+        had ended by then: all a table without the chain can say)."""
         items.sort(key=lambda i: (i.epoch, i.start))
         fixed: list[Interval] = []
         for item, later in zip(items, [*items[1:], None], strict=True):
             if (
-                item.closed_by == "open"
+                (item.closed_by == "open" or (resource, item.session_id, item.epoch) in self.implied)
                 and later is not None
                 and later.epoch > item.epoch
+                and later.start < item.end
                 and not self.chained.get((resource, later.epoch), False)
             ):
                 fixed.append(dataclasses.replace(item, end=later.start, closed_by="superseded"))

@@ -23,13 +23,17 @@ def incarnation(db: sqlite3.Connection, group: str) -> str | None:
 
 
 def lift_epochs(db: sqlite3.Connection, group: str, floors: Mapping[str, int]) -> int:
-    """Raise the epoch of each resource nobody holds to its floor (a write transaction)."""
+    """Raise the epoch of each resource nobody holds to its floor (a write transaction). The
+    chain columns are cleared: the next grant names no predecessor (as on the other stores,
+    the audit bounds the earlier owners by that grant), never the last holder at an epoch it
+    did not hold."""
     ensure_group(db, group)
     before = db.total_changes
     db.executemany(
         "INSERT INTO ownership(grp, resource_id, member_id, session_id, epoch) "
         "VALUES (?, ?, NULL, NULL, ?) ON CONFLICT(grp, resource_id) DO UPDATE "
-        "SET epoch=excluded.epoch "
+        "SET epoch=excluded.epoch, prev_member=NULL, prev_session=NULL, freed=NULL, "
+        "freed_at=NULL "
         "WHERE ownership.session_id IS NULL AND ownership.epoch < excluded.epoch",
         [(group, r, e) for r, e in floors.items()],
     )
