@@ -742,14 +742,17 @@ def test_status_warns_when_redis_persists_nothing(
         (warning,) = store.store_warnings()
     assert "persists nothing (appendonly no, save '')" in warning
     assert "appendfsync always" in warning
+    group = _group()
+    with open_backend(redis_backend_url) as store:  # status answers exit 2 for unknown groups
+        _join(store, group, "m1")
     shown = subprocess.run(
-        [sys.executable, "-m", "rebalancer_spark.cli", "status", "--json", "--group", "g",
+        [sys.executable, "-m", "rebalancer_spark.cli", "status", "--json", "--group", group,
          "--backend", redis_backend_url],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert json.loads(shown.stdout)["store_warnings"] == [warning]
     human = subprocess.run(
-        [sys.executable, "-m", "rebalancer_spark.cli", "status", "--group", "g",
+        [sys.executable, "-m", "rebalancer_spark.cli", "status", "--group", group,
          "--backend", redis_backend_url],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
