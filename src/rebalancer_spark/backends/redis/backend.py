@@ -43,7 +43,6 @@ from rebalancer_spark.backends.redis.store.decode import (
     pairs,
 )
 from rebalancer_spark.backends.redis.store.keys import check_session_id, meta_key, prefix
-from rebalancer_spark.backends.redis.store.memory import Memory
 from rebalancer_spark.backends.redis.store.runner import Lua, ScriptRunner
 from rebalancer_spark.backends.redis.store.staging import (
     chunks,
@@ -93,7 +92,7 @@ class RedisBackend(Backend):
         self.client: redis.Redis = self._runner.client
         """The redis-py client (for tests and operators; the backend goes through scripts)."""
         self.run = self._runner.run
-        self._memory = Memory()
+        self._memory = self._runner.memory
         self._lock = threading.Lock()
         self._watches: weakref.WeakSet[RedisWatch] = weakref.WeakSet()
 
@@ -196,7 +195,6 @@ class RedisBackend(Backend):
 
     def _state(self, group: str) -> GroupState:
         decoded = decode_state(group, self._runner.run(Lua.STATE, group, [], "reading the group"))
-        self._memory.see(group, decoded.numbers)
         self._memory.saw_ttls(group, decoded.ttls_ms)
         joined = self._memory.snapshot(group).incarnation
         if decoded.incarnation and joined in ("", decoded.incarnation):
@@ -205,7 +203,6 @@ class RedisBackend(Backend):
 
     def _head(self, group: str) -> GroupHead:
         decoded = decode_head(group, self._runner.run(Lua.HEAD, group, [], "reading the group"))
-        self._memory.see(group, decoded.numbers)
         self._memory.saw_ttls(group, decoded.ttls_ms)
         return decoded.head
 
@@ -215,7 +212,6 @@ class RedisBackend(Backend):
         )
         version = number(group, "resources_version", text)
         weights = pairs(flat)
-        self._memory.see(group, [version])
         joined = self._memory.snapshot(group).incarnation
         if incarnation and joined in ("", str(incarnation)):
             self._memory.saw_resources(group, weights)
@@ -223,10 +219,7 @@ class RedisBackend(Backend):
 
     def _target(self, group: str) -> Target | None:
         meta, flat = self._runner.run(Lua.TARGET, group, [], "reading the target")
-        target = decode_target(group, pairs(meta), flat)
-        if target is not None:
-            self._memory.see(group, [target.generation, target.coordinator_epoch])
-        return target
+        return decode_target(group, pairs(meta), flat)
 
     def _holders(self, group: str, sessions: dict[str, str]) -> frozenset[str]:
         owners = {sid: m for m, sid in sessions.items()}
@@ -247,7 +240,6 @@ class RedisBackend(Backend):
             parse_phase(session.group, phase, store="Redis"),
             number(session.group, "target epoch", epoch),
         )
-        self._memory.see(session.group, [head.generation])
         return head
 
     def _member_view(self, session: Session) -> MemberView:
@@ -258,7 +250,6 @@ class RedisBackend(Backend):
         except Refusal:
             raise messages.expired(session, "reading the member's view") from None
         view, _ = decode_member_view(session.group, reply)
-        self._memory.see(session.group, [view.generation, *view.owned.values()])
         return view
 
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
@@ -292,7 +283,6 @@ class RedisBackend(Backend):
             return None
         member, sid, text = (str(v) for v in reply)
         epoch = number(session.group, "coord_epoch", text)
-        self._memory.see(session.group, [epoch])
         return CoordinatorRecord(member, sid, epoch)
 
     def _publish(
@@ -321,7 +311,6 @@ class RedisBackend(Backend):
                 )
         except Refusal as exc:
             raise messages.fenced_coordinator_refused(session, epoch, exc) from None
-        self._memory.see(group, [epoch, generation])
         return Target(
             generation=generation,
             coordinator_epoch=epoch,
@@ -403,7 +392,6 @@ class RedisBackend(Backend):
         version = int(
             self._runner.run_staged(Lua.UPDATE_RESOURCES, group, fill, args, "updating resources")
         )
-        self._memory.see(group, [version])
         return version
 
     # -- ownership ---------------------------------------------------------------------------
@@ -418,14 +406,12 @@ class RedisBackend(Backend):
         # A resource epoch someone overwrote with garbage is corrupt data, never a ValueError
         # that would end the member thread.
         granted = {str(row[0]): decode_grant(session.group, row) for row in rows}
-        self._memory.see(session.group, [g.epoch for g in granted.values()])
         return granted
 
     def _release(self, session: Session, claims: dict[str, int]) -> None:
         args: list[object] = [self._sid(session)]
         for rid, epoch in claims.items():
             args += [rid, epoch]
-        self._memory.see(session.group, claims.values())
         self._runner.run(Lua.RELEASE, session.group, args, "releasing")
 
     def _acknowledge(self, session: Session, generation: int) -> None:
@@ -439,6 +425,3 @@ class RedisBackend(Backend):
             self._runner.run(Lua.COMMIT, session.group, args, "committing progress")
         except Refusal as exc:
             raise messages.fenced_commit_refused(session, resource, epoch, exc) from None
-        # Only once Redis confirmed it: an epoch the store never handed out must not look
-        # like evidence that Redis went back (see Memory and ensure() in the prelude).
-        self._memory.see(session.group, [epoch])

@@ -96,7 +96,6 @@ class DecodedState:
     """A :class:`GroupState` plus what the backend remembers from it."""
 
     state: GroupState
-    numbers: list[int]
     ttls_ms: list[int]
     resources: dict[str, str]
     incarnation: str
@@ -165,7 +164,6 @@ def _coordinator(
 @dataclass(frozen=True, slots=True)
 class DecodedHead:
     head: GroupHead
-    numbers: list[int]
     ttls_ms: list[int]
 
 
@@ -173,7 +171,7 @@ def decode_head(group: str, reply: Sequence[Any]) -> DecodedHead:
     """The HEAD script's reply (see :mod:`.reads`)."""
     control = decode_control(group, reply[-1] if reply else [])
     if not reply or not reply[0]:
-        return DecodedHead(GroupHead(group, {}, None, 0, 0, control), [], [])
+        return DecodedHead(GroupHead(group, {}, None, 0, 0, control), [])
     meta = pairs(reply[0])
     members, ttls = decode_members(group, reply[1])
     coordinator = _coordinator(group, meta, members)
@@ -181,9 +179,7 @@ def decode_head(group: str, reply: Sequence[Any]) -> DecodedHead:
     generation = number(group, "generation", meta.get("generation", "0"))
     shown = generation if meta.get("has_target") == "1" else 0
     head = GroupHead(group, members, coordinator, version, shown, control)
-    coord_epoch = number(group, "coord_epoch", meta.get("coord_epoch", "0"))
-    numbers = [coord_epoch, generation, version, *(m.acked_generation for m in members.values())]
-    return DecodedHead(head, numbers, ttls)
+    return DecodedHead(head, ttls)
 
 
 def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
@@ -191,7 +187,7 @@ def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
     control = decode_control(group, reply[-1] if len(reply) in (2, 7) else [])
     if not reply or not reply[0]:
         empty = GroupState(group, {}, None, {}, 0, None, {}, control)
-        return DecodedState(empty, [], [], {}, "")
+        return DecodedState(empty, [], {}, "")
     meta = pairs(reply[0])
     members, ttls = decode_members(group, reply[1])
     live = {m.session_id: m.member_id for m in members.values()}
@@ -207,11 +203,7 @@ def decode_state(group: str, reply: Sequence[Any]) -> DecodedState:
     }
     version = number(group, "resources_version", meta.get("resources_version", "0"))
     state = GroupState(group, members, coordinator, resources, version, target, claims, control)
-    generation = number(group, "generation", meta.get("generation", "0"))
-    coord_epoch = number(group, "coord_epoch", meta.get("coord_epoch", "0"))
-    numbers = [coord_epoch, generation, version, *(c.epoch for c in claims.values())]
-    numbers += [m.acked_generation for m in members.values()]
-    return DecodedState(state, numbers, ttls, weights, meta.get("inc", ""))
+    return DecodedState(state, ttls, weights, meta.get("inc", ""))
 
 
 def decode_control(group: str, flat: Sequence[Any]) -> Control:

@@ -10,7 +10,9 @@ processes that were members still remember. This handle keeps, per group:
 * ``max_ttl_ms``: the longest lease of any member it has seen, and
 * ``resources``: the last resource set it saw (id -> weight as stored).
 
-Every join (and resource update) presents ``high`` and ``incarnation`` to the script. If the
+``high`` is kept by the script runner itself (:mod:`.runner`): every script's reply comes with
+the group's high-water mark, so no call site notes numbers by hand. Every join (and resource
+update) presents ``high`` and ``incarnation`` to the script. If the
 group's keys are gone, or carry another incarnation id, the script knows the caller saw an
 earlier life of the group and lifts the epoch base above ``max(Redis TIME in us, high + 1)``
 and quarantines the group (no grants) until every lease of the previous life has run out; the

@@ -7,6 +7,13 @@ the script and sends it again); :meth:`ScriptRunner.run_staged` first fills stag
 the same MULTI/EXEC, so that large targets and resource sets never travel as one giant script
 argument. A refusal comes back as :class:`.errors.Refusal`; every other failure as the
 library's :class:`BackendError` with the URL redacted.
+
+The epoch memory is wrapped around the runner: every script is registered with its body inside
+a function whose reply travels with the group's high-water mark (meta ``high``: every number
+the group ever handed out or stored is at most it, see :mod:`.prelude`), and the runner keeps
+it in :attr:`ScriptRunner.memory` before it hands the reply on. No caller has to remember to
+note the numbers it saw: whatever the script, what Redis answered is remembered (see
+:mod:`.memory` for what that memory is for).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from rebalancer_spark.backends.redis import ownership, reads, scripts
 from rebalancer_spark.backends.redis.errors import refusal, translate
 from rebalancer_spark.backends.redis.store.connection import open_client
 from rebalancer_spark.backends.redis.store.keys import meta_key
+from rebalancer_spark.backends.redis.store.memory import Memory
+from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.urls import BackendUrl
 
@@ -71,6 +80,23 @@ if set(Lua) != _DEFINED:  # pragma: no cover - caught by any import in the tests
 
 log = logging.getLogger("rebalancer_spark.backends.redis")
 
+_REMEMBERED = """
+end
+local reply = body()
+if type(reply) == 'table' and (reply.err or reply.ok) then return reply end
+if reply == nil then reply = false end
+return {reply, redis.call('HGET', META, 'high') or false}
+"""
+
+
+def remembered(name: str, text: str) -> str:
+    """Script ``text`` with its body wrapped so that it answers ``{reply, meta high}`` (a
+    refusal, an error reply, is passed on as it is)."""
+    if not text.startswith(PRELUDE):  # pragma: no cover - caught by any import in the tests
+        raise ImportError(f"the Lua script {name} does not start with the prelude")
+    return PRELUDE + "local function body()\n" + text[len(PRELUDE) :] + _REMEMBERED
+
+
 _FAILURES = (redis.exceptions.RedisError, UnicodeDecodeError, OSError)
 
 
@@ -81,9 +107,11 @@ class ScriptRunner:
         self.url = url
         self.client: redis.Redis = open_client(url)
         self.closed = False
+        self.memory = Memory()
+        """What this handle remembers of each group (:mod:`.memory`); every reply keeps it."""
         self._lock = threading.Lock()
         self._scripts: dict[str, Script] = {
-            name: self.client.register_script(getattr(module, name))
+            name: self.client.register_script(remembered(name, getattr(module, name)))
             for module in SCRIPT_MODULES
             for name in module.__all__
         }
@@ -122,6 +150,13 @@ class ScriptRunner:
                 f"the Redis backend for {self.url.redacted()!r} was closed: open a new one"
             )
 
+    def _remember(self, group: str, wrapped: Any) -> Any:
+        """The script's own reply, the group's high-water mark that came with it kept."""
+        reply, high = wrapped
+        if high is not None and str(high).isdigit():  # anything else: corrupt, read elsewhere
+            self.memory.see(group, [int(high)])
+        return reply
+
     def run(self, name: Lua, group: str, args: Sequence[object], doing: str) -> Any:
         """Run script ``name`` on ``group``; a refusal is raised as :class:`Refusal`."""
         self.check_open()
@@ -137,7 +172,7 @@ class ScriptRunner:
         except _FAILURES as exc:
             raise translate(exc, self.url, doing) from None
         self._answered()
-        return reply
+        return self._remember(group, reply)
 
     def _answered(self) -> None:
         now = time.monotonic()
@@ -170,7 +205,7 @@ class ScriptRunner:
                 raise found from None
         if failed is not None:
             raise translate(failed, self.url, doing) from None
-        return results[-1]
+        return self._remember(group, results[-1])
 
     def pipeline_read(self, fill: Callable[[Pipeline], None], doing: str) -> list[Any]:
         """Plain reads, pipelined (no transaction)."""
