@@ -163,8 +163,9 @@ class _Trail:
         items.sort(key=lambda i: (i.epoch, i.start))
         fixed: list[Interval] = []
         for item, later in zip(items, [*items[1:], None], strict=True):
+            unknown = (resource, item.session_id, item.epoch) in self.implied
             if (
-                (item.closed_by == "open" or (resource, item.session_id, item.epoch) in self.implied)
+                (item.closed_by == "open" or unknown)
                 and later is not None
                 and later.epoch > item.epoch
                 and later.start < item.end

@@ -1,7 +1,7 @@
 """``redis://[user:password@]host:port/db`` and ``rediss://``: the Redis backend (redis-py).
 
 Use it for members on several hosts sharing one Redis (or one Redis Cluster shard). Every
-change is one Lua script (:mod:`.scripts`) that checks what it depends on (lease, coordinator
+change is one Lua script (:mod:`.store.prelude`) that checks what it depends on (lease, coordinator
 epoch, resource epoch) before writing; leases are keys with a PX time-to-live, so Redis
 decides when a session has expired; every state change is PUBLISHed so watchers react at once
 (:mod:`.watch`); and epochs never go backwards even when Redis loses its data

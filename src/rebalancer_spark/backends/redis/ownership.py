@@ -1,6 +1,6 @@
 """The Lua scripts of ownership: claim, release, acknowledge and the fenced progress commit.
 
-Same conventions as :mod:`.scripts`.
+Same conventions as :mod:`.store.prelude`.
 """
 
 from __future__ import annotations

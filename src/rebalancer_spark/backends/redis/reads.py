@@ -1,6 +1,6 @@
 """The reading Lua scripts: one consistent snapshot per call, liveness judged by Redis.
 
-Same conventions as :mod:`.scripts` (``KEYS[1]`` is ``rb:{G}:meta``, numbers are decimal
+Same conventions as :mod:`.store.prelude` (``KEYS[1]`` is ``rb:{G}:meta``, numbers are decimal
 strings). They write nothing, except MEMBER_VIEW noting when a lost group was first seen.
 """
 

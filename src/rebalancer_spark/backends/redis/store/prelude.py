@@ -1,4 +1,19 @@
-"""The Lua helpers every script starts with (see :mod:`.scripts` for the conventions)."""
+"""The Lua helpers every script starts with, and the conventions of the scripts.
+
+The scripts are one per multi-key operation, each atomic in Redis, in the module of their
+contract section (:mod:`..sessions`, :mod:`..coordinator`, :mod:`..resources`,
+:mod:`..control`, :mod:`..ownership`, :mod:`..reads`). Every script is ``PRELUDE`` + its body.
+``KEYS[1]`` is always the group's ``meta`` hash ``rb:{G}:meta``: Redis Cluster routes the call
+by it, and every other key the script touches is ``P .. suffix`` with ``P = rb:{G}:``, so it
+hashes to the same slot (see :mod:`.keys`). All numbers cross the boundary as decimal strings
+(``int()`` in the prelude formats them) because Lua numbers are doubles: epochs stay below
+2**53 and are exact.
+
+Refusals are error replies ``CODE {json}`` (``EXPIRED``, ``FENCED``, ``INUSE``) that
+:mod:`..errors` turns into the library's exceptions with a full message. Scripts that change
+what :meth:`Backend.state` shows ``PUBLISH`` on ``rb:{G}:changes``; renewals and commits do
+not.
+"""
 
 from __future__ import annotations
 

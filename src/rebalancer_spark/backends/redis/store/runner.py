@@ -29,7 +29,14 @@ import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 
-from rebalancer_spark.backends.redis import ownership, reads, scripts
+from rebalancer_spark.backends.redis import (
+    control,
+    coordinator,
+    ownership,
+    reads,
+    resources,
+    sessions,
+)
 from rebalancer_spark.backends.redis.errors import refusal, translate
 from rebalancer_spark.backends.redis.store.connection import open_client
 from rebalancer_spark.backends.redis.store.keys import meta_key
@@ -40,7 +47,7 @@ from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = ["SCRIPT_MODULES", "Lua", "ScriptRunner"]
 
-SCRIPT_MODULES = (scripts, ownership, reads)
+SCRIPT_MODULES = (sessions, coordinator, resources, control, ownership, reads)
 """Every module whose ``__all__`` names Lua script constants."""
 
 

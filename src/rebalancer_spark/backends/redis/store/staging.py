@@ -3,7 +3,7 @@
 A target of 100,000 resources or a resource set of that size never travels as one script
 argument: the client queues ``SADD``/``HSET`` commands of at most :data:`CHUNK` items into the
 same MULTI/EXEC as the script, which renames the staged keys into place (see
-:mod:`.scripts`). Each staged key also gets a ``PEXPIRE`` as a safety net.
+:mod:`.prelude`). Each staged key also gets a ``PEXPIRE`` as a safety net.
 """
 
 from __future__ import annotations
