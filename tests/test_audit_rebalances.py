@@ -10,6 +10,7 @@ import pytest
 
 from rebalancer_spark.audit import basis_notes, rebalances
 from rebalancer_spark.audit.rows import load_rows
+from rebalancer_spark.backends import open_backend
 from rebalancer_spark.cli import main
 from tests.support.audit_tables import as_events, row, write_audit
 
@@ -120,17 +121,26 @@ def test_the_cli_and_status_use_generations(
     assert [i["trigger"] for i in data["items"]] == ["start", "operator", "operator", "discovery"]
     assert data["notes"] == []
 
-    store = f"sqlite:///{tmp_path}/none.db"
+    store = _store_of_orders(tmp_path)
     assert main(["status", "--group", "orders", "--backend", store, "--audit", audit]) == 0
     shown = capsys.readouterr().out
     assert "last rebalance: generation 4 (discovery: +0 -0) at " in shown
     assert "took 0.000 s, 0 moved" in shown
 
 
+def _store_of_orders(tmp_path: Path) -> str:
+    """A store that knows group ``orders`` (one live member): ``status`` answers exit 2 for a
+    store or group that does not exist."""
+    store = f"sqlite:///{tmp_path}/groups.db"
+    with open_backend(store) as backend:
+        backend.join("orders", "m1", info={"host": "test"}, ttl=60.0, static=False)
+    return store
+
+
 def test_status_says_when_it_guessed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     audit = str(tmp_path / "audit")
     write_audit(audit, [e for e in pin_then_drain() if e["kind"] != "rebalance"], chain=False)
-    store = f"sqlite:///{tmp_path}/none.db"
+    store = _store_of_orders(tmp_path)
     assert main(["status", "--group", "orders", "--backend", store, "--audit", audit]) == 0
     shown = capsys.readouterr().out
     assert "last rebalance: #2 at " in shown
