@@ -87,6 +87,8 @@ def as_row(e: OwnershipEvent) -> dict[str, object]:
         "freed_at": None if e.freed_at is None else round(e.freed_at * 1_000_000) / 1_000_000,
         "trigger": e.trigger,
         "moves": e.moves,
+        "pending_files": e.pending_files,
+        "pending_bytes": e.pending_bytes,
     }
 
 
@@ -96,7 +98,9 @@ def numbered(events: list[OwnershipEvent]) -> list[dict[str, object]]:
     rows = []
     for e in events:
         numbers[e.session_id] = numbers.get(e.session_id, 0) + 1
-        rows.append(as_row(e) | {"seq": numbers[e.session_id]})
+        row = as_row(e)
+        lag = {name: row.pop(name) for name in ("pending_files", "pending_bytes")}
+        rows.append(row | {"seq": numbers[e.session_id]} | lag)
     return rows
 
 
@@ -188,7 +192,8 @@ def test_events_come_back_from_read_audit(
         "epoch bigint, at timestamp, observed_at timestamp, reason string, host string, "
         "pid bigint, spark_app_id string, generation bigint, coordinator_epoch bigint, "
         "prev_member_id string, prev_session_id string, prev_epoch bigint, freed string, "
-        "freed_at timestamp, trigger string, moves bigint, seq bigint"
+        "freed_at timestamp, trigger string, moves bigint, seq bigint, pending_files bigint, "
+        "pending_bytes bigint"
     )
 
     def frame_of(rows: list[dict[str, object]]) -> Any:

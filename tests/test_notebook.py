@@ -3,6 +3,7 @@ live members, in a real Jupyter kernel of this interpreter, its outputs checked.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -244,5 +245,28 @@ def test_the_notebook_shows_rebalances_by_generation_and_a_group_owning_nothing(
     assert "operator: drain job-b" in stats and "discovery" in stats, stats
     assert "note:" not in stats, stats
     assert images(code) == 2
-    notebook = NOTEBOOK.read_text()
-    assert "## Lag over time" in notebook and "does not hold progress rows yet" in notebook
+    assert "no lag samples: the table holds none" in shown  # no lag rows in this table
+
+
+@pytest.mark.slow
+def test_the_notebook_draws_the_lag_over_time_from_the_lag_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twelve resources, each behind then caught up: the lag chart is drawn (the ten furthest
+    behind and the sum of all), next to the timeline."""
+    events = []
+    for i in range(12):
+        resource = f"r{i:02d}"
+        events.append(row(EventKind.ACQUIRED, "nb", resource, "m1", 1, float(i)))
+        for t, files in ((i + 0.5, 10 + i), (i + 5.0, 3), (i + 9.0, 0)):
+            lagging = row(EventKind.LAG, "nb", resource, "m1", 1, t)
+            events.append(
+                dataclasses.replace(lagging, pending_files=files, pending_bytes=files * 100)
+            )
+
+    code = execute(tmp_path, monkeypatch, written_table(tmp_path, events))
+
+    cell = next(c for c in code if "pending_files" in c.source)
+    assert "36 lag samples of 12 resources; most files pending: r11 21" in text_of(cell)
+    assert images([cell]) == 1
+    assert text_of(code[-1]).startswith("audit OK"), text_of(code[-1])

@@ -10,6 +10,7 @@ import pytest
 
 from rebalancer_spark import FencedError, MemberConfig
 from rebalancer_spark.audit import verify_table
+from rebalancer_spark.audit.rows import load_rows
 from rebalancer_spark.core.errors import ConfigurationError, RebalancerError, SourceError
 from rebalancer_spark.sources import open_source
 from rebalancer_spark.sources.files import FileShareSource
@@ -324,6 +325,17 @@ def test_one_job_ingests_every_file_exactly_once_and_audits_it(
     assert result and result[0].fenced == 0
     verdict = verify_table(str(audit), group=group)
     assert verdict.ok and verdict.resources == 4
+    # The lag, sampled into the audit table: each resource starts behind and ends caught up.
+    lag = [r for r in load_rows(str(audit), group=group).rows if r["kind"] == "lag"]
+    peak: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for row in sorted(lag, key=lambda r: float(str(r["at"]))):
+        resource, pending = str(row["resource"]), int(str(row["pending_files"]))
+        peak[resource] = max(peak.get(resource, 0), pending)
+        last[resource] = pending
+    assert sorted(last) == ["d00", "d01", "d02", "d99"], lag
+    assert all(n > 0 for n in peak.values()), peak
+    assert all(n == 0 for n in last.values()), last
 
 
 def test_once_ingests_what_is_there_and_ends_by_itself(

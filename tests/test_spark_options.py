@@ -76,6 +76,7 @@ def test_public_surface_is_pinned() -> None:
         "schema",
     }
     job_fields |= {"max_files_per_batch", "poll_interval", "discovery_interval", "log_format"}
+    job_fields |= {"lag_interval"}
     assert set(OPTION_KEYS) == set(CONFIG_KEYS) | job_fields
 
 

@@ -13,9 +13,10 @@ Each batch is committed with an application transaction ``(writer id, batch numb
 commit's outcome is unknown (the store timed out after the commit landed), the retry first asks
 the table whether that batch is already in, so a retry never writes a row twice.
 
-The epoch-chain columns (``generation`` … ``moves``, and ``seq``, see :data:`CHAIN_COLUMNS`)
-came later: a table written before them is still an audit table; the first append adds them to
-its schema (delta-rs' schema merge, one commit that keeps every row; old rows read them as null).
+The epoch-chain columns (``generation`` … ``moves``, ``seq``, and the lag samples'
+``pending_files`` and ``pending_bytes``, see :data:`CHAIN_COLUMNS`) came later: a table written
+before them is still an audit table; the first append adds them to its schema (delta-rs' schema
+merge, one commit that keeps every row; old rows read them as null).
 
 ``seq`` numbers each session's rows 1, 2, … in the order this log accepted them, and batches are
 committed in that order: a process killed before its writer flushed loses the *highest* numbers
@@ -106,6 +107,9 @@ _COLUMNS = (
     # a writer commits in that order, so a crash loses only the highest numbers of a session,
     # and a number missing below one in the table is a row removed (docs/audit.md).
     ("seq", pa.int64(), True),
+    # A ``lag`` row's sample: files and bytes listed and not processed yet (null elsewhere).
+    ("pending_files", pa.int64(), True),
+    ("pending_bytes", pa.int64(), True),
 )
 AUDIT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in _COLUMNS)
 """The audit table's columns, in order: one row per :class:`OwnershipEvent`."""
@@ -573,6 +577,8 @@ def _row(event: OwnershipEvent, seq: int) -> _Row:
         event.trigger,
         event.moves,
         seq,
+        event.pending_files,
+        event.pending_bytes,
     )
 
 

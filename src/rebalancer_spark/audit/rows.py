@@ -2,7 +2,8 @@
 
 Use case: the output check, the rebalance statistics and the timeline read every row of an
 audit table, written before or after the chain columns were added (``generation``,
-``coordinator_epoch``, ``prev_*``, ``freed``, ``freed_at``, ``trigger``, ``moves``, ``seq``; see
+``coordinator_epoch``, ``prev_*``, ``freed``, ``freed_at``, ``trigger``, ``moves``, ``seq``,
+``pending_files``, ``pending_bytes``; see
 ``docs/audit.md``), and need to know which kind of table they read, to say what they could
 not check. :func:`load_rows` reads the base columns (:data:`AUDIT_COLUMNS`, which must all be
 there) plus those of :data:`CHAIN_COLUMNS` that the table has; a row of an old table has
@@ -37,9 +38,13 @@ _CHAIN = (
     ("trigger", pa.string()),
     ("moves", pa.int64()),
     ("seq", pa.int64()),
+    ("pending_files", pa.int64()),
+    ("pending_bytes", pa.int64()),
 )
 CHAIN_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _CHAIN)
-"""The nullable columns added after the base columns for the epoch chain and rebalances."""
+"""The nullable columns added after the base columns for the epoch chain and rebalances (and
+the lag samples' ``pending_files`` and ``pending_bytes``)."""
+_LATER = frozenset({"seq", "pending_files", "pending_bytes"})
 
 _TIMES = ("at", "observed_at", "freed_at")
 # The base columns, whether or not audit_schema() has grown the chain columns itself.
@@ -58,8 +63,9 @@ class AuditRows:
 
     @property
     def has_chain(self) -> bool:
-        """Whether the table has every chain column (``seq``, added last, aside)."""
-        return all(name in self.chain_columns for name in CHAIN_COLUMNS if name != "seq")
+        """Whether the table has every chain column (``seq`` and the lag samples' columns,
+        added later, aside)."""
+        return all(name in self.chain_columns for name in CHAIN_COLUMNS if name not in _LATER)
 
 
 def chain_schema() -> pa.Schema:

@@ -26,7 +26,7 @@ from rebalancer_spark.core.errors import ConfigurationError
 __all__ = ["AuditVerdict", "history", "verify_events", "verify_table"]
 
 _TOP_RESOURCES = 5
-_NOT_OWNERSHIP = frozenset({"control", "rebalance", "stuck", "progress"})
+_NOT_OWNERSHIP = frozenset({"control", "rebalance", "stuck", "progress", "lag"})
 _SHOWN_ROWS = 6
 
 

@@ -16,7 +16,11 @@ ownership either: the coordinator emits one when it publishes a new target, with
 change owner (``moves``); ``reason`` carries the details ("join: job-d"). ``stuck`` and
 ``progress`` events are not changes of ownership either: a Spark job's owner of a file resource
 emits them, under its epoch, when the resource gets stuck and when it applies an operator's
-``rebalancer-spark progress reset|skip``.
+``rebalancer-spark progress reset|skip``. ``lag`` events are not changes of ownership either:
+the owner of a file resource samples its lag (``pending_files``, ``pending_bytes``: listed and
+not processed yet) after a planning, at most once per ``lag_interval`` seconds per resource
+and at once when the lag reaches zero or leaves it, so that the audit table shows how far
+behind each resource was over time (the notebook's "Lag over time").
 
 The epoch chain rides on ownership events: ``generation`` and ``coordinator_epoch`` name the
 target under which the change happened, and an ``acquired`` event carries the store's
@@ -50,6 +54,9 @@ class EventKind(StrEnum):
     progress record is unreadable, its listing or a read fails); ``reason`` says why."""
     PROGRESS = "progress"
     """Not a change of ownership: the owner applied an operator's ``progress reset|skip``."""
+    LAG = "lag"
+    """Not a change of ownership: a sample of the owner's lag on the resource (files and
+    bytes listed and not processed yet: ``pending_files``, ``pending_bytes``)."""
 
 
 class Trigger(StrEnum):
@@ -86,6 +93,8 @@ class OwnershipEvent:
     freed_at: float | None = None
     trigger: str | None = None
     moves: int | None = None
+    pending_files: int | None = None
+    pending_bytes: int | None = None
 
 
 EventSink = Callable[[OwnershipEvent], None]

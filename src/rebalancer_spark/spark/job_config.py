@@ -66,6 +66,7 @@ class JobConfig:
     max_files_per_batch: int = 100
     log_format: str = "text"
     poll_interval: float = 2.0
+    lag_interval: float = 60.0
     discovery_interval: float = 30.0
     config_file: str | None = None
     origins: Mapping[str, str] = field(default_factory=_empty, hash=False)
@@ -104,6 +105,7 @@ class JobConfig:
             "max_files_per_batch": _count("max_files_per_batch", self.max_files_per_batch),
             "log_format": _log_format(self.log_format),
             "poll_interval": _interval("poll_interval", self.poll_interval, 3600),
+            "lag_interval": _interval("lag_interval", self.lag_interval, 86400),
             "discovery_interval": _interval("discovery_interval", self.discovery_interval, 86400),
             "config_file": _text("config_file", self.config_file),
             "origins": MappingProxyType({str(k): str(v) for k, v in self.origins.items()}),

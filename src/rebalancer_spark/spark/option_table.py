@@ -132,6 +132,9 @@ OPTIONS = (
     Option("drain_timeout", "duration", TIMING, "DURATION",
            "graceful leave: how long to wait for the resources to move away"),
     Option("poll_interval", "duration", TIMING, "DURATION", "time between looks for new input"),
+    Option("lag_interval", "duration", TIMING, "DURATION",
+           "file sources with --audit: least time between two samples of a resource's lag in "
+           "the audit table (at once when it reaches zero or leaves it)"),
     Option("discovery_interval", "duration", TIMING, "DURATION",
            "time between listings of the source's resources, on the coordinator"),
 )  # fmt: skip

@@ -33,6 +33,7 @@ from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import FileSource, ResourceSource, open_source
 from rebalancer_spark.spark.file_history import FileHistory
+from rebalancer_spark.spark.lag import LagSampler
 from rebalancer_spark.spark.option_table import DEFAULT
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.outputs import Output, open_output, s3_storage_options
@@ -77,6 +78,7 @@ class RebalancerNode:
             source = open_source(job.source)
         self.source: ResourceSource | None = source
         self.audit: DeltaAuditLog | None = DeltaAuditLog(job.audit) if job.audit else None
+        self._lag = LagSampler(job.lag_interval)
         sc = spark.sparkContext
         sinks: list[EventSink] = [self.audit] if self.audit is not None else []
         self.member = Member(
@@ -232,10 +234,26 @@ class RebalancerNode:
             if sink is not None:
                 sink(event)
 
-    def _watch(self, resource: str, stuck: str | None, pending: tuple[int, int] | None) -> None:
+    def _watch(
+        self, resource: str, epoch: int, stuck: str | None, pending: tuple[int, int] | None
+    ) -> None:
         metrics = self.member.metrics
         if metrics is not None:
             metrics.resource_state(resource, stuck, pending)
+        if self.audit is None or pending is None:
+            return
+        files, size = pending
+        if not self._lag.take(resource, epoch, files, size):
+            return
+        session = self.member.session
+        now = time.time()
+        self.audit(
+            OwnershipEvent(
+                EventKind.LAG, self.member.group, resource, self.member.member_id,
+                "" if session is None else session.session_id, epoch, now, now,
+                f"{files} files, {size} bytes pending", pending_files=files, pending_bytes=size,
+            )
+        )  # fmt: skip
 
     def _files_history(self) -> FileHistory | None:
         """The ``--files-history`` table, or None: next to the output."""

@@ -100,12 +100,13 @@ class AssignedSource:
         changed: Callable[[int, str], None] | None = None,
         history: FileHistory | None = None,
         clock: Callable[[], float] = time.time,
-        watch: Callable[[str, str | None, tuple[int, int] | None], None] | None = None,
+        watch: Callable[[str, int, str | None, tuple[int, int] | None], None] | None = None,
         event: Callable[[str, str, int, str], None] | None = None,
     ) -> None:
-        """``watch(resource, stuck, pending)`` is told, after each planning or failure, why
-        the resource is stuck (None: it is not) and its lag (files, bytes; None: unknown): the
-        node shows them in the member's metrics. ``event(kind, resource, epoch, reason)`` is
+        """``watch(resource, epoch, stuck, pending)`` is told, after each planning or
+        failure, why the resource is stuck (None: it is not) and its lag (files, bytes; None:
+        unknown): the node shows them in the member's metrics and samples the lag into the
+        audit table (:mod:`.lag`). ``event(kind, resource, epoch, reason)`` is
         told when the resource gets stuck (``stuck``) and when an operator's request is applied
         (``progress``): the node records them in the audit table.
         ``changed(count, action)`` is told of
@@ -270,7 +271,8 @@ class AssignedSource:
             lag = (len(rest), sum(f.size for f in rest), not complete)
             self.stuck = None
             if self._watch is not None:
-                self._watch(self.resource, None, (len(every), sum(f.size for f in every)))
+                lagging = (len(every), sum(f.size for f in every))
+                self._watch(self.resource, self.epoch, None, lagging)
             if not pending:
                 if state.pending != lag or state.stuck is not None:
                     self._store(replace(state, pending=lag, stuck=None).as_json())
@@ -375,7 +377,7 @@ class AssignedSource:
             self._event("stuck", self.resource, self.epoch, text)
         self.stuck = text
         if self._watch is not None:
-            self._watch(self.resource, text, None)
+            self._watch(self.resource, self.epoch, text, None)
         try:
             state = self.state()
         except RebalancerError:
