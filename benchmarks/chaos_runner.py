@@ -15,6 +15,9 @@ so that faults overlap. The faults:
   1 to 2 s past its session timeout;
 * ZooKeeper (one server started here): the server stopped and started again (``restart``) or
   paused with ``SIGSTOP`` for 0.5 s to the session timeout + 1 s;
+* ZooKeeper as a three-server ensemble (``--backend zookeeper-ensemble``, not part of ``all``):
+  the leader killed with ``-9`` and started again 1 to 4 s later (a quorum remains; the
+  members' connections move to another server and the ensemble elects a new leader);
 * Redis (one server started here, no persistence): restarted (its data is lost) or paused with
   ``SIGSTOP`` likewise.
 
@@ -52,14 +55,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.*: servers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tests.servers.redis import RedisServer
-from tests.servers.zookeeper import ZkServer, free_ports
+from tests.servers.zookeeper import Ensemble, ZkServer, free_ports
 from tests.support.chaos import Chaos, ChaosConfig, ChaosReport, NoStoreFaults, StoreFaults
 from tests.support.chaos_invariants import (
     count_lost_commits,
     every_resource_committed,
     read_final_progress,
 )
-from tests.support.chaos_stores import RedisFaults
+from tests.support.chaos_stores import EnsembleFaults, RedisFaults
 from tests.support.helpers import wait_for
 from tests.support.procs import MemberProcesses
 
@@ -67,6 +70,8 @@ from rebalancer_spark.core import audit
 from rebalancer_spark.testing import member_process
 
 KINDS = ("sqlite", "zookeeper", "redis")
+EXTRA_KINDS = ("zookeeper-ensemble",)
+"""Run only when named (not in ``all``): three ZooKeeper servers on two cores are slow."""
 
 
 @dataclass
@@ -228,6 +233,22 @@ def store_for(
             yield url, url, ZkServerFaults(server, session_timeout)
         finally:
             server.kill()
+    elif kind == "zookeeper-ensemble":
+        ports = free_ports(9)
+        peers = [(i + 1, ports[3 + i], ports[6 + i]) for i in range(3)]
+        servers = [
+            ZkServer(workdir / f"zk{i + 1}", ports[i], myid=i + 1, peers=peers) for i in range(3)
+        ]
+        ensemble = Ensemble(servers)
+        try:
+            for server in servers:
+                server.write_config()
+                server.start()
+            ensemble.wait_quorum()
+            url = ensemble.url(f"/chaos-{uuid.uuid4().hex[:8]}", query="connect_timeout=2")
+            yield url, url, EnsembleFaults(ensemble)
+        finally:
+            ensemble.close()
     elif kind == "redis":
         redis = RedisServer(workdir / "redis")
         redis.start()
@@ -237,7 +258,8 @@ def store_for(
         finally:
             redis.stop()
     else:
-        raise SystemExit(f"unknown backend {kind!r}: one of {', '.join(KINDS)} or all")
+        known = ", ".join((*KINDS, *EXTRA_KINDS))
+        raise SystemExit(f"unknown backend {kind!r}: one of {known} or all")
 
 
 def run_one(kind: str, args: argparse.Namespace, log: Callable[[str], None]) -> Figures:
@@ -321,7 +343,8 @@ def check(
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", default="all", help=f"all or one of {', '.join(KINDS)}")
+    known = ", ".join((*KINDS, *EXTRA_KINDS))
+    parser.add_argument("--backend", default="all", help=f"all or one of {known}")
     parser.add_argument("--faults", type=int, default=1000, help="faults to inject per backend")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="per backend")
     parser.add_argument("--seed", type=int, default=1)
