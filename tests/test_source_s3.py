@@ -94,6 +94,28 @@ def test_a_listing_in_name_order_starts_after_a_key_and_stops_at_a_limit(
         S3Source(_url(s3_bucket, order="random"))
 
 
+def test_nested_layouts_are_resources_at_a_depth(s3_bucket: S3Bucket) -> None:
+    for key in ["date=1/hour=00/a.csv", "date=1/hour=01/b.csv", "date=2/hour=00/c.csv"]:
+        s3_bucket.put(f"root/{key}", "x\n")
+    s3_bucket.put("root/date=2/_tmp/x", "x")
+    s3_bucket.put("root/date=3/loose.csv", "x")  # no sub-prefix at the second level
+    source = S3Source(_url(s3_bucket, depth="2", page_size="1"))
+    assert [r.id for r in source.discover()] == [
+        "date=1/hour=00",
+        "date=1/hour=01",
+        "date=2/hour=00",
+    ]
+    assert source.pages >= 6, "one listing per level and parent, a key per page"
+    assert [f.name for f in source.files("date=1/hour=01")] == ["b.csv"]
+    assert source.location("date=1/hour=01") == f"s3://{s3_bucket.name}/root/date=1/hour=01/"
+    for bad in ("date=1", "date=1/hour=00/x", "date=1/..", "date=1/"):
+        with pytest.raises(SourceError, match="paths of 2 sub-prefix names"):
+            source.files(bad)
+    assert [r.id for r in S3Source(_url(s3_bucket)).discover()] == ["date=1", "date=2", "date=3"]
+    with pytest.raises(ConfigurationError, match="depth='9'"):
+        S3Source(_url(s3_bucket, depth="9"))
+
+
 def test_a_missing_bucket_is_a_source_error(s3_bucket: S3Bucket) -> None:
     source = S3Source(_url(s3_bucket).replace(s3_bucket.name, s3_bucket.name + "-missing"))
     with pytest.raises(SourceError, match=r"NoSuchBucket.*does not exist"):

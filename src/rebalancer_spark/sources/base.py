@@ -136,6 +136,19 @@ def check_on_change(value: str, shown_url: str) -> str:
     return value
 
 
+def check_depth(options: Mapping[str, str], shown_url: str) -> int:
+    """The ``depth`` option of a file source, checked: how many levels below the root its
+    resources are (1 to 8, default 1)."""
+    depth = options.get("depth", "1")
+    if not depth.isdigit() or not 1 <= int(depth) <= 8:
+        raise ConfigurationError(
+            f"option depth={depth!r} of source {shown_url!r} is not a number from 1 to 8: the "
+            "resources are the directories (or sub-prefixes) that many levels below the root "
+            "(2: date=*/hour=*)"
+        )
+    return int(depth)
+
+
 def check_listing(options: Mapping[str, str], shown_url: str) -> tuple[str, float]:
     """The ``order`` and ``lookback`` options of a file source, checked: (order, seconds)."""
     from rebalancer_spark.core.config import parse_duration

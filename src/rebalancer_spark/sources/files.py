@@ -48,7 +48,13 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
-from rebalancer_spark.sources.base import FileEntry, FileSource, check_listing, check_on_change
+from rebalancer_spark.sources.base import (
+    FileEntry,
+    FileSource,
+    check_depth,
+    check_listing,
+    check_on_change,
+)
 
 __all__ = ["FileShareSource"]
 
@@ -135,14 +141,7 @@ class FileShareSource(FileSource):
         self.url = url
         self.root = Path(unquote(parts.path))
         self.weight = weight
-        depth = options.get("depth", "1")
-        if not depth.isdigit() or not 1 <= int(depth) <= 8:
-            raise ConfigurationError(
-                f"option depth={depth!r} of source {url!r} is not a number from 1 to 8: the "
-                "resources are the directories that many levels below the root (2: "
-                "date=*/hour=*)"
-            )
-        self.depth = int(depth)
+        self.depth = check_depth(options, url)
         self.on_change = check_on_change(options.get("on_change", "ignore"), url)
         self.order, self.lookback = check_listing(options, url)
 

@@ -1,8 +1,9 @@
 """``s3://bucket/prefix/``: each sub-prefix of a prefix is a resource (boto3, paginated).
 
 Use it for a landing zone in S3 (or MinIO, Ceph, moto: any S3 endpoint) where each producer,
-tenant or day writes under its own sub-prefix, ``s3://lake/raw/orders/<name>/…``. Discovery is
-one ``ListObjectsV2`` with ``Delimiter='/'``, paginated, run by the coordinator only.
+tenant or day writes under its own sub-prefix, ``s3://lake/raw/orders/<name>/…`` (or several
+levels down, ``depth=N``). Discovery is one ``ListObjectsV2`` with ``Delimiter='/'`` per level
+and parent, paginated, run by the coordinator only.
 
 URL options (query string), each at most once; anything else is refused:
 
@@ -25,6 +26,10 @@ URL options (query string), each at most once; anything else is refused:
                     starts after the last key processed (``StartAfter``)
 ``lookback``        with ``order=name``: how late (a duration, default 0) an object may
                     arrive under a key below the last one processed and still be picked up
+``depth``           1 to 8 (default 1): the resources are the sub-prefixes that many levels
+                    below the prefix, named by their path (``depth=2`` over
+                    ``date=*/hour=*``: ``date=2026-11-25/hour=10``); one ``Delimiter``
+                    listing per level and parent
 ==================  ======================================================================
 
 Credentials come from the standard boto3 chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
@@ -56,7 +61,13 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource, validate_resource_id
 from rebalancer_spark.core.urls import redact_url
-from rebalancer_spark.sources.base import FileEntry, FileSource, check_listing, check_on_change
+from rebalancer_spark.sources.base import (
+    FileEntry,
+    FileSource,
+    check_depth,
+    check_listing,
+    check_on_change,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -69,6 +80,7 @@ log = logging.getLogger("rebalancer_spark.sources.s3")
 
 OPTIONS = (
     "connect_timeout",
+    "depth",
     "endpoint_url",
     "lookback",
     "on_change",
@@ -149,6 +161,7 @@ class S3Source(FileSource):
         self.reader = options.get("reader", "auto")
         self.on_change = check_on_change(options.get("on_change", "ignore"), shown)
         self.order, self.lookback = check_listing(options, shown)
+        self.depth = check_depth(options, shown)
         for name, value, allowed in (
             ("weight", self.weight, WEIGHTS),
             ("reader", self.reader, READERS),
@@ -282,20 +295,25 @@ class S3Source(FileSource):
     # -- the contract ------------------------------------------------------------------------
 
     def discover(self) -> list[Resource]:
-        names: list[str] = []
+        prefixes = [self.prefix]
         pages = 0
-        for page in self._pages("list the sub-prefixes", Prefix=self.prefix, Delimiter="/"):
-            pages += 1
-            for entry in page.get("CommonPrefixes", []):
-                name = str(entry["Prefix"])[len(self.prefix) : -1]
-                if not name or _hidden(name):
-                    continue
-                try:
-                    names.append(validate_resource_id(name))
-                except ConfigurationError as exc:
-                    log.warning(
-                        "source %r: sub-prefix skipped, it cannot be a resource: %s", self, exc
-                    )
+        for _ in range(self.depth):  # the sub-prefixes `depth` levels down, by path
+            below: list[str] = []
+            for parent in prefixes:
+                for page in self._pages("list the sub-prefixes", Prefix=parent, Delimiter="/"):
+                    pages += 1
+                    for entry in page.get("CommonPrefixes", []):
+                        found = str(entry["Prefix"])
+                        name = found[len(parent) : -1]
+                        if name and not _hidden(name):
+                            below.append(found)
+            prefixes = below
+        names: list[str] = []
+        for found in prefixes:
+            try:
+                names.append(validate_resource_id(found[len(self.prefix) : -1]))
+            except ConfigurationError as exc:
+                log.warning("source %r: sub-prefix skipped, it cannot be a resource: %s", self, exc)
         self.pages = pages
         names.sort()
         if self.weight == "none":
@@ -309,10 +327,16 @@ class S3Source(FileSource):
 
     def key_prefix(self, resource: str) -> str:
         """The key prefix of ``resource``'s objects (ends with '/')."""
-        if "/" in resource or resource in (".", ".."):
+        parts = resource.split("/")
+        if len(parts) != self.depth or any(p in ("", ".", "..") for p in parts):
+            shape = (
+                "single sub-prefix names"
+                if self.depth == 1
+                else f"paths of {self.depth} sub-prefix names (depth={self.depth})"
+            )
             raise SourceError(
-                f"resource {resource!r} of source {self!r} holds a '/' or is '.'/'..': the "
-                "resource ids of an S3 source are single sub-prefix names"
+                f"resource {resource!r} of source {self!r} is not one of its sub-prefixes: the "
+                f"resource ids of this S3 source are {shape}, none of them '.' or '..'"
             )
         return f"{self.prefix}{resource}/"
 
