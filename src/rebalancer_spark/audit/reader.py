@@ -49,17 +49,27 @@ def load_events(
     return rows
 
 
+_COORDINATOR_KINDS = ("control", "rebalance")
+
+
 def epoch_floors(
     path: str, group: str, *, storage_options: Mapping[str, str] | None = None
 ) -> dict[str, int]:
-    """The highest epoch the audit table at ``path`` records for each resource of ``group``:
-    what a member tells its store (``Backend.remember_epochs``) so that no grant goes back
-    below it, even if the store lost its state. Empty when there is no table there yet."""
+    """The highest resource epoch the audit table at ``path`` records for each resource of
+    ``group``: what a member tells its store (``Backend.remember_epochs``) so that no grant
+    goes back below it, even if the store lost its state. Empty when there is no table there
+    yet. The coordinator's rows (``control``, ``rebalance``) carry its own epoch, not a
+    resource's, and group-wide rows no resource: both are left out."""
     try:
         table = open_audit_table(path, storage_options)
     except ConfigurationError:
         return {}
-    arrow = table.to_pyarrow_table(columns=["resource", "epoch"], filters=[("group", "=", group)])
+    filters = [
+        ("group", "=", group),
+        ("kind", "not in", list(_COORDINATOR_KINDS)),
+        ("resource", "!=", ""),
+    ]
+    arrow = table.to_pyarrow_table(columns=["resource", "epoch"], filters=filters)
     grouped = arrow.group_by("resource").aggregate([("epoch", "max")])
     return {
         str(r): int(e)
