@@ -13,7 +13,7 @@ per resource a sample is kept when:
 
 A resource therefore writes at most one row per ``interval`` while its lag moves, plus two
 per catch-up, and none while it stays the same: a line that holds its last value is a lag that
-did not change. Pure (a clock is passed in), thread-safe.
+did not change. No I/O (the clock is passed in), thread-safe.
 """
 
 from __future__ import annotations
