@@ -364,7 +364,14 @@ def test_default_store_url() -> None:
         default_store_url("state")
 
 
-@given(st.lists(st.text(min_size=1).filter(lambda s: "/" not in s and s.isprintable()), max_size=4))
+# Printable characters but '/', drawn as such (filtering them out of any text failed
+# Hypothesis' filter_too_much health check on some seeds).
+_NAME_CHARS = st.characters(
+    exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"), exclude_characters="/"
+)
+
+
+@given(st.lists(st.text(_NAME_CHARS, min_size=1), max_size=4))
 def test_default_sqlite_url_round_trips_any_directory(parts: list[str]) -> None:
     assume(not parts or (parts[0] not in (".", "..") and not parts[0].startswith("~")))
     directory = "/" + "/".join(parts)
