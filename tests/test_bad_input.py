@@ -297,8 +297,12 @@ def test_odd_but_valid_resource_ids_round_trip_exactly(store: Backend, group: st
 )
 @given(
     st.lists(
-        st.text(min_size=1, max_size=30).filter(
-            lambda s: s.isprintable() and not any("\ud800" <= c <= "\udfff" for c in s)
+        # printable characters drawn as such (no surrogates): filtering any text for them can
+        # fail Hypothesis' filter_too_much health check on some seeds
+        st.text(
+            st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs")),
+            min_size=1,
+            max_size=30,
         ),
         min_size=1,
         max_size=4,

@@ -163,7 +163,10 @@ SPECIAL_IDS = [
 
 
 def _resource_ids() -> st.SearchStrategy[str]:
-    text = st.text(st.characters(codec="utf-8"), min_size=1, max_size=300)
+    printable = st.characters(
+        codec="utf-8", exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs")
+    )
+    text = st.text(printable, min_size=1, max_size=300)
     return st.one_of(st.sampled_from(SPECIAL_IDS), text).filter(
         lambda s: s.isprintable() and len(s.encode()) <= MAX_RESOURCE_ID_BYTES
     )
