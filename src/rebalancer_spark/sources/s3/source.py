@@ -272,7 +272,11 @@ class S3Source(FileSource):
             raise SourceError(self._explain(what, exc)) from None
 
     def _explain(self, what: str, exc: Exception) -> str:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        # botocore's client errors carry the response as a dict; others carry None there (a
+        # connection cut in the middle of an answer), which must not break the explanation
+        response = getattr(exc, "response", None)
+        error = response.get("Error") if isinstance(response, dict) else None
+        code = str(error.get("Code", "")) if isinstance(error, dict) else ""
         hint = {
             "NoSuchBucket": f"the bucket {self.bucket!r} does not exist: check the URL",
             "AccessDenied": "access is refused: check the credentials' permissions",
