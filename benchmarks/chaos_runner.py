@@ -234,17 +234,9 @@ def store_for(
         finally:
             server.kill()
     elif kind == "zookeeper-ensemble":
-        ports = free_ports(9)
-        peers = [(i + 1, ports[3 + i], ports[6 + i]) for i in range(3)]
-        servers = [
-            ZkServer(workdir / f"zk{i + 1}", ports[i], myid=i + 1, peers=peers) for i in range(3)
-        ]
-        ensemble = Ensemble(servers)
+        ensemble = Ensemble.of_three(workdir)
         try:
-            for server in servers:
-                server.write_config()
-                server.start()
-            ensemble.wait_quorum()
+            ensemble.start()
             url = ensemble.url(f"/chaos-{uuid.uuid4().hex[:8]}", query="connect_timeout=2")
             yield url, url, EnsembleFaults(ensemble)
         finally:

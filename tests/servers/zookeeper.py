@@ -183,6 +183,22 @@ class Ensemble:
 
     servers: list[ZkServer]
 
+    @classmethod
+    def of_three(cls, base: Path) -> Ensemble:
+        """Three servers under ``base`` on free ports, configured as one quorum (not started)."""
+        ports = free_ports(9)
+        peers = [(i + 1, ports[3 + i], ports[6 + i]) for i in range(3)]
+        return cls(
+            [ZkServer(base / f"server{i + 1}", ports[i], myid=i + 1, peers=peers) for i in range(3)]
+        )
+
+    def start(self) -> None:
+        """Write each server's configuration, start them all, and wait for the quorum."""
+        for server in self.servers:
+            server.write_config()
+            server.start()
+        self.wait_quorum()
+
     @property
     def hosts(self) -> str:
         return ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
@@ -327,19 +343,10 @@ def zookeeper_ensemble(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Ensemble]:
     _require_zookeeper()
-    ports = free_ports(9)
-    peers = [(i + 1, ports[3 + i], ports[6 + i]) for i in range(3)]
-    base = tmp_path_factory.mktemp("zk-ensemble")
-    servers = [
-        ZkServer(base / f"server{i + 1}", ports[i], myid=i + 1, peers=peers) for i in range(3)
-    ]
-    ensemble = Ensemble(servers)
-    _used.setdefault(request.node.nodeid, []).extend(servers)
+    ensemble = Ensemble.of_three(tmp_path_factory.mktemp("zk-ensemble"))
+    _used.setdefault(request.node.nodeid, []).extend(ensemble.servers)
     try:
-        for server in servers:
-            server.write_config()
-            server.start()
-        ensemble.wait_quorum()
+        ensemble.start()
         yield ensemble
     finally:
         ensemble.close()
