@@ -98,9 +98,7 @@ def numbered(events: list[OwnershipEvent]) -> list[dict[str, object]]:
     rows = []
     for e in events:
         numbers[e.session_id] = numbers.get(e.session_id, 0) + 1
-        row = as_row(e)
-        lag = {name: row.pop(name) for name in ("pending_files", "pending_bytes")}
-        rows.append(row | {"seq": numbers[e.session_id]} | lag)
+        rows.append(as_row(e) | {"seq": numbers[e.session_id]})
     return rows
 
 
