@@ -20,34 +20,19 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from rebalancer_spark.audit.delta import AUDIT_COLUMNS, audit_schema
+from rebalancer_spark.audit.delta import AUDIT_COLUMNS, CHAIN_COLUMNS, audit_schema
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
 from rebalancer_spark.core.urls import redact_url
 
 __all__ = ["CHAIN_COLUMNS", "AuditRows", "chain_schema", "load_rows"]
 
-_UTC_MICROS = pa.timestamp("us", tz="UTC")
-_CHAIN = (
-    ("generation", pa.int64()),
-    ("coordinator_epoch", pa.int64()),
-    ("prev_member_id", pa.string()),
-    ("prev_session_id", pa.string()),
-    ("prev_epoch", pa.int64()),
-    ("freed", pa.string()),
-    ("freed_at", _UTC_MICROS),
-    ("trigger", pa.string()),
-    ("moves", pa.int64()),
-    ("seq", pa.int64()),
-    ("pending_files", pa.int64()),
-    ("pending_bytes", pa.int64()),
-)
-CHAIN_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _CHAIN)
-"""The nullable columns added after the base columns for the epoch chain and rebalances (and
-the lag samples' ``pending_files`` and ``pending_bytes``)."""
+# The nullable columns added after the base ones (epoch chain, rebalances, row numbers, lag
+# samples), with their types: delta.CHAIN_COLUMNS, re-exported here.
+_CHAIN = tuple((f.name, f.type) for f in audit_schema() if f.name in CHAIN_COLUMNS)
 _LATER = frozenset({"seq", "pending_files", "pending_bytes"})
 
 _TIMES = ("at", "observed_at", "freed_at")
-# The base columns, whether or not audit_schema() has grown the chain columns itself.
+# The base columns: every one a table must have.
 _BASE = tuple(name for name in AUDIT_COLUMNS if name not in CHAIN_COLUMNS)
 
 
