@@ -491,6 +491,10 @@ class AssignedSource:
         lookback = self.files_source().lookback if self.files_source().order == "name" else None
         after = state.done(state.batch, now, lookback)
         self._store(replace(after, extra=extra).as_json())
+        if self._watch is not None and after.pending is not None:
+            # What the planning left for later batches is the lag now: a resource whose last
+            # batch landed reads caught up at once, not only at its next planning.
+            self._watch(self.resource, self.epoch, None, after.pending[:2])
         known = self._known_names(state)
         floor = self._floor(after)
         for name, fp in rows:
