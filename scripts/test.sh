@@ -61,7 +61,7 @@ fi
 
 echo "[test] pytest"
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=30 "$@"
 code=$?
 set -e
 finish "the whole suite" "$code"

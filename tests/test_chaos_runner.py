@@ -1,6 +1,7 @@
-"""The chaos runner (benchmarks/chaos_runner.py) for 100 faults per backend: kill -9 and
-SIGSTOP of members past their lease, store servers restarted and paused; no double ownership in
-the members' trails, no lost commit. The 1,000-fault figures are in docs/benchmarks.md."""
+"""The chaos runner (benchmarks/chaos_runner.py) for 100 faults on SQLite and Redis and 40 on
+ZooKeeper: kill -9 and SIGSTOP of members past their lease, store servers restarted and paused;
+no double ownership in the members' trails, no lost commit. The 1,000-fault figures of every
+backend are in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-FAULTS = 100
+# ZooKeeper injects 0.1 to 0.2 faults a second here: a restarted server is a JVM that starts
+# in seconds, and a killed member is restarted only once its session expired. 100 faults took
+# 500 to 1,000 s on a loaded machine, a third of the whole suite; 40 draw from the same five
+# fault kinds in a third of the time.
+FAULTS = {"sqlite": 100, "zookeeper": 40, "redis": 100}
 
 
 def _runner() -> ModuleType:
@@ -26,21 +31,22 @@ def _runner() -> ModuleType:
     return module
 
 
-# ZooKeeper injects about 0.2 faults a second here (a restarted server or member reconnects
-# slowly): 100 faults take 500 s and more on a loaded machine, past pytest's default timeout.
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("backend", ["sqlite", "zookeeper", "redis"])
-def test_a_hundred_faults_make_no_double_owner_and_lose_no_commit(
+def test_a_run_of_faults_makes_no_double_owner_and_loses_no_commit(
     backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runner = _runner()
     args = runner.parser().parse_args(
-        ["--backend", backend, "--faults", str(FAULTS), "--members", "6", "--max-seconds", "1000"]
+        [
+            "--backend", backend, "--faults", str(FAULTS[backend]), "--members", "6",
+            "--max-seconds", "600",
+        ]  # fmt: skip
     )
     figures = runner.run_one(backend, args, lambda _: None)
     with capsys.disabled():
         print("\n" + "\n".join(figures.lines()))
-    assert sum(figures.faults.values()) >= FAULTS, figures.lines()
+    assert sum(figures.faults.values()) >= FAULTS[backend], figures.lines()
     assert figures.double_ownerships == 0, figures.lines()
     assert figures.lost_commits == 0, figures.lines()
     assert figures.acquisitions > 0
