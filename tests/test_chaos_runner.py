@@ -37,12 +37,8 @@ def test_a_run_of_faults_makes_no_double_owner_and_loses_no_commit(
     backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runner = _runner()
-    args = runner.parser().parse_args(
-        [
-            "--backend", backend, "--faults", str(FAULTS[backend]), "--members", "6",
-            "--max-seconds", "600",
-        ]  # fmt: skip
-    )
+    faults = ["--faults", str(FAULTS[backend]), "--max-seconds", "600"]
+    args = runner.parser().parse_args(["--backend", backend, "--members", "6", *faults])
     figures = runner.run_one(backend, args, lambda _: None)
     with capsys.disabled():
         print("\n" + "\n".join(figures.lines()))
