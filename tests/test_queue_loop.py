@@ -16,6 +16,8 @@ from deltalake import DeltaTable
 
 from rebalancer_spark import Member, MemberConfig
 from rebalancer_spark.backends import open_backend
+from rebalancer_spark.cli import main
+from rebalancer_spark.core.status import assignment_statuses, group_status
 from rebalancer_spark.sources.queues import QueueMessage
 from rebalancer_spark.sources.rabbitmq import RabbitMqSource
 from rebalancer_spark.sources.sqs import SqsSource
@@ -117,6 +119,46 @@ def test_every_message_lands_once_per_key_and_is_acked(
     with open_backend(member.config.backend) as store:
         progress = store.progress(group, queues)
     assert all(p.value["messages"] == 130 for p in progress.values())
+
+
+def test_the_queue_lag_reaches_the_progress_status_assignments_and_metrics(
+    spark: Any,
+    rabbitmq: RabbitMq,
+    tmp_path: Path,
+    group: str,
+    members: list[Member],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, [(f"k{i}", b"{}") for i in range(60)])
+    source = RabbitMqSource(rabbitmq.source_url(queues=queue, batch="25"))
+    member = Member(_config(tmp_path, group, "m1"), resources=[queue])
+    members.append(member.start())
+    wait_for(lambda: member.owns(queue) is not None, timeout=15, what="the queue to be owned")
+    assert member.metrics is not None
+    labels = {"group": group, "member": "m1", "resource": queue}
+
+    def lag() -> tuple[int | None, int | None, float | None]:
+        with open_backend(member.config.backend) as store:
+            state, progress = store.state(group), store.progress(group, [queue])
+        (row,) = assignment_statuses(state, progress)
+        assert member.metrics is not None
+        gauge = member.metrics.registry.get_sample_value("rebalancer_pending_messages", labels)
+        return row.pending_messages, group_status(state, progress).pending_messages, gauge
+
+    loop = QueueLoop(member, source, _output(spark, tmp_path / "out", group))
+    try:
+        assert loop.run_once()
+        assert lag() == (35, 35, 35)  # 25 written and acknowledged, 35 left ready
+        _drain(loop, lambda: rabbitmq.depth(queue) == 0, "the queue to be drained", timeout=120)
+    finally:
+        loop.close()
+    assert lag() == (0, 0, 0)
+    backend = ["--group", group, "--backend", member.config.backend]
+    assert main(["assignments", *backend]) == 0
+    assert "0 msg" in capsys.readouterr().out
+    assert main(["status", *backend, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pending"]["messages"] == 0
 
 
 def test_a_batch_written_but_not_committed_is_redelivered_and_not_written_again(

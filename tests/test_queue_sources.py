@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,7 +24,12 @@ import pytest
 
 from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource
-from rebalancer_spark.sources.queues import DedupeRule, QueueMessage, depth_weight
+from rebalancer_spark.sources.queues import (
+    DEPTH_CACHE_SECONDS,
+    DedupeRule,
+    QueueMessage,
+    depth_weight,
+)
 from rebalancer_spark.sources.rabbitmq import RabbitMqSource
 from rebalancer_spark.sources.sqs import SqsSource
 from tests.servers.cloud import RabbitMq, RabbitMqNode, SqsPrefix
@@ -390,6 +396,19 @@ _CHILD = textwrap.dedent(
 )
 
 
+def test_rabbitmq_consumer_depth_is_what_the_broker_has_left_ready(rabbitmq: RabbitMq) -> None:
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, _bodies(10))
+    source = RabbitMqSource(rabbitmq.source_url(queues=queue))
+    with source.consumer(queue) as consumer:
+        assert consumer.depth() == 10  # before any fetch: asked with a passive declare
+        consumer.fetch(4)
+        assert consumer.depth() == 6  # the last basic.get said so; the 4 held do not count
+        rabbitmq.publish(queue, _bodies(2, tag="late"))
+        assert len(consumer.fetch(100)) == 8
+        assert consumer.depth() == 0  # the fetch ended on an empty queue
+
+
 def test_rabbitmq_messages_of_a_killed_consumer_are_redelivered(rabbitmq: RabbitMq) -> None:
     queue = rabbitmq.declare("q")
     rabbitmq.publish(queue, _bodies(8))
@@ -554,6 +573,23 @@ def test_sqs_consumer_deletes_on_ack_and_returns_on_close(sqs_prefix: SqsPrefix)
     assert {m.key for m in rest} | {m.key for m in first[:5]} == {f"m-{i}" for i in range(25)}
     assert {m.key for m in rest if m.redelivered} == {m.key for m in first[5:]}
     assert source.depth(queue) == 0
+
+
+def test_sqs_consumer_depth_is_approximate_and_asked_at_most_every_few_seconds(
+    sqs_prefix: SqsPrefix, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue_url = sqs_prefix.create("q")
+    _send(sqs_prefix, queue_url, 25)
+    source = SqsSource(_sqs_url(sqs_prefix, visibility_timeout="60"))
+    queue = sqs_prefix.prefix + "q"
+    with source.consumer(queue) as consumer:
+        consumer.fetch(15)
+        assert consumer.depth() == 10  # the 15 in flight are not ready
+        _send(sqs_prefix, queue_url, 5, tag="late")
+        assert consumer.depth() == 10  # kept: GetQueueAttributes is a billed request
+        real = time.monotonic
+        monkeypatch.setattr(time, "monotonic", lambda: real() + DEPTH_CACHE_SECONDS)
+        assert consumer.depth() == 15  # asked again once the answer is that old
 
 
 def test_sqs_messages_of_a_consumer_that_vanished_reappear_after_the_timeout(

@@ -86,6 +86,25 @@ def test_assignments_name_owner_target_and_progress() -> None:
     )
 
 
+def test_the_lag_is_read_from_file_and_queue_records_only() -> None:
+    from rebalancer_spark.core.status import ProgressView, progress_view
+
+    files = {"format": 2, "pending": {"files": 3, "bytes": 30, "more": True}}
+    assert progress_view("a", files) == ProgressView(None, 3, 30, True)
+    queue = {"batches": 4, "messages": 100, "pending": {"messages": 7}}
+    assert progress_view("q", queue) == ProgressView(pending_messages=7)
+    assert progress_view("q", {"batches": 4, "messages": 100}) == ProgressView()
+    # A pipeline's own value that happens to say "pending" is not read as a lag.
+    assert progress_view("u", {"pending": {"messages": 7, "files": 1}}) == ProgressView()
+    state = state_of({"m0": False}, {"q": 1, "p": 1}, {"q": "m0", "p": "m0"}, Control())
+    both = {
+        "q": Progress("q", queue, 1, "m0"),
+        "p": Progress("p", {**queue, "pending": {"messages": 5}}, 1, "m0"),
+    }
+    status = group_status(state, both)
+    assert (status.pending_messages, status.pending_files) == (12, None)
+
+
 @st.composite
 def settled_groups(draw: st.DrawFn) -> GroupState:
     """Every resource owned by a member that may own it (present, not leaving, not drained),

@@ -20,6 +20,7 @@ from rebalancer_spark.cli.render import (
 from rebalancer_spark.cli.store import backend_url, read_group, shown, store_warnings
 from rebalancer_spark.core.model import GroupState, Progress, validate_group
 from rebalancer_spark.core.status import (
+    AssignmentStatus,
     assignment_statuses,
     group_status,
     member_health,
@@ -94,8 +95,7 @@ def cmd_assignments(args: argparse.Namespace) -> int:
     heads = ("RESOURCE", "OWNER", "EPOCH", "TARGET OWNER", "PROGRESS EPOCH", "PENDING", "BYTES")
     keys = ("resource", "owner", "epoch", "target_owner", "progress_epoch")
     cells = [
-        [*(getattr(r, k) for k in keys), *_lag(r.pending_files, r.pending_bytes, r.pending_more),
-         _short(r.stuck)]
+        [*(getattr(r, k) for k in keys), *_lag(r), _short(r.stuck)]
         for r in rows
     ]  # fmt: skip
     text = table((*heads, "STUCK"), cells)
@@ -105,12 +105,15 @@ def cmd_assignments(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _lag(files: int | None, size: int | None, more: bool) -> tuple[str | None, str | None]:
-    """The PENDING and BYTES cells: ``N+`` when the owner's listing stopped early."""
-    if files is None:
+def _lag(row: AssignmentStatus) -> tuple[str | None, str | None]:
+    """The PENDING and BYTES cells: files (``N+`` when the owner's listing stopped early) or,
+    for a queue, ``N msg`` (a broker tells no bytes)."""
+    if row.pending_messages is not None:
+        return f"{row.pending_messages} msg", None
+    if row.pending_files is None:
         return None, None
-    mark = "+" if more else ""
-    return f"{files}{mark}", f"{size}{mark}"
+    mark = "+" if row.pending_more else ""
+    return f"{row.pending_files}{mark}", f"{row.pending_bytes}{mark}"
 
 
 def _short(stuck: str | None) -> str | None:

@@ -98,7 +98,11 @@ def status_json(status: GroupStatus, backend: str) -> dict[str, Any]:
         "stable": status.stable,
         "control": control_json(status.control),
         "stuck": dict(status.stuck),
-        "pending": {"files": status.pending_files, "bytes": status.pending_bytes},
+        "pending": {
+            "files": status.pending_files,
+            "bytes": status.pending_bytes,
+            "messages": status.pending_messages,
+        },
     }
 
 
@@ -143,6 +147,8 @@ def print_status(
     print(f"last rebalance: {_last_rebalance(last, audit_given)}")
     if status.pending_files is not None:
         print(f"pending: {status.pending_files} files, {status.pending_bytes} bytes")
+    if status.pending_messages is not None:
+        print(f"pending: {status.pending_messages} messages in the queues")
     if status.stuck:
         print(f"stuck: {len(status.stuck)}")
         for resource, why in status.stuck.items():

@@ -71,6 +71,9 @@ class AssignmentStatus:
     pending_bytes: int | None = None
     pending_more: bool = False
     """True when the owner's listing stopped early (``order=name``): at least that many."""
+    pending_messages: int | None = None
+    """For a queue: messages ready and not fetched yet, when its owner last committed a batch
+    (None: not a queue, or the broker could not tell)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +84,23 @@ class ProgressView:
     pending_files: int | None = None
     pending_bytes: int | None = None
     pending_more: bool = False
+    pending_messages: int | None = None
 
 
 def progress_view(resource: str, value: JsonValue) -> ProgressView:
     """The :class:`ProgressView` of a stored progress value (a file resource's record says
-    ``stuck`` and ``pending``; any other value says neither, unless it is unreadable)."""
+    ``stuck`` and ``pending``, a queue's record its ``pending`` messages; any other value
+    says neither, unless it is unreadable)."""
     if isinstance(value, UnreadableProgress):
         return ProgressView(stuck=str(value.error()))
-    if not isinstance(value, Mapping) or "format" not in value:
+    if not isinstance(value, Mapping):
         return ProgressView()
+    if "format" not in value:
+        if _int(value.get("batches")) is None:  # not the queue loop's record: a user's value
+            return ProgressView()
+        pending = value.get("pending")
+        depth = _int(pending.get("messages")) if isinstance(pending, Mapping) else None
+        return ProgressView(pending_messages=depth)
     stuck = value.get("stuck")
     pending = value.get("pending")
     files = nbytes = None
@@ -186,6 +197,8 @@ class GroupStatus:
     pending_files: int | None = None
     """Files pending over the resources whose owner reports it (None: none does)."""
     pending_bytes: int | None = None
+    pending_messages: int | None = None
+    """Messages ready over the queues whose owner reports it (None: none does)."""
 
 
 def member_statuses(state: GroupState) -> tuple[MemberStatus, ...]:
@@ -267,6 +280,7 @@ def assignment_statuses(
                 pending_files=view.pending_files,
                 pending_bytes=view.pending_bytes,
                 pending_more=view.pending_more,
+                pending_messages=view.pending_messages,
             )
         )
     return tuple(out)
@@ -315,7 +329,12 @@ def group_status(state: GroupState, progress: Mapping[str, Progress] | None = No
         stuck={r: v.stuck for r, v in sorted(views.items()) if v.stuck is not None},
         pending_files=sum(v.pending_files or 0 for v in known) if known else None,
         pending_bytes=sum(v.pending_bytes or 0 for v in known) if known else None,
+        pending_messages=sum(depths) if (depths := _depths(views)) else None,
     )
+
+
+def _depths(views: Mapping[str, ProgressView]) -> list[int]:
+    return [v.pending_messages for v in views.values() if v.pending_messages is not None]
 
 
 def _owners(state: GroupState) -> dict[str, tuple[HeldResource, ...]]:

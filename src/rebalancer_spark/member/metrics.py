@@ -31,6 +31,8 @@ what each alert means):
   ``rebalancer-spark status`` says why and what fixes it);
 * ``rebalancer_pending_files{resource}``, ``rebalancer_pending_bytes{resource}``: the lag,
   files listed and not processed yet, as the job last listed them;
+* ``rebalancer_pending_messages{resource}``: the lag of a queue, messages ready and not fetched
+  yet, as the job's consumer last read it (after every batch; approximate on SQS);
 * ``rebalancer_discovery_failing``: 1 while the coordinator's last listing of the source failed
   (the group keeps its resource set meanwhile; ``Member.discovery_error`` says why);
 * ``rebalancer_callback_overruns{callback}``: callbacks of this member that did not return
@@ -212,6 +214,12 @@ class MemberMetrics:
             per_resource,
             registry=self.registry,
         )
+        self._pending_messages = Gauge(
+            "rebalancer_pending_messages",
+            "messages ready in the queue and not fetched yet (approximate on SQS)",
+            per_resource,
+            registry=self.registry,
+        )
         self._values = values
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
@@ -240,9 +248,14 @@ class MemberMetrics:
             self._pending_files.labels(*self._values, resource).set(pending[0])
             self._pending_bytes.labels(*self._values, resource).set(pending[1])
 
+    def queue_depth(self, resource: str, messages: int) -> None:
+        """The lag of the queue ``resource``: messages ready, as its consumer last read."""
+        self._pending_messages.labels(*self._values, resource).set(messages)
+
     def resource_gone(self, resource: str) -> None:
         """``resource`` left this member: its series go."""
-        for gauge in (self._stuck, self._pending_files, self._pending_bytes):
+        gauges = (self._stuck, self._pending_files, self._pending_bytes, self._pending_messages)
+        for gauge in gauges:
             with contextlib.suppress(KeyError):
                 gauge.remove(*self._values, resource)
 

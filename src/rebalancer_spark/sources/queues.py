@@ -38,6 +38,7 @@ from rebalancer_spark.sources.base import ResourceSource
 
 __all__ = [
     "DEFAULT_BATCH",
+    "DEPTH_CACHE_SECONDS",
     "DedupeRule",
     "QueueConsumer",
     "QueueMessage",
@@ -50,6 +51,8 @@ __all__ = [
 
 DEFAULT_BATCH = 100
 """Messages fetched per batch unless the source URL says ``batch=N``."""
+DEPTH_CACHE_SECONDS = 5.0
+"""How long a consumer whose broker charges a call for the depth (SQS) keeps the answer."""
 MAX_BATCH = 10_000
 
 
@@ -136,6 +139,15 @@ class QueueConsumer(abc.ABC):
     @abc.abstractmethod
     def give_back(self, messages: Sequence[QueueMessage]) -> None:
         """Return ``messages`` to the queue now, for any consumer to receive again."""
+
+    @abc.abstractmethod
+    def depth(self) -> int:
+        """Messages still ready in this queue (not counting those fetched and not yet
+        acknowledged), as cheaply as the broker allows: the lag of the queue shown by
+        ``status``, ``assignments`` and the metrics. Called after every batch; a plug-in whose
+        broker charges a call for it keeps the answer for a while (SQS: approximate, cached
+        for :data:`DEPTH_CACHE_SECONDS`). Raises :class:`SourceError` if the broker cannot
+        tell."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -294,6 +294,7 @@ class _RabbitConsumer(QueueConsumer):
         self._conn = connection
         self._channel = channel
         self._closed = False
+        self._ready: int | None = None  # what the last basic.get said is left in the queue
 
     def __repr__(self) -> str:
         return f"RabbitMqConsumer({self.resource!r} of {self._source.shown!r})"
@@ -314,7 +315,9 @@ class _RabbitConsumer(QueueConsumer):
             while len(out) < max_messages:
                 method, props, body = self._channel.basic_get(self.resource, auto_ack=False)
                 if method is None:
+                    self._ready = 0
                     break
+                self._ready = int(method.message_count)  # Basic.GetOk: messages left
                 headers = {str(k): _text(v) for k, v in (props.headers or {}).items()}
                 key = self._source.dedupe.key(props.message_id, headers, body)
                 out.append(
@@ -323,6 +326,18 @@ class _RabbitConsumer(QueueConsumer):
         except pika.exceptions.AMQPError as exc:
             raise self._failed("reading", exc) from None
         return out
+
+    def depth(self) -> int:
+        """What the last ``basic.get`` said is left (free: every GetOk carries it); a passive
+        declare on this consumer's connection before the first fetch."""
+        if self._ready is not None:
+            return self._ready
+        if self._closed:
+            raise SourceError(f"{self!r} is closed: open a new consumer")
+        depth = _passive_depth(self._conn, self.resource, self._source.shown)
+        if depth is None:
+            raise SourceError(f"queue {self.resource!r} of {self._source.shown!r} does not exist")
+        return depth
 
     def ack(self, messages: Sequence[QueueMessage]) -> None:
         pika = _pika()

@@ -33,6 +33,7 @@ messages still held to 0.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -41,6 +42,7 @@ from rebalancer_spark.core.errors import ConfigurationError, SourceError
 from rebalancer_spark.core.model import Resource
 from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.sources.queues import (
+    DEPTH_CACHE_SECONDS,
     DedupeRule,
     QueueConsumer,
     QueueMessage,
@@ -205,6 +207,7 @@ class _SqsConsumer(QueueConsumer):
         self._url = queue_url
         self._held: dict[str, str] = {}  # message id -> receipt handle
         self._closed = False
+        self._depth: tuple[float, int] | None = None  # (monotonic time, approximate depth)
 
     def __repr__(self) -> str:
         return f"SqsConsumer({self.resource!r} of {self._source.shown!r})"
@@ -239,6 +242,14 @@ class _SqsConsumer(QueueConsumer):
                 self._held[handle[0]] = handle[1]
                 out.append(QueueMessage(key, body, handle, headers, receives > 1))
         return out
+
+    def depth(self) -> int:
+        """ApproximateNumberOfMessages (ready, not in flight), asked at most once per
+        :data:`DEPTH_CACHE_SECONDS`: GetQueueAttributes is a billed request."""
+        now = time.monotonic()
+        if self._depth is None or now - self._depth[0] >= DEPTH_CACHE_SECONDS:
+            self._depth = (now, self._source.depth(self.resource))
+        return self._depth[1]
 
     def _batches(self, messages: Sequence[QueueMessage]) -> list[list[tuple[str, str]]]:
         handles = [m.handle for m in messages]

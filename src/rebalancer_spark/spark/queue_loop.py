@@ -27,9 +27,14 @@ closed) and right before the Delta commit. A consumer is also closed after any b
 table holds for the queue (a previous owner killed between its Delta commit and its progress
 commit). Progress, as committed::
 
-    {"batches": n, "messages": total, "written": rows, "last": {"id": n, "keys": [...]}}
+    {"batches": n, "messages": total, "written": rows, "last": {"id": n, "keys": [...]},
+     "pending": {"messages": depth}}
 
-(``keys`` only when they fit in 256 KiB of JSON.)
+(``keys`` only when they fit in 256 KiB of JSON.) ``pending`` is the queue's lag when the batch
+was committed: the messages still ready after its fetch (:meth:`QueueConsumer.depth`), which
+``status`` and ``assignments`` show; the metrics' ``rebalancer_pending_messages`` follows it after
+every fetch, including an empty one (the queue is then drained: 0). A depth the broker cannot
+tell is left out, never guessed.
 """
 
 from __future__ import annotations
@@ -199,6 +204,9 @@ class QueueLoop:
             log.warning("[%s] queue %s: %s", name, o.resource, exc)
             self._drop(key)
             return False
+        depth = self._depth(o.resource, opened.consumer) if messages else 0
+        if depth is not None and self.member.metrics is not None:
+            self.member.metrics.queue_depth(o.resource, depth)
         if not messages:
             return False
         if self._before_first_batch is not None:
@@ -218,7 +226,7 @@ class QueueLoop:
                 raise RebalancerError(
                     f"batch {batch_id} of queue {o.resource!r} is in the output already"
                 )
-            progress = _next_progress(opened.progress, batch_id, messages, written)
+            progress = _next_progress(opened.progress, batch_id, messages, written, depth)
             self.member.commit(o.resource, progress, epoch=o.epoch)
         except FencedError as exc:
             # Not the owner any more: never acknowledge; the messages go back to the queue.
@@ -241,23 +249,30 @@ class QueueLoop:
             self.stats.errors += 1
             log.warning("[%s] queue %s: acknowledging failed: %s", name, o.resource, exc)
             self._drop(key)
-        self.stats.batches += 1
-        self.stats.messages += len(messages)
-        self.stats.written += written
-        self.stats.duplicates += len(messages) - written
-        self.stats.per_resource[o.resource] = self.stats.per_resource.get(o.resource, 0) + len(
-            messages
-        )
+        self._count(o, batch_id, len(messages), written)
+        return True
+
+    def _count(self, o: OwnedResource, batch_id: int, messages: int, written: int) -> None:
+        """A batch landed: the stats and the log line."""
+        stats = self.stats
+        stats.batches += 1
+        stats.messages += messages
+        stats.written += written
+        stats.duplicates += messages - written
+        stats.per_resource[o.resource] = stats.per_resource.get(o.resource, 0) + messages
         log.info(
             "[%s] queue %s epoch %d batch %d: %d messages, %d new rows",
-            name,
-            o.resource,
-            o.epoch,
-            batch_id,
-            len(messages),
-            written,
-        )
-        return True
+            self.member.member_id, o.resource, o.epoch, batch_id, messages, written,
+        )  # fmt: skip
+
+    def _depth(self, resource: str, consumer: QueueConsumer) -> int | None:
+        """The queue's depth after a fetch, or None when the broker cannot tell now (the batch
+        goes on: the lag is a figure for operators, not a condition of the work)."""
+        try:
+            return consumer.depth()
+        except RebalancerError as exc:
+            log.info("queue %s: depth not known (%s)", resource, exc)
+            return None
 
 
 def _parse_progress(value: JsonValue) -> dict[str, Any]:
@@ -269,15 +284,22 @@ def _parse_progress(value: JsonValue) -> dict[str, Any]:
 
 
 def _next_progress(
-    state: dict[str, Any], batch_id: int, messages: list[QueueMessage], written: int
+    state: dict[str, Any],
+    batch_id: int,
+    messages: list[QueueMessage],
+    written: int,
+    depth: int | None,
 ) -> dict[str, Any]:
     keys = [m.key for m in messages]
     last: dict[str, Any] = {"id": batch_id, "count": len(keys)}
     if len(json.dumps(keys)) <= _KEYS_LIMIT:
         last["keys"] = keys
-    return {
+    progress: dict[str, Any] = {
         "batches": batch_id,
         "messages": int(state.get("messages", 0)) + len(messages),
         "written": int(state.get("written", 0)) + written,
         "last": last,
     }
+    if depth is not None:
+        progress["pending"] = {"messages": depth}
+    return progress
