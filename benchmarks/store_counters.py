@@ -101,7 +101,7 @@ class RedisCounters:
         }
 
     def delta(self, before: dict[str, float], after: dict[str, float]) -> Figures:
-        return {k: after[k] - before[k] for k in after}
+        return {k: after[k] - before.get(k, 0.0) for k in after}
 
     def size(self, group: str) -> Figures:
         keys, total = 0, 0

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
+from rebalancer_spark.backends.base import Interest
 from rebalancer_spark.backends.redis import RedisBackend
 from rebalancer_spark.backends.redis.store.runner import SCRIPT_MODULES, Lua
 from rebalancer_spark.core.errors import (
@@ -271,6 +272,41 @@ def test_the_watch_wakes_when_a_quarantine_ends(redis_server: RedisServer) -> No
             stop.set()
             renewer.join()
             watch.close()
+
+
+def test_a_members_watch_sleeps_through_the_others_claims_acks_and_releases(
+    redis_server: RedisServer,
+) -> None:
+    """Only the coordinator acts on claims and acknowledgements, and a release concerns the
+    member whose target holds the resource: m3's reconciler watch holds those back (a watch
+    of everything, the witness, sees each first), and reports them once its interest widens."""
+    group = _group()
+    with open_backend(redis_server.url()) as store:
+        s1, s2, _ = (_join(store, group, m) for m in ("m1", "m2", "m3"))
+        e = _lead(store, s1)
+        first = {"m1": ["x", "y"], "m2": [], "m3": []}
+        g1 = store.publish(s1, e, first, phase=Phase.RUNNING, resources_version=0).generation
+        store.claim(s1, ["x", "y"], g1)
+        m3, witness = store.watch(group), store.watch(group)
+        try:
+            m3.focus(Interest.MEMBER, "m3")
+            moved = {"m1": ["y"], "m2": ["x"], "m3": []}
+            g2 = store.publish(s1, e, moved, phase=Phase.RUNNING, resources_version=0).generation
+            assert witness.wait(5) and m3.wait(5), "a new target wakes every member"
+            changes: dict[str, Callable[[], object]] = {
+                "release": lambda: store.release(s1, {"x": 1}),  # meant for m2
+                "claim": lambda: store.claim(s2, ["x"], g2),
+                "ack": lambda: store.acknowledge(s2, g2),
+            }
+            for change, make in changes.items():
+                make()
+                assert witness.wait(5), change  # the message is out
+                assert m3.wait(0.2) is False, change
+            m3.focus(Interest.ALL)
+            assert m3.wait(0), "the changes held back are reported once the interest covers them"
+        finally:
+            m3.close()
+            witness.close()
 
 
 def test_a_watch_survives_a_restart_and_never_raises(redis_server: RedisServer) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from rebalancer_spark.backends import Backend, Session
+from rebalancer_spark.backends.base import Interest
 from rebalancer_spark.core.errors import FencedError, MemberIdInUse, SessionExpired
 from rebalancer_spark.core.model import Phase, Resource, grant_epochs
 from tests.support.helpers import wait_for
@@ -385,6 +386,34 @@ def test_watch_wakes_when_a_lease_runs_out_while_others_keep_writing(
         stop.set()
         renewer.join()
         watch.close()
+
+
+def test_a_focused_watch_still_wakes_for_what_its_interest_covers(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    """Focusing may hold back changes the interest does not cover (Redis does), never one it
+    covers: a member's watch wakes for the release of a resource its target gives it and for a
+    new target; a follower's watch for the coordinator leaving."""
+    a, b = open_store(), open_store()
+    s1 = _join(a, group, "m1")
+    _join(b, group, "m2")
+    e = _lead(a, s1)
+    g1 = a.publish(s1, e, {"m1": ["x", "y"], "m2": []}, phase=Phase.RUNNING, resources_version=0)
+    a.claim(s1, ["x", "y"], g1.generation)
+    member, follower = b.watch(group), b.watch(group)
+    try:
+        member.focus(Interest.MEMBER, "m2")
+        follower.focus(Interest.SUCCESSION)
+        assert member.wait(0.05) is False and follower.wait(0.05) is False
+        a.publish(s1, e, {"m1": ["y"], "m2": ["x"]}, phase=Phase.RUNNING, resources_version=0)
+        assert member.wait(5), "a new target"
+        a.release(s1, {"x": 1})
+        assert member.wait(5), "the release of a resource its target gives it"
+        a.leave(s1)
+        assert follower.wait(5), "the coordinator left"
+    finally:
+        member.close()
+        follower.close()
 
 
 def test_update_info_replaces_what_the_member_publishes_while_it_lives(

@@ -82,6 +82,7 @@ __all__ = [
     "Backend",
     "Capability",
     "GroupReader",
+    "Interest",
     "Session",
     "TargetChange",
     "Watch",
@@ -121,9 +122,39 @@ class Session:
     negotiates session timeouts): members self-fence on this value."""
 
 
+class Interest(StrEnum):
+    """Which changes of a group a watcher acts on (:meth:`Watch.focus`).
+
+    Use case: in a group of 100 members every claim, release and acknowledgement used to wake
+    all 200 watches (each member's reconciler and coordinator thread), and each woken thread
+    read the store: O(members²) reads per rebalance, for changes only the coordinator acts on.
+    """
+
+    ALL = "all"
+    """Every change: the coordinator, and operators' tools (the default)."""
+    MEMBER = "member"
+    """What a member's reconciler acts on: a new target, control, membership and lease
+    events, and releases of resources that the target gives this member."""
+    SUCCESSION = "succession"
+    """What a member that does not coordinate watches for: the coordinator going away
+    (membership and lease events, resignations, elections)."""
+
+
 class Watch(abc.ABC):
     """Wakes a waiter when a group may have changed. Spurious wake-ups are allowed; missed
-    changes are not: a change made after :meth:`Backend.watch` returned wakes the next wait."""
+    changes are not: a change made after :meth:`Backend.watch` returned wakes the next wait
+    (among the changes its :attr:`interest` covers)."""
+
+    interest: Interest = Interest.ALL
+    member_id: str | None = None
+
+    def focus(self, interest: Interest, member_id: str | None = None) -> None:
+        """From now on, wake only for the changes ``interest`` covers (for
+        :attr:`Interest.MEMBER`: the releases of resources that the target gives
+        ``member_id``). A backend that cannot tell changes apart wakes for all (SQLite,
+        ZooKeeper); one that can (Redis) holds the others back and reports them at the next
+        wait once the interest covers them again, so widening never loses a change."""
+        self.interest, self.member_id = interest, member_id
 
     @abc.abstractmethod
     def wait(self, timeout: float) -> bool:

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from rebalancer_spark.backends.base import Backend, GroupReader, Session, Watch
+from rebalancer_spark.backends.base import Backend, GroupReader, Interest, Session, Watch
 from rebalancer_spark.core import coordinator_rules as rules
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.config import MemberConfig
@@ -190,6 +190,11 @@ class CoordinatorLoop:
                     continue
                 # Waits are capped so that stop(), wake() and rediscover() act within a second.
                 timeout = min(timeout, _IDLE_WAIT)
+                if watch is not None:
+                    # A follower acts only when the coordinator goes away; on becoming the
+                    # coordinator, the wider interest reports what was held back meanwhile.
+                    following = self._state.role is Role.FOLLOWER
+                    watch.focus(Interest.SUCCESSION if following else Interest.ALL)
                 if timeout > 0 and not self._wait(watch, timeout, retry) and watch is not None:
                     watch.close()
                     watch = None

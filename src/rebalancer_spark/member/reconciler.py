@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Collection, Mapping
 
-from rebalancer_spark.backends.base import Backend, Session, Watch
+from rebalancer_spark.backends.base import Backend, Interest, Session, Watch
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.config import MemberConfig, ProtocolName
 from rebalancer_spark.core.errors import (
@@ -202,13 +202,17 @@ class Reconciler:
                 watch.close()
 
     def _watch(self, backend: Backend) -> Watch | None:
-        """A watch of the group, or None (after a pause) when the store refuses one now."""
+        """A watch of the group, or None (after a pause) when the store refuses one now. It
+        wakes for what a member acts on (:attr:`Interest.MEMBER`): claims and acknowledgements
+        of the other members concern the coordinator only."""
         try:
-            return backend.watch(self._group)
+            watch = backend.watch(self._group)
         except BackendError as exc:
             log.warning("member %s: cannot watch, retrying: %s", self._member_id, exc)
             self._stop.wait(self._config.effective_heartbeat_interval)
             return None
+        watch.focus(Interest.MEMBER, self._member_id)
+        return watch
 
     def _wait(self, watch: Watch, timeout: float) -> bool:
         """Wait for a change; False (after a pause) when the watch failed and must be renewed."""

@@ -97,7 +97,9 @@ return out
 )
 
 # RELEASE -- release claims this session holds at exactly the given epochs; each keeps in
-# P..'chain' that it was released, and when (Redis TIME, ms).
+# P..'chain' that it was released, and when (Redis TIME, ms). The message names the members
+# whose target holds a released resource ('release m3 m7'): only they (and the coordinator)
+# wake for it. Finding them costs at most one SISMEMBER per target member and resource.
 # KEYS[1] meta
 # ARGV    session id, resource 1, epoch 1, ..., resource n, epoch n
 # Returns 1
@@ -105,6 +107,8 @@ RELEASE = (
     PRELUDE
     + """
 local sid, changed, now = ARGV[1], false, now_ms()
+local targeted = redis.call('SMEMBERS', P .. 'tmembers')
+local to, names = {}, {}
 for i = 2, #ARGV, 2 do
   local r = ARGV[i]
   if redis.call('HGET', P .. 'owner', r) == sid
@@ -113,9 +117,15 @@ for i = 2, #ARGV, 2 do
     end_claim(r, 'released', now)
     redis.call('SREM', P .. 'held:' .. sid, r)
     changed = true
+    for _, m in ipairs(targeted) do
+      if redis.call('SISMEMBER', P .. 't:' .. m, r) == 1 then
+        if not to[m] then to[m] = true; names[#names + 1] = m end
+        break
+      end
+    end
   end
 end
-if changed then notify('release') end
+if changed then notify(#names > 0 and 'release ' .. table.concat(names, ' ') or 'release') end
 return 1
 """
 )

@@ -21,18 +21,25 @@ __all__ = [
 
 _MEMBERS = """
 local members = {}
+local fields = {}
+for _, h in ipairs({'info', 'acked', 'leaving', 'static', 'ttl'}) do
+  local t, kv = {}, redis.call('HGETALL', P .. h)
+  for i = 1, #kv, 2 do t[kv[i]] = kv[i + 1] end
+  fields[h] = t
+end
 local ms = redis.call('HGETALL', P .. 'members')
 for i = 1, #ms, 2 do
   local m, sid = ms[i], ms[i + 1]
   if alive(sid) then
-    local row = {m, sid, redis.call('HGET', P .. 'info', m) or '{}',
-      redis.call('HGET', P .. 'acked', m) or '0', redis.call('HGET', P .. 'leaving', m) or '0',
-      redis.call('HGET', P .. 'static', m) or '0', redis.call('HGET', P .. 'ttl', m) or '0'}
+    local row = {m, sid, fields.info[m] or '{}', fields.acked[m] or '0',
+      fields.leaving[m] or '0', fields.static[m] or '0', fields.ttl[m] or '0'}
     for _, v in ipairs(row) do members[#members + 1] = v end
   end
 end
 """
-"""Lua: ``members``, the flat rows of the live members (7 values each)."""
+"""Lua: ``members``, the flat rows of the live members (7 values each), from one HGETALL per
+member hash rather than one HGET per member and field: the head the coordinator reads after
+every claim, release and acknowledgement of a rebalance costs 6 commands, not 6 per member."""
 
 _TARGET = """
 local target = {}

@@ -16,9 +16,18 @@ Leases renewed meanwhile cost one extra read per lease period, never a wrong wak
 leaves and quarantines publish, and the set of leases is re-read after those messages (the
 payload of each message names what happened).
 
+What wakes whom (:meth:`Watch.focus`): each message names what happened (``claim``,
+``ack``, ``publish`` ...; a release also names the members whose target holds what was
+released: ``release m3 m7``). The reader keeps the *atoms* of the messages it got since the
+last wake-up (``claim``, ``release:m3``, ...); ``wait`` returns when one of them is covered by
+the watch's interest and then forgets them all. Atoms it does not cover stay, so a watch whose
+interest widens (a member that becomes coordinator) reports them at its next wait. A member's
+reconciler thus wakes for releases meant for it and not for the other 99 members' claims and
+acknowledgements, which only the coordinator acts on.
+
 If the connection drops, the reader reconnects with back-off and reports a (possibly
-spurious) change once it is subscribed again, since messages sent meanwhile were lost.
-``wait`` never raises because Redis is down: it sleeps out its timeout instead.
+spurious) change to every interest once it is subscribed again, since messages sent meanwhile
+were lost. ``wait`` never raises because Redis is down: it sleeps out its timeout instead.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.client import PubSub
 
-from rebalancer_spark.backends.base import Watch
+from rebalancer_spark.backends.base import Interest, Watch
 from rebalancer_spark.backends.redis.store.keys import channel
 from rebalancer_spark.backends.redis.store.runner import Lua
 from rebalancer_spark.core.clock import Clock
@@ -53,6 +62,10 @@ _MAX_BACKOFF = 1.0
 LEASE_EVENTS = frozenset({"join", "leave", "expired", "quarantine"})
 """Messages after which the set of leases (and the quarantine) must be read again; after the
 others (claims, releases, publications ...) only the deadlines already known matter."""
+_ANY = "*"
+"""The atom of a change of any kind (messages were lost while reconnecting)."""
+_MEMBER_EVENTS = LEASE_EVENTS | {"publish", "control", "lift", _ANY}
+_SUCCESSION_EVENTS = LEASE_EVENTS | {"resign", "elect", _ANY}
 _RETRY = "~retry"
 """A deadline key (never a session id) for reading the leases again after a failed read."""
 _RETRY_AFTER = 0.5
@@ -68,7 +81,7 @@ class RedisWatch(Watch):
         self._clock = clock  # kept for symmetry; deadlines are on Redis' (real) time
         self._cond = threading.Condition()
         self._wait_lock = threading.Lock()
-        self._pending = False
+        self._atoms: set[str] = set()  # what the messages since the last wake-up said
         self._stale = False
         self._closed = False
         self._deadlines: dict[str, float] = {}
@@ -102,11 +115,24 @@ class RedisWatch(Watch):
                 pubsub.close()
             raise
 
-    def _signal(self, leases_changed: bool = True) -> None:
+    def _signal(self, data: object = _ANY) -> None:
+        """A message came (``data``: its payload), or messages may have been lost (``_ANY``)."""
+        kind, *names = str(data).split()
+        atoms = {f"{kind}:{name}" for name in names} if names else {kind}
         with self._cond:
-            self._pending = True
-            self._stale = self._stale or leases_changed
+            self._atoms |= atoms
+            self._stale = self._stale or kind in LEASE_EVENTS or kind == _ANY
             self._cond.notify_all()
+
+    def _covered(self) -> bool:
+        """Whether a change held since the last wake-up concerns this watch's interest (call
+        with ``_cond`` held)."""
+        atoms = self._atoms
+        if not atoms or self.interest is Interest.ALL:
+            return bool(atoms)
+        if self.interest is Interest.SUCCESSION:
+            return not atoms.isdisjoint(_SUCCESSION_EVENTS)
+        return not atoms.isdisjoint(_MEMBER_EVENTS) or f"release:{self.member_id}" in atoms
 
     def _listen(self) -> None:
         backoff = _POLL
@@ -141,7 +167,7 @@ class RedisWatch(Watch):
                     self._signal()
                 continue
             if message is not None and message.get("type") == "message":
-                self._signal(leases_changed=message.get("data") in LEASE_EVENTS)
+                self._signal(message.get("data") or _ANY)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 self._pubsub.close()
@@ -189,8 +215,8 @@ class RedisWatch(Watch):
         with self._wait_lock:
             while True:
                 with self._cond:
-                    if self._closed or self._pending:
-                        self._pending = False
+                    if self._woken():
+                        self._atoms.clear()
                         return True
                     stale, self._stale = self._stale, False
                 if self._expired(stale):
@@ -207,8 +233,9 @@ class RedisWatch(Watch):
                         self._cond.wait(pause)
 
     def _woken(self) -> bool:
-        """A message, a reconnection or close() came in (call with ``_cond`` held)."""
-        return self._closed or self._pending
+        """A message this watch's interest covers, a reconnection or close() came in (call
+        with ``_cond`` held)."""
+        return self._closed or self._covered()
 
     def close(self) -> None:
         with self._cond:
