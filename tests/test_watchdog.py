@@ -232,3 +232,39 @@ def test_the_watchdog_of_a_live_driver_stays_quiet_and_stops_at_once(spark: Any)
     dog.stop()
     assert time.monotonic() - began < 1
     assert verdicts.reasons == [] and dog.reason is None
+
+
+class _Session:
+    """What :func:`stop_spark` calls: ``stop()``, failing as Py4J does once the JVM is gone."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+        self.stopped = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_job_whose_jvm_died_while_it_stopped_ends_as_a_dead_driver_not_a_failure() -> None:
+    """``kill -TERM`` of spark-submit: the JVM ends the Python driver with SIGTERM while it
+    dies itself, so ``spark.stop()`` fails; the job then exits with DEAD_DRIVER_EXIT."""
+    from rebalancer_spark.spark.jobs import stop_spark
+
+    parents = iter([100, 100, 1])  # the JVM is still shutting down at the first two looks
+    jvm = [parent_changed(100, getppid=lambda: next(parents))]
+    gone = stop_spark(_Session(ConnectionError("Answer from Java side is empty")), jvm, wait=5)
+    assert gone is not None and "process 100" in gone and "now process 1" in gone
+    # Stopped cleanly, but the JVM had gone by then: a dead driver all the same.
+    assert stop_spark(_Session(None), [parent_changed(100, getppid=lambda: 1)]) is not None
+    assert stop_spark(_Session(None), [parent_changed(100, getppid=lambda: 100)]) is None
+
+
+def test_a_failing_spark_stop_with_a_live_jvm_is_raised() -> None:
+    from rebalancer_spark.spark.jobs import stop_spark
+
+    session = _Session(RuntimeError("a real failure"))
+    with pytest.raises(RuntimeError, match="a real failure"):
+        stop_spark(session, [parent_changed(100, getppid=lambda: 100)], wait=0.2)
+    assert session.stopped == 1

@@ -30,13 +30,15 @@ at once; see :mod:`.watchdog`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rebalancer_spark.core.errors import RebalancerError
@@ -48,13 +50,19 @@ from rebalancer_spark.spark.layers import AddArguments, parse_job_command_line
 from rebalancer_spark.spark.options import resolve, spark_conf_options
 from rebalancer_spark.spark.path_check import check_job_paths
 from rebalancer_spark.spark.session import RebalancerNode, start
+from rebalancer_spark.spark.watchdog import DEAD_DRIVER_EXIT, Probe, jvm_probes
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["JobContext", "job_main"]
+__all__ = ["JobContext", "job_main", "stop_spark"]
 
 _NOISY = ("py4j", "botocore", "urllib3", "pika")
+_JVM_EXIT_WAIT = 5.0
+"""Seconds a job whose ``spark.stop()`` failed waits for its JVM process to end (a JVM that
+is shutting down) before it takes the failure for an error of its own."""
+
+log = logging.getLogger("rebalancer_spark.spark")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +124,46 @@ def job_main(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     name = node.member.member_id
+    jvm = jvm_probes(spark.sparkContext)
     print(f"member {name} of group {job.member.group} running", flush=True)
     try:
         ended = loop(JobContext(spark, job, node, source, output, stop, args))
     finally:
-        spark.stop()  # drains and leaves the group first
+        gone = stop_spark(spark, jvm)  # drains and leaves the group first
+    if gone is not None:
+        log.warning("member %s stopped: %s; exit code %d", name, gone, DEAD_DRIVER_EXIT)
+        return DEAD_DRIVER_EXIT
     summary, code = ended if isinstance(ended, tuple) else (ended, 0)
-    print(f"member {name} stopped: {summary}", flush=True)
+    with contextlib.suppress(OSError):  # spark-submit relays this output: a pipe that can break
+        print(f"member {name} stopped: {summary}", flush=True)
     return code
+
+
+def stop_spark(spark: Any, jvm: Sequence[Probe], wait: float = _JVM_EXIT_WAIT) -> str | None:
+    """Stop Spark (the node drains and leaves the group first); why Spark's JVM is gone when
+    it is, else None.
+
+    Use case: ``kill -TERM`` of ``spark-submit``. The JVM's shutdown stops the SparkContext
+    and ends the Python driver it started with SIGTERM, so the job stops as if asked to while
+    its JVM is dying: ``spark.stop()`` may then fail (Py4J has no JVM to call), and the pipe
+    through which spark-submit relays the driver's output may be gone. That is a dead driver
+    (:data:`DEAD_DRIVER_EXIT`), not a failed job (exit 1 with a traceback nobody sees). A
+    failure of ``spark.stop()`` while the JVM process lives on for ``wait`` seconds is a real
+    error and is raised."""
+    try:
+        spark.stop()
+    except Exception:
+        deadline = time.monotonic() + wait
+        while (why := _jvm_gone(jvm)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the kernel for another process's end: no event to wait on
+        if why is None:
+            raise
+        return why
+    return _jvm_gone(jvm)
+
+
+def _jvm_gone(jvm: Sequence[Probe]) -> str | None:
+    return next((why for probe in jvm if (why := probe()) is not None), None)
 
 
 def _quiet() -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "child_exited",
     "context_stopped",
     "driver_probes",
+    "jvm_probes",
     "parent_changed",
     "watch_driver",
 ]
@@ -173,16 +174,24 @@ class GatewayProbe:
                 self._busy = False
 
 
+def jvm_probes(sc: SparkContext) -> list[Probe]:
+    """The probes of the JVM *process* of this driver, as it was launched: its parent under
+    ``spark-submit``, its child under ``python job.py`` (none for a JVM it did not launch
+    and is not the child of). Cheap, and true whatever state the SparkContext is in: a job
+    that ends asks them whether it ends because its JVM died."""
+    proc: Popen[Any] | None = getattr(sc._gateway, "proc", None)
+    if proc is not None:
+        return [child_exited(proc)]
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return [parent_changed(os.getppid())]
+    return []
+
+
 def driver_probes(sc: SparkContext) -> list[Probe]:
     """The probes that fit how this driver was launched (see the module docstring)."""
     from py4j.protocol import Py4JNetworkError
 
-    probes: list[Probe] = [context_stopped(sc)]
-    proc: Popen[Any] | None = getattr(sc._gateway, "proc", None)
-    if proc is not None:
-        probes.append(child_exited(proc))
-    elif "PYSPARK_GATEWAY_PORT" in os.environ:
-        probes.append(parent_changed(os.getppid()))
+    probes: list[Probe] = [context_stopped(sc), *jvm_probes(sc)]
 
     def ask() -> bool:
         jsc = sc._jsc
