@@ -79,6 +79,27 @@ def _who(member: Member) -> dict[str, str]:
     }
 
 
+def _one_queue(
+    rabbitmq: RabbitMq,
+    tmp_path: Path,
+    group: str,
+    members: list[Member],
+    *,
+    n: int,
+    batch: int,
+    member_id: str = "m1",
+) -> tuple[str, RabbitMqSource, Member]:
+    """A queue of ``n`` messages keyed ``k0``... and its source fetching ``batch`` at a time,
+    owned by a started member ``member_id``."""
+    queue = rabbitmq.declare("q")
+    rabbitmq.publish(queue, [(f"k{i}", b"{}") for i in range(n)])
+    source = RabbitMqSource(rabbitmq.source_url(queues=queue, batch=str(batch)))
+    member = Member(_config(tmp_path, group, member_id), resources=[queue])
+    members.append(member.start())
+    wait_for(lambda: member.owns(queue) is not None, timeout=15, what=f"{member_id} to own it")
+    return queue, source, member
+
+
 @pytest.fixture
 def members() -> Iterator[list[Member]]:
     started: list[Member] = []
@@ -129,12 +150,7 @@ def test_the_queue_lag_reaches_the_progress_status_assignments_and_metrics(
     members: list[Member],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    queue = rabbitmq.declare("q")
-    rabbitmq.publish(queue, [(f"k{i}", b"{}") for i in range(60)])
-    source = RabbitMqSource(rabbitmq.source_url(queues=queue, batch="25"))
-    member = Member(_config(tmp_path, group, "m1"), resources=[queue])
-    members.append(member.start())
-    wait_for(lambda: member.owns(queue) is not None, timeout=15, what="the queue to be owned")
+    queue, source, member = _one_queue(rabbitmq, tmp_path, group, members, n=60, batch=25)
     assert member.metrics is not None
     labels = {"group": group, "member": "m1", "resource": queue}
 
@@ -167,13 +183,8 @@ def test_a_batch_written_but_not_committed_is_redelivered_and_not_written_again(
     """A job killed after its Delta commit and before its progress commit: the messages come
     back, the next batch ids continue after the table's, and the keys in the table are not
     written again."""
-    queue = rabbitmq.declare("q")
-    rabbitmq.publish(queue, [(f"k{i}", b"{}") for i in range(40)])
-    source = RabbitMqSource(rabbitmq.source_url(queues=queue, batch="15"))
+    queue, source, member = _one_queue(rabbitmq, tmp_path, group, members, n=40, batch=15)
     output = _output(spark, tmp_path / "out", group)
-    member = Member(_config(tmp_path, group, "m1"), resources=[queue])
-    members.append(member.start())
-    wait_for(lambda: member.owns(queue) is not None, timeout=15, what="the queue to be owned")
     epoch = member.owns(queue).epoch  # type: ignore[union-attr]
     # the dying attempt: it fetched 15, committed them to the table, and died holding them
     dead = source.consumer(queue)
@@ -445,12 +456,7 @@ def test_a_spark_job_transforms_batches_and_writes_them_once(
 def test_a_queue_revoked_mid_batch_is_not_written_and_its_messages_go_to_the_new_owner(
     spark: Any, rabbitmq: RabbitMq, tmp_path: Path, group: str, members: list[Member]
 ) -> None:
-    queue = rabbitmq.declare("q")
-    rabbitmq.publish(queue, [(f"k{i}", b"{}") for i in range(30)])
-    source = RabbitMqSource(rabbitmq.source_url(queues=queue, batch="10"))
-    a = Member(_config(tmp_path, group, "a"), resources=[queue])
-    members.append(a.start())
-    wait_for(lambda: a.owns(queue) is not None, timeout=15, what="a to own the queue")
+    queue, source, a = _one_queue(rabbitmq, tmp_path, group, members, n=30, batch=10, member_id="a")
     b = Member(_config(tmp_path, group, "b"))
     members.append(b.start())
     leaving = threading.Thread(target=a.stop)  # a graceful leave revokes the queue from a

@@ -310,6 +310,7 @@ def group_status(state: GroupState, progress: Mapping[str, Progress] | None = No
     coord, target = state.coordinator, state.target
     views = {r: progress_view(r, p.value) for r, p in (progress or {}).items()}
     known = [v for v in views.values() if v.pending_files is not None]
+    depths = [v.pending_messages for v in views.values() if v.pending_messages is not None]
     return GroupStatus(
         group=state.group,
         members=member_statuses(state),
@@ -329,12 +330,8 @@ def group_status(state: GroupState, progress: Mapping[str, Progress] | None = No
         stuck={r: v.stuck for r, v in sorted(views.items()) if v.stuck is not None},
         pending_files=sum(v.pending_files or 0 for v in known) if known else None,
         pending_bytes=sum(v.pending_bytes or 0 for v in known) if known else None,
-        pending_messages=sum(depths) if (depths := _depths(views)) else None,
+        pending_messages=sum(depths) if depths else None,
     )
-
-
-def _depths(views: Mapping[str, ProgressView]) -> list[int]:
-    return [v.pending_messages for v in views.values() if v.pending_messages is not None]
 
 
 def _owners(state: GroupState) -> dict[str, tuple[HeldResource, ...]]:

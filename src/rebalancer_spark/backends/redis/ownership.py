@@ -107,8 +107,7 @@ RELEASE = (
     PRELUDE
     + """
 local sid, changed, now = ARGV[1], false, now_ms()
-local targeted = redis.call('SMEMBERS', P .. 'tmembers')
-local to, names = {}, {}
+local targeted, to, names = nil, {}, {}
 for i = 2, #ARGV, 2 do
   local r = ARGV[i]
   if redis.call('HGET', P .. 'owner', r) == sid
@@ -117,6 +116,7 @@ for i = 2, #ARGV, 2 do
     end_claim(r, 'released', now)
     redis.call('SREM', P .. 'held:' .. sid, r)
     changed = true
+    targeted = targeted or redis.call('SMEMBERS', P .. 'tmembers')
     for _, m in ipairs(targeted) do
       if redis.call('SISMEMBER', P .. 't:' .. m, r) == 1 then
         if not to[m] then to[m] = true; names[#names + 1] = m end
