@@ -235,6 +235,39 @@ def test_names_with_spaces_percent_signs_and_non_ascii_are_read_exactly_once(
     assert whole.count() == len(names)
 
 
+def test_a_batch_of_many_files_is_looked_up_on_the_driver_without_a_listing_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Past 32 paths Spark looks named files up with a job of one task per path (5,000 files:
+    10 s of tasks); load_files looks a batch's files up on the driver and leaves the setting as
+    it found it."""
+    from rebalancer_spark.spark.reading import load_files
+
+    ids = _landing(tmp_path / "landing", dirs=1, files=200, rows=1)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    names = sorted(f.name for f in source.files("d00"))
+    setting = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+    sc = spark.sparkContext
+    for before in (None, "64"):
+        if before is not None:
+            spark.conf.set(setting, before)
+        group = f"lookup-{before}"
+        sc.setJobGroup(group, "the lookup of a batch's files")
+        try:
+            df = load_files(
+                spark, source, "d00", names, format="csv", schema="id STRING, value INT",
+                options={},
+            )  # fmt: skip
+            jobs = list(sc.statusTracker().getJobIdsForGroup(group))
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setLocalProperty("spark.job.description", None)
+        assert jobs == [], f"building the DataFrame of 200 files ran Spark jobs {jobs}"
+        assert spark.conf.get(setting, None) == before, "the setting is restored"
+        assert {r["id"] for r in df.select("id").collect()} == ids
+    spark.conf.unset(setting)
+
+
 def test_reading_without_a_file_source_says_what_to_do(members: SqliteMembers) -> None:
     a = members.start("a", resources=["q1"])
     owned = wait_for(lambda: a.owns("q1"), timeout=10, what="q1 owned")

