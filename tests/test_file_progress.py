@@ -169,3 +169,59 @@ def test_a_nested_resource_is_ingested_like_any_other(
     assert batch.outcome == "written" and src.next_batch(spark) is None
     assert [r["id"] for r in spark.read.parquet(out.location).collect()] == ["a"]
     assert list(src.history().load("date=1/hour=00")) == ["a.csv"]
+
+
+def test_a_long_batch_keeps_its_list_in_the_plans_table_and_the_next_owner_reads_it_back(
+    spark: Any, members: SqliteMembers, tmp_path: Path
+) -> None:
+    """A batch of 300 files (about 9 KiB of names) leaves the record under 4 KiB: its list is
+    in the plans table, named by digest; an owner that dies with it open hands over exactly
+    those files; a plans table that lost it is reported, not guessed at."""
+    import shutil
+
+    folder = tmp_path / "landing" / "d"
+    folder.mkdir(parents=True)
+    for i in range(600):
+        (folder / f"a-rather-long-file-name-{i:05d}.csv").write_text(f"x{i},1\n")
+    source = FileShareSource(f"{(tmp_path / 'landing').as_uri()}/?order=name")
+    output = ParquetOutput(str(tmp_path / "out"))
+    a = members.start("a", resources=["d"])
+    src = assigned_source(a, "d", source, output, max_files_per_batch=300)
+    first = src.next_batch(spark)
+    assert first is not None and len(first.files) == 300
+    record = src.progress
+    assert isinstance(record, dict) and _size(src) < 4096, record
+    digest = record["batch"]["plan"]
+    assert record["batch"] == {"id": 1, "plan": digest, "count": 300}
+    assert FileBatch(1, first.files).digest() == digest
+    # the owner dies with batch 1 open: the next one reads the plan back, files and order
+    b = members.start("b")
+    a.stop(drain=False)
+    src_b = assigned_source(b, "d", source, output, max_files_per_batch=300)
+    assert src_b.epoch > src.epoch
+    again = src_b.next_batch(spark)
+    assert again is not None and again.id == 1 and again.files == first.files
+    with again:
+        again.write(again.read())
+    second = src_b.next_batch(spark)
+    assert (
+        second is not None and second.files == tuple(sorted(f.name for f in folder.iterdir()))[300:]
+    )
+    with second:
+        second.write(second.read())
+    assert src_b.next_batch(spark) is None
+    rows = spark.read.parquet(output.location).select("id").collect()
+    assert sorted(r["id"] for r in rows) == sorted(f"x{i}" for i in range(600))
+    assert src_b.progress["files"] == 600 and src_b.progress["batch"] is None
+    # a third batch opens, then its plan is lost (the table removed): a clear error
+    for i in range(600, 900):
+        (folder / f"a-rather-long-file-name-{i:05d}.csv").write_text(f"x{i},1\n")
+    assert src_b.next_batch(spark) is not None
+    c = members.start("c")
+    b.stop(drain=False)
+    shutil.rmtree(src_b.history().plans_uri)
+    src_c = assigned_source(c, "d", source, output, max_files_per_batch=300)
+    with pytest.raises(CorruptStateError) as caught:
+        src_c.next_batch(spark)
+    text = str(caught.value)
+    assert "batch 3" in text and "holds 0 files" in text and "progress reset" in text, text

@@ -22,13 +22,22 @@ Appends are blind appends (delta-rs, several jobs at once, locally and on S3 wit
 a table holding many small commits is compacted per resource by :meth:`FileHistory.compact`.
 The table lives next to the output, under ``<output>/_rebalancer_files`` (a name Spark, Delta
 and Parquet readers skip), with the output's storage options.
+
+**Plans.** The file list of an open batch too long for the progress record
+(:data:`.file_progress.INLINE_BYTES`) is appended to a second table beside this one,
+``<history>_plans`` (``_resource``, ``batch``, ``plan``, ``seq``, ``name``, ``fingerprint``,
+``epoch``, ``at``), *before* the record names it by its digest. Appends are blind and carry no
+transaction: a plan is found by (resource, batch, digest), and one written twice (a retry) or
+written by an owner that then lost the resource (never named by a record) is harmless. Plans of
+batches a resource committed are deleted now and then (:meth:`FileHistory.prune_plans`); the
+files they leave are removed by a ``VACUUM`` of that table, as for any Delta table.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +52,10 @@ HISTORY_DIR = "_rebalancer_files"
 _PARTITION = "_resource"
 _COMPACT_EVERY = 200
 """Compact a resource's partition after this many appends by one owner."""
+PLANS_SUFFIX = "_plans"
+"""The plans table is the history's location with this suffix."""
+_PRUNE_EVERY = 20
+"""Delete a resource's committed plans after this many plans saved by one owner."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,23 @@ def _schema() -> Any:
     )
 
 
+def _plan_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            (_PARTITION, pa.string()),
+            ("batch", pa.int64()),
+            ("plan", pa.string()),
+            ("seq", pa.int64()),
+            ("name", pa.string()),
+            ("fingerprint", pa.string()),
+            ("epoch", pa.int64()),
+            ("at", pa.float64()),
+        ]
+    )
+
+
 class FileHistory:
     """The history table of one group at ``uri`` (a local path or ``s3://`` URL for delta-rs,
     with ``storage_options``); see the module docstring."""
@@ -81,6 +111,7 @@ class FileHistory:
         self.storage_options = dict(storage_options or {})
         self._table: Any = None
         self._appends = 0
+        self._plans = 0
 
     def __repr__(self) -> str:
         return f"FileHistory({self.uri!r}, group={self.group!r})"
@@ -199,6 +230,105 @@ class FileHistory:
         if self._appends % _COMPACT_EVERY == 0:
             self.compact(resource)
         return True
+
+    @property
+    def plans_uri(self) -> str:
+        """Where the plans of long batches live (module docstring)."""
+        return self.uri + PLANS_SUFFIX
+
+    def save_plan(
+        self,
+        resource: str,
+        batch: int,
+        plan: str,
+        epoch: int,
+        files: Sequence[str],
+        versions: Mapping[str, str],
+    ) -> None:
+        """Append the file list ``files`` of ``batch`` under its digest ``plan``. Raises
+        :class:`RebalancerError` when the table cannot be written (nothing is planned then)."""
+        import pyarrow as pa
+        from deltalake import CommitProperties, write_deltalake
+        from deltalake.exceptions import DeltaError
+
+        n = len(files)
+        data = pa.Table.from_pydict(
+            {
+                _PARTITION: [resource] * n,
+                "batch": [batch] * n,
+                "plan": [plan] * n,
+                "seq": list(range(n)),
+                "name": list(files),
+                "fingerprint": [versions.get(f, "") for f in files],
+                "epoch": [epoch] * n,
+                "at": [time.time()] * n,
+            },
+            schema=_plan_schema(),
+        )
+        try:
+            write_deltalake(
+                self.plans_uri,
+                data,
+                mode="append",
+                partition_by=[_PARTITION],
+                storage_options=self.storage_options or None,
+                commit_properties=CommitProperties(max_commit_retries=100),
+            )
+        except (DeltaError, OSError) as exc:
+            raise RebalancerError(
+                f"cannot save the plan of batch {batch} of {resource!r} ({n} files) to "
+                f"{self.plans_uri} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}): "
+                "nothing was planned, the planning is retried; check that the output's "
+                "location is writable"
+            ) from None
+        self._plans += 1
+        if self._plans % _PRUNE_EVERY == 0:
+            self.prune_plans(resource, below=batch)
+
+    def load_plan(
+        self, resource: str, batch: int, plan: str
+    ) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The files (in planned order) and fingerprints the plan ``plan`` of ``batch`` holds
+        (empty when the table holds no such plan)."""
+        import pyarrow.dataset as ds
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            table = DeltaTable(self.plans_uri, storage_options=self.storage_options or None)
+            rows = table.to_pyarrow_dataset().to_table(
+                filter=(ds.field(_PARTITION) == resource)
+                & (ds.field("batch") == batch)
+                & (ds.field("plan") == plan),
+                columns=["seq", "name", "fingerprint"],
+            )
+        except TableNotFoundError:
+            return (), {}
+        except OSError as exc:
+            raise SourceError(f"cannot read the plans table {self.plans_uri}: {exc}") from None
+        by_seq: dict[int, tuple[str, str]] = {}
+        for seq, name, fp in zip(
+            rows.column("seq").to_pylist(),
+            rows.column("name").to_pylist(),
+            rows.column("fingerprint").to_pylist(),
+            strict=True,
+        ):
+            by_seq[int(seq)] = (str(name), str(fp or ""))
+        ordered = [by_seq[k] for k in sorted(by_seq)]
+        return tuple(n for n, _ in ordered), {n: fp for n, fp in ordered if fp}
+
+    def prune_plans(self, resource: str, below: int) -> None:
+        """Delete ``resource``'s plans of batches before ``below`` (committed ones: a
+        resource has one open batch at a time); a failure is only logged."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError, TableNotFoundError
+
+        quoted = resource.replace("'", "''")
+        try:
+            table = DeltaTable(self.plans_uri, storage_options=self.storage_options or None)
+            table.delete(f"{_PARTITION} = '{quoted}' AND batch < {int(below)}")
+        except (DeltaError, OSError, TableNotFoundError) as exc:
+            log.info("plans %s: pruning %r skipped: %s", self.plans_uri, resource, exc)
 
     def compact(self, resource: str) -> None:
         """Merge the small files of ``resource``'s partition (Delta OPTIMIZE); a failure is

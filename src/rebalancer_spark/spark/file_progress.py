@@ -14,8 +14,13 @@ What the store holds for a file resource (names are relative to the resource)::
   through ``marks``: at most a handful of (time, watermark then) pairs, one per quarter of the
   look-back window, so a file that arrives late, under a name below the watermark, is still
   picked up if it arrives within the window;
-* ``batch``: the open batch, planned and not yet committed (its files, and their fingerprints
-  when the source re-reads rewritten files, ``on_change=reread``);
+* ``batch``: the open batch, planned and not yet committed: its files, and their fingerprints
+  when the source re-reads rewritten files (``on_change=reread``). A batch whose list would
+  take more than :data:`INLINE_BYTES` of JSON is kept in the plans table instead
+  (:meth:`.file_history.FileHistory.save_plan`, written before this record names it), and the
+  record holds only ``{"id": 43, "plan": "<digest of the list>", "count": 5000}``: the record
+  stays under 4 KiB whatever the batch size. The owner reads such a plan back, and checks its
+  digest and count, when it takes over an open batch;
 * ``next``: the next batch id; ``files``: how many files the committed batches processed;
   ``changed_files``: processed files found rewritten under the same name;
 * ``pending`` (the lag: files and bytes listed and not processed yet, as the owner last
@@ -31,6 +36,8 @@ The names of the files processed are not here: they are rows of the file history
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,9 +45,12 @@ from typing import Any
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import JsonValue, UnreadableProgress
 
-__all__ = ["FORMAT", "FileBatch", "FileProgress", "parse"]
+__all__ = ["FORMAT", "INLINE_BYTES", "FileBatch", "FileProgress", "parse"]
 
 FORMAT = 2
+INLINE_BYTES = 2048
+"""The most JSON a batch's file list may take in the record; a longer one goes to the plans
+table (module docstring)."""
 _MARK_SLOTS = 4
 """A new mark every ``lookback / _MARK_SLOTS`` seconds at most: at most about that many marks."""
 
@@ -53,12 +63,37 @@ class FileBatch:
     id: int
     files: tuple[str, ...]
     versions: Mapping[str, str] = field(default_factory=dict, compare=False)
+    plan: str | None = None
+    """The digest of the list when the plans table keeps it (None: the record lists it)."""
+    count: int = 0
+    """With ``plan``: how many files the plan holds (``files`` is empty until it is read)."""
+
+    @property
+    def unread(self) -> bool:
+        """Whether this is a record's reference to a plan whose files are not read yet."""
+        return self.plan is not None and len(self.files) != self.count
+
+    def listing(self) -> dict[str, Any]:
+        """The files (and fingerprints) as the record lists them inline."""
+        out: dict[str, Any] = {"files": list(self.files)}
+        versions = {k: v for k, v in sorted(self.versions.items()) if v}
+        if versions:
+            out["versions"] = versions
+        return out
+
+    def digest(self) -> str:
+        """What names this list in the plans table: the first 20 hex digits of its SHA-256."""
+        text = json.dumps(self.listing(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def too_long(self) -> bool:
+        """Whether the list takes more than :data:`INLINE_BYTES` as JSON."""
+        return len(json.dumps(self.listing(), separators=(",", ":")).encode()) > INLINE_BYTES
 
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "files": list(self.files)}
-        if self.versions:
-            out["versions"] = dict(sorted(self.versions.items()))
-        return out
+        if self.plan is not None:
+            return {"id": self.id, "plan": self.plan, "count": self.count}
+        return {"id": self.id, **self.listing()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +158,7 @@ class FileProgress:
     def done(self, batch: FileBatch, now: float, lookback: float | None) -> FileProgress:
         """This record once ``batch`` is committed at ``now``: the watermark and the floor
         moved on (``lookback``: None for ``order=none``, else seconds)."""
+        assert not batch.unread, "a planned batch is read from the plans table before it is done"
         top = max(batch.files, default=None)
         watermark = self.watermark if top is None or (self.watermark or "") >= top else top
         floor, marks = self.floor, list(self.marks)
@@ -156,6 +192,13 @@ def _corrupt(resource: str, value: JsonValue) -> CorruptStateError:
 def _batch(value: JsonValue) -> FileBatch | None:
     if value is None:
         return None
+    if not isinstance(value, Mapping):
+        raise TypeError("batch is not a mapping")
+    if value.get("plan") is not None:
+        count = int(value["count"])
+        if count <= 0:
+            raise ValueError("a plan of no files")
+        return FileBatch(int(value["id"]), (), {}, plan=str(value["plan"]), count=count)
     return FileBatch(
         int(value["id"]), tuple(str(f) for f in value["files"]), _versions(value.get("versions"))
     )

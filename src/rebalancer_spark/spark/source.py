@@ -132,6 +132,8 @@ class AssignedSource:
         """The history of the names a listing may return, read on first use."""
         self._known_floor: str | None = None
         self._prints: dict[str, str] = {}
+        self._plan: FileBatch | None = None
+        """The open batch whose list the plans table keeps, as saved or read back."""
         self._watch = watch
         self._event = event
         self.stuck: str | None = None
@@ -173,11 +175,42 @@ class AssignedSource:
         """The batch planned and not yet committed, if any."""
         if not isinstance(self._source, FileSource):
             return None
-        return parse(self.resource, self.progress).batch
+        return self.state().batch
 
     def state(self) -> FileProgress:
-        """The last committed progress of this file resource, parsed."""
-        return parse(self.resource, self.progress)
+        """The last committed progress of this file resource, parsed, with the files of an
+        open batch that the plans table keeps read back (once)."""
+        state = parse(self.resource, self.progress)
+        batch = state.batch
+        if batch is None or not batch.unread:
+            return state
+        if self._plan is None or (self._plan.id, self._plan.plan) != (batch.id, batch.plan):
+            assert batch.plan is not None
+            files, versions = self.history().load_plan(self.resource, batch.id, batch.plan)
+            read = FileBatch(batch.id, files, versions, plan=batch.plan, count=batch.count)
+            if len(files) != batch.count or read.digest() != batch.plan:
+                raise CorruptStateError(
+                    f"the open batch {batch.id} of resource {self.resource!r} keeps its "
+                    f"{batch.count} files in the plans table {self.history().plans_uri} (plan "
+                    f"{batch.plan}), which holds {len(files)} files for it with digest "
+                    f"{read.digest() if files else '-'}: was that table removed or vacuumed "
+                    "early? `rebalancer-spark progress reset` the resource (its files are read "
+                    "again unless the history holds them)"
+                )
+            self._plan = read
+        return replace(state, batch=self._plan)
+
+    def _planned(self, batch: FileBatch) -> FileBatch:
+        """``batch`` as the record names it: inline, or saved to the plans table first when
+        its list is too long for the record."""
+        if not batch.too_long():
+            return batch
+        digest = batch.digest()
+        self.history().save_plan(
+            self.resource, batch.id, digest, self.epoch, batch.files, batch.versions
+        )
+        self._plan = replace(batch, plan=digest, count=len(batch.files))
+        return self._plan
 
     def history(self) -> FileHistory:
         """The group's file history (next to the output unless one was given)."""
@@ -281,7 +314,7 @@ class AssignedSource:
             names = tuple(f.name for f in pending)
             self._prints = {f.name: f.fingerprint for f in pending}
             keep = self.files_source().on_change == "reread"
-            batch = FileBatch(state.next, names, dict(self._prints) if keep else {})
+            batch = self._planned(FileBatch(state.next, names, dict(self._prints) if keep else {}))
             counted = len({f.name for f in changed} & set(names))
             self._store(
                 replace(
