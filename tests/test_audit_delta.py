@@ -89,6 +89,7 @@ def as_row(e: OwnershipEvent) -> dict[str, object]:
         "moves": e.moves,
         "pending_files": e.pending_files,
         "pending_bytes": e.pending_bytes,
+        "pending_messages": e.pending_messages,
     }
 
 
@@ -191,7 +192,7 @@ def test_events_come_back_from_read_audit(
         "pid bigint, spark_app_id string, generation bigint, coordinator_epoch bigint, "
         "prev_member_id string, prev_session_id string, prev_epoch bigint, freed string, "
         "freed_at timestamp, trigger string, moves bigint, seq bigint, pending_files bigint, "
-        "pending_bytes bigint"
+        "pending_bytes bigint, pending_messages bigint"
     )
 
     def frame_of(rows: list[dict[str, object]]) -> Any:

@@ -62,15 +62,22 @@ def test_a_lag_row_round_trips_through_the_audit_table_and_is_not_ownership(
             EventKind.LAG, "g", "a", "m1", "s1", 1, 11.0, 11.0, "7 files, 70 bytes pending",
             pending_files=7, pending_bytes=70,
         ),
+        OwnershipEvent(EventKind.ACQUIRED, "g", "q", "m1", "s1", 1, 12.0, 12.0, "granted"),
+        OwnershipEvent(
+            EventKind.LAG, "g", "q", "m1", "s1", 1, 13.0, 13.0, "25 messages pending",
+            pending_messages=25,
+        ),
     ]  # fmt: skip
     with DeltaAuditLog(path, flush_interval=0) as log:
         for e in events:
             log(e)
         assert log.flush(), log.last_error
     rows = load_rows(path).rows
-    (sample,) = [r for r in rows if r["kind"] == "lag"]
+    sample, queue = [r for r in rows if r["kind"] == "lag"]
     assert (sample["pending_files"], sample["pending_bytes"]) == (7, 70)
-    (acquired,) = [r for r in rows if r["kind"] == "acquired"]
-    assert acquired["pending_files"] is None
+    assert sample["pending_messages"] is None
+    assert (queue["pending_files"], queue["pending_messages"]) == (None, 25)
+    acquired = [r for r in rows if r["kind"] == "acquired"]
+    assert [r["pending_files"] for r in acquired] == [None, None]
     verdict = verify_table(path)
-    assert verdict.ok and verdict.resources == 1, verdict.report()
+    assert verdict.ok and verdict.resources == 2, verdict.report()

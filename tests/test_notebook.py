@@ -252,8 +252,8 @@ def test_the_notebook_shows_rebalances_by_generation_and_a_group_owning_nothing(
 def test_the_notebook_draws_the_lag_over_time_from_the_lag_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Twelve resources, each behind then caught up: the lag chart is drawn (the ten furthest
-    behind and the sum of all), next to the timeline."""
+    """Twelve file resources and two queues, each behind then caught up: a chart of files
+    (the ten furthest behind and the sum of all) and one of messages, next to the timeline."""
     events = []
     for i in range(12):
         resource = f"r{i:02d}"
@@ -263,10 +263,17 @@ def test_the_notebook_draws_the_lag_over_time_from_the_lag_rows(
             events.append(
                 dataclasses.replace(lagging, pending_files=files, pending_bytes=files * 100)
             )
+    for i, queue in enumerate(("q1", "q2")):
+        events.append(row(EventKind.ACQUIRED, "nb", queue, "m2", 1, float(i)))
+        for t, messages in ((i + 1.0, 500 * (i + 1)), (i + 6.0, 40), (i + 8.0, 0)):
+            lagging = row(EventKind.LAG, "nb", queue, "m2", 1, t)
+            events.append(dataclasses.replace(lagging, pending_messages=messages))
 
     code = execute(tmp_path, monkeypatch, written_table(tmp_path, events))
 
     cell = next(c for c in code if "pending_files" in c.source)
-    assert "36 lag samples of 12 resources; most files pending: r11 21" in text_of(cell)
-    assert images([cell]) == 1
+    text = text_of(cell)
+    assert "36 lag samples of 12 resources; most files pending: r11 21" in text, text
+    assert "6 lag samples of 2 resources; most messages pending: q2 1000, q1 500" in text, text
+    assert images([cell]) == 2
     assert text_of(code[-1]).startswith("audit OK"), text_of(code[-1])

@@ -13,6 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from rebalancer_spark.audit import verify_table
+from rebalancer_spark.audit.rows import load_rows
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.spark.packages import spark_submit_command
 from tests.servers.cloud import RabbitMq, SqsPrefix
@@ -154,6 +155,11 @@ def test_spark_submit_ingest_rabbitmq_and_sqs(
     kinds = [c.get("rebalancer.kind") for c in history if c.get("operation") != "CREATE TABLE"]
     assert kinds and set(kinds) <= {"data", "fence"}, history  # every commit is fenced
     assert verify_table(str(rabbit_dir / "audit"), group=group).ok
+    # each queue's lag, sampled into the audit table: behind at its first fetch, then drained
+    rows = load_rows(str(rabbit_dir / "audit"), group=group).rows
+    for q in queues:
+        lag = [r["pending_messages"] for r in rows if r["kind"] == "lag" and r["resource"] == q]
+        assert lag and lag[0] > 0 and lag[-1] == 0, (q, lag)  # type: ignore[operator]
     assert re.search(r"stopped: \d+ batches, 30 messages", sqs_text), sqs_text[-2000:]
     keys = _keys(sqs_out)
     assert len(keys) == len(set(keys)) == 30

@@ -14,9 +14,9 @@ commit's outcome is unknown (the store timed out after the commit landed), the r
 the table whether that batch is already in, so a retry never writes a row twice.
 
 The epoch-chain columns (``generation`` … ``moves``, ``seq``, and the lag samples'
-``pending_files`` and ``pending_bytes``, see :data:`CHAIN_COLUMNS`) came later: a table written
-before them is still an audit table; the first append adds them to its schema (delta-rs' schema
-merge, one commit that keeps every row; old rows read them as null).
+``pending_files``, ``pending_bytes`` and ``pending_messages``, see :data:`CHAIN_COLUMNS`) came
+later: a table written before them is still an audit table; the first append adds them to its
+schema (delta-rs' schema merge, one commit that keeps every row; old rows read them as null).
 
 ``seq`` numbers each session's rows 1, 2, … in the order this log accepted them, and batches are
 committed in that order: a process killed before its writer flushed loses the *highest* numbers
@@ -110,6 +110,8 @@ _COLUMNS = (
     # A ``lag`` row's sample: files and bytes listed and not processed yet (null elsewhere).
     ("pending_files", pa.int64(), True),
     ("pending_bytes", pa.int64(), True),
+    # A queue's ``lag`` row: messages ready in the queue and not fetched yet (null elsewhere).
+    ("pending_messages", pa.int64(), True),
 )
 AUDIT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in _COLUMNS)
 """The audit table's columns, in order: one row per :class:`OwnershipEvent`."""
@@ -579,6 +581,7 @@ def _row(event: OwnershipEvent, seq: int) -> _Row:
         seq,
         event.pending_files,
         event.pending_bytes,
+        event.pending_messages,
     )
 
 

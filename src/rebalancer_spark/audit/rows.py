@@ -3,7 +3,7 @@
 Use case: the output check, the rebalance statistics and the timeline read every row of an
 audit table, written before or after the chain columns were added (``generation``,
 ``coordinator_epoch``, ``prev_*``, ``freed``, ``freed_at``, ``trigger``, ``moves``, ``seq``,
-``pending_files``, ``pending_bytes``; see
+``pending_files``, ``pending_bytes``, ``pending_messages``; see
 ``docs/audit.md``), and need to know which kind of table they read, to say what they could
 not check. :func:`load_rows` reads the base columns (:data:`AUDIT_COLUMNS`, which must all be
 there) plus those of :data:`CHAIN_COLUMNS` that the table has; a row of an old table has
@@ -29,7 +29,7 @@ __all__ = ["CHAIN_COLUMNS", "AuditRows", "chain_schema", "load_rows"]
 # The nullable columns added after the base ones (epoch chain, rebalances, row numbers, lag
 # samples), with their types: delta.CHAIN_COLUMNS, re-exported here.
 _CHAIN = tuple((f.name, f.type) for f in audit_schema() if f.name in CHAIN_COLUMNS)
-_LATER = frozenset({"seq", "pending_files", "pending_bytes"})
+_LATER = frozenset({"seq", "pending_files", "pending_bytes", "pending_messages"})
 
 _TIMES = ("at", "observed_at", "freed_at")
 # The base columns: every one a table must have.

@@ -18,9 +18,11 @@ change owner (``moves``); ``reason`` carries the details ("join: job-d"). ``stuc
 emits them, under its epoch, when the resource gets stuck and when it applies an operator's
 ``rebalancer-spark progress reset|skip``. ``lag`` events are not changes of ownership either:
 the owner of a file resource samples its lag (``pending_files``, ``pending_bytes``: listed and
-not processed yet) after a planning, at most once per ``lag_interval`` seconds per resource
-and at once when the lag reaches zero or leaves it, so that the audit table shows how far
-behind each resource was over time (the notebook's "Lag over time").
+not processed yet) after a planning, the owner of a queue after a fetch (``pending_messages``:
+ready in the queue and not fetched yet, as the broker counts them), at most once per
+``lag_interval`` seconds per resource and at once when the lag reaches zero or leaves it, so
+that the audit table shows how far behind each resource was over time (the notebook's "Lag over
+time").
 
 The epoch chain rides on ownership events: ``generation`` and ``coordinator_epoch`` name the
 target under which the change happened, and an ``acquired`` event carries the store's
@@ -56,7 +58,8 @@ class EventKind(StrEnum):
     """Not a change of ownership: the owner applied an operator's ``progress reset|skip``."""
     LAG = "lag"
     """Not a change of ownership: a sample of the owner's lag on the resource (files and
-    bytes listed and not processed yet: ``pending_files``, ``pending_bytes``)."""
+    bytes listed and not processed yet: ``pending_files``, ``pending_bytes``; for a queue,
+    messages ready and not fetched yet: ``pending_messages``)."""
 
 
 class Trigger(StrEnum):
@@ -95,6 +98,7 @@ class OwnershipEvent:
     moves: int | None = None
     pending_files: int | None = None
     pending_bytes: int | None = None
+    pending_messages: int | None = None
 
 
 EventSink = Callable[[OwnershipEvent], None]

@@ -32,9 +32,11 @@ commit). Progress, as committed::
 
 (``keys`` only when they fit in 256 KiB of JSON.) ``pending`` is the queue's lag when the batch
 was committed: the messages still ready after its fetch (:meth:`QueueConsumer.depth`), which
-``status`` and ``assignments`` show; the metrics' ``rebalancer_pending_messages`` follows it after
-every fetch, including an empty one (the queue is then drained: 0). A depth the broker cannot
-tell is left out, never guessed.
+``status`` and ``assignments`` show. After every fetch, an empty one included (the queue is then
+drained: 0), the depth goes to ``watch``: the node sets the metric
+``rebalancer_pending_messages`` and samples it into the audit table as ``lag`` rows
+(:meth:`.session.RebalancerNode.queue_lag`); without a node, the member's metric only. A depth
+the broker cannot tell is left out, never guessed.
 """
 
 from __future__ import annotations
@@ -94,8 +96,12 @@ class QueueLoop:
         *,
         batch_size: int | None = None,
         before_first_batch: Callable[[], None] | None = None,
+        watch: Callable[[str, int, int], None] | None = None,
     ) -> None:
+        """``watch(queue, epoch, depth)`` is told the queue's depth after each fetch (the
+        module docstring)."""
         self.member = member
+        self._watch = watch or self._depth_metric
         self.source = source
         self.output = output
         self.batch_size = batch_size or source.batch_size
@@ -147,6 +153,10 @@ class QueueLoop:
             self._drop(key, forget=True)
 
     # -- one batch ------------------------------------------------------------------------
+
+    def _depth_metric(self, resource: str, epoch: int, depth: int) -> None:
+        if self.member.metrics is not None:
+            self.member.metrics.queue_depth(resource, depth)
 
     def _who(self) -> dict[str, str]:
         session = self.member.session
@@ -205,8 +215,8 @@ class QueueLoop:
             self._drop(key)
             return False
         depth = self._depth(o.resource, opened.consumer) if messages else 0
-        if depth is not None and self.member.metrics is not None:
-            self.member.metrics.queue_depth(o.resource, depth)
+        if depth is not None:
+            self._watch(o.resource, o.epoch, depth)
         if not messages:
             return False
         if self._before_first_batch is not None:

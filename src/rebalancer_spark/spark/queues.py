@@ -63,6 +63,7 @@ def run_queue_ingest(
         source,
         QueueOutput(spark, delta, transform),
         before_first_batch=node.flush_audit,
+        watch=node.queue_lag,
     )
     return loop.run(stop, node.job.poll_interval)
 

@@ -243,15 +243,33 @@ class RebalancerNode:
         if self.audit is None or pending is None:
             return
         files, size = pending
-        if not self._lag.take(resource, epoch, files, size):
-            return
+        if self._lag.take(resource, epoch, files, size):
+            self._lag_row(resource, epoch, f"{files} files, {size} bytes pending",
+                          files=files, size=size)  # fmt: skip
+
+    def queue_lag(self, resource: str, epoch: int, messages: int) -> None:
+        """A queue's depth after a fetch by its owner at ``epoch`` (the queue loop's
+        ``watch``): to the metrics, and sampled into the audit table as ``lag`` rows, as
+        for the files of a file resource."""
+        metrics = self.member.metrics
+        if metrics is not None:
+            metrics.queue_depth(resource, messages)
+        if self.audit is not None and self._lag.take(resource, epoch, messages, 0):
+            self._lag_row(resource, epoch, f"{messages} messages pending",
+                          messages=messages)  # fmt: skip
+
+    def _lag_row(
+        self, resource: str, epoch: int, reason: str, *, files: int | None = None,
+        size: int | None = None, messages: int | None = None,
+    ) -> None:  # fmt: skip
+        assert self.audit is not None
         session = self.member.session
         now = time.time()
         self.audit(
             OwnershipEvent(
                 EventKind.LAG, self.member.group, resource, self.member.member_id,
-                "" if session is None else session.session_id, epoch, now, now,
-                f"{files} files, {size} bytes pending", pending_files=files, pending_bytes=size,
+                "" if session is None else session.session_id, epoch, now, now, reason,
+                pending_files=files, pending_bytes=size, pending_messages=messages,
             )
         )  # fmt: skip
 
