@@ -21,6 +21,14 @@ so that faults overlap. The faults:
 * Redis (one server started here, no persistence): restarted (its data is lost) or paused with
   ``SIGSTOP`` likewise.
 
+With ``--spark-jobs N``, whole Spark drivers are victims too (``tests/support/spark_chaos.py``):
+N ``spark-submit jobs/ingest_files.py`` applications of a group of their own, on the same
+store, ingest files a feeder keeps writing, while one fault at a time (``--driver-gap`` s apart
+on average) kills a whole application with ``-9`` (a new one is started) or stops it with
+``SIGSTOP`` past its lease. The run goes on until ``--driver-faults`` such faults were injected
+too; then the jobs commit every file and stop, and the output is counted row by row (lost,
+duplicated) and checked against the jobs' audit table.
+
 Clock jumps are not injected: every backend's leases run on monotonic clocks (SQLite
 ``CLOCK_BOOTTIME``, ZooKeeper's and Redis' own timers, the members' ``time.monotonic``), and
 jumping the wall clock needs root and moves it for every process of the machine.
@@ -65,6 +73,7 @@ from tests.support.chaos_invariants import (
 from tests.support.chaos_stores import EnsembleFaults, RedisFaults
 from tests.support.helpers import wait_for
 from tests.support.procs import MemberProcesses
+from tests.support.spark_chaos import DriverChaos, DriverFigures
 
 from rebalancer_spark.core import audit
 from rebalancer_spark.testing import member_process
@@ -190,6 +199,16 @@ class Figures:
     recovery_s: float = float("nan")
     chaos_s: float = 0.0
     audit_double_ownerships: int | None = None
+    drivers: DriverFigures | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.double_ownerships == 0
+            and self.lost_commits == 0
+            and not self.audit_double_ownerships
+            and (self.drivers is None or self.drivers.ok)
+        )
 
     def lines(self) -> list[str]:
         total = sum(self.faults.values())
@@ -210,6 +229,8 @@ class Figures:
         ]
         if self.audit_double_ownerships is not None:
             out.append(f"  audit table          {self.audit_double_ownerships} double ownership")
+        if self.drivers is not None:
+            out += self.drivers.lines()
         out += [f"  OVERLAP {e}" for e in self.overlap_examples]
         return out
 
@@ -270,6 +291,12 @@ def run_one(kind: str, args: argparse.Namespace, log: Callable[[str], None]) -> 
         tempfile.TemporaryDirectory(prefix=f"chaos-runner-{kind}-") as tmp,
         store_for(kind, Path(tmp), args.session_timeout) as (url, observer, faults),
     ):
+        drivers = None
+        if args.spark_jobs:
+            drivers = DriverChaos(
+                Path(tmp) / "spark", url, f"chaos-{args.seed}", jobs=args.spark_jobs,
+                seed=args.seed, mean_gap=args.driver_gap,
+            )  # fmt: skip
         procs = Members(
             url,
             f"chaos-{args.seed}-{uuid.uuid4().hex[:6]}",
@@ -290,7 +317,17 @@ def run_one(kind: str, args: argparse.Namespace, log: Callable[[str], None]) -> 
                 procs, faults, config, report, log, target=args.faults, max_seconds=args.max_seconds
             )
             chaos_wall = time.time()
+            if drivers is not None:
+                drivers.start()
             chaos.run()
+            if drivers is not None:
+                target, deadline = args.driver_faults, chaos.started + args.max_seconds
+                wait_for(
+                    lambda: drivers.fault_count >= target or time.monotonic() > deadline,
+                    timeout=args.max_seconds + 60,
+                    what=f"{target} faults of Spark drivers",
+                )
+                drivers.stop_faults()
             figures.chaos_s = time.monotonic() - chaos.started
             healed, healed_wall = time.monotonic(), time.time()
             procs.wait_stable(args.members, timeout=180, resources=resources)
@@ -302,8 +339,14 @@ def run_one(kind: str, args: argparse.Namespace, log: Callable[[str], None]) -> 
             )
             figures.faults = report.faults
             check(procs, figures, resources, chaos.data_lost_at, chaos_wall)
+            if drivers is not None:
+                figures.drivers = drivers.finish()
         finally:
-            procs.close()
+            try:
+                procs.close()
+            finally:
+                if drivers is not None:
+                    drivers.cleanup()
     return figures
 
 
@@ -346,6 +389,24 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--mean-gap", type=float, default=0.15, help="mean s between faults")
     parser.add_argument("--store-fault-share", type=float, default=0.2)
     parser.add_argument("--audit", action="store_true", help="also verify the Delta audit table")
+    parser.add_argument(
+        "--spark-jobs",
+        type=int,
+        default=0,
+        help="spark-submit ingest jobs as victims too (module docstring)",
+    )
+    parser.add_argument(
+        "--driver-faults",
+        type=int,
+        default=10,
+        help="with --spark-jobs: run until this many driver faults too",
+    )
+    parser.add_argument(
+        "--driver-gap",
+        type=float,
+        default=8.0,
+        help="with --spark-jobs: mean s between driver faults",
+    )
     parser.add_argument("--verbose", action="store_true", help="print the schedule as it runs")
     return parser
 
@@ -364,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = run_one(kind, args, print if args.verbose else (lambda _: None))
         print("\n".join(figures.lines()))
         print(f"  wall time            {time.monotonic() - started:.0f} s", flush=True)
-        failed = failed or figures.double_ownerships > 0 or figures.lost_commits > 0
-        failed = failed or bool(figures.audit_double_ownerships)
+        failed = failed or not figures.ok
     return 1 if failed else 0
 
 

@@ -46,3 +46,29 @@ def test_a_run_of_faults_makes_no_double_owner_and_loses_no_commit(
     assert figures.double_ownerships == 0, figures.lines()
     assert figures.lost_commits == 0, figures.lines()
     assert figures.acquisitions > 0
+
+
+@pytest.mark.timeout(1500)
+def test_spark_drivers_killed_and_paused_lose_and_duplicate_no_row(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Whole spark-submit applications as victims beside the members (tests/support/
+    spark_chaos.py): 100 member faults, and kill -9 or SIGSTOP past the lease of a driver
+    until 6 such faults, while a feeder writes new files; then every row written is in the
+    output exactly once, and the drivers' audit table and output check verify."""
+    runner = _runner()
+    argv = ["--backend", "sqlite", "--members", "6", "--faults", "100", "--max-seconds", "900",
+            "--spark-jobs", "2", "--driver-faults", "6", "--driver-gap", "6"]  # fmt: skip
+    args = runner.parser().parse_args(argv)
+    figures = runner.run_one("sqlite", args, lambda _: None)
+    with capsys.disabled():
+        print("\n" + "\n".join(figures.lines()))
+    drivers = figures.drivers
+    assert drivers is not None
+    assert sum(drivers.faults.values()) >= 6, figures.lines()
+    assert drivers.rows_in > 0 and drivers.rows_out == drivers.rows_in, figures.lines()
+    assert drivers.lost == 0 and drivers.duplicated == 0, figures.lines()
+    assert drivers.audit_double_ownerships == 0 and drivers.audit_ok, figures.lines()
+    assert drivers.output_check == "ok", figures.lines()
+    assert set(drivers.stop_codes.values()) == {0}, drivers.stop_codes
+    assert figures.double_ownerships == 0 and figures.lost_commits == 0, figures.lines()

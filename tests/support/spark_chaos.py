@@ -1,0 +1,253 @@
+"""Whole Spark drivers as chaos victims, with the output counted row by row.
+
+``spark-submit jobs/ingest_files.py`` applications of a group of their own, on the chaos run's
+store, ingest a file share that a feeder keeps writing new files into (each file written under a
+temporary name, then renamed). While they work, one fault at a time hits a driver that has
+joined, at exponential gaps:
+
+* ``driver-kill9``: ``kill -9`` of the whole application (its Python driver, where the member
+  lives, and its JVM), as when a host or container dies; a new application is started in its
+  place at once (its member joins while the dead one's session runs out);
+* ``driver-sigstop``: ``SIGSTOP`` of the whole application for its session timeout plus 1 to
+  3 s, then ``SIGCONT``: a zombie that wakes after others took its resources over, possibly in
+  the middle of a batch's write.
+
+At the end the feeder stops, the jobs are given the time to commit every file, then are stopped
+with SIGTERM, and the checker (this module, not the jobs) counts:
+
+* rows: every id written by the feeder against the ids in the output Delta table: lost (never
+  in the output) and duplicated (in it more than once);
+* double ownership: overlapping ownership intervals in the Delta audit table the jobs write
+  (``verify_table``, which judges them with the store's lease expiries), and the output check
+  (``verify_output``: every data commit of the output inside an ownership interval of its
+  resource at its epoch, no batch twice).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rebalancer_spark.testing.spark_demo import SCHEMA
+from tests.support.helpers import wait_for
+from tests.support.spark_jobs import REPO, Job, SparkJobs
+
+__all__ = ["DriverChaos", "DriverFigures"]
+
+_GROUP_SUFFIX = "-spark"
+
+
+@dataclass
+class DriverFigures:
+    """What the Spark drivers went through, and what the checker counted."""
+
+    faults: Counter[str] = field(default_factory=Counter)
+    jobs_started: int = 0
+    unexpected_exits: list[str] = field(default_factory=list)
+    files: int = 0
+    rows_in: int = 0
+    rows_out: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    audit_double_ownerships: int = 0
+    audit_ok: bool = False
+    output_check: str = "not run"
+    stop_codes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.lost == 0
+            and self.duplicated == 0
+            and self.audit_double_ownerships == 0
+            and self.audit_ok
+            and self.output_check == "ok"
+        )
+
+    def lines(self) -> list[str]:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
+        out = [
+            f"  spark drivers        {sum(self.faults.values())} faults ({kinds}), "
+            f"{self.jobs_started} applications started",
+            f"  rows                 {self.rows_in} written to {self.files} files, "
+            f"{self.rows_out} in the output: lost {self.lost}, duplicated {self.duplicated}",
+            f"  drivers' audit       {self.audit_double_ownerships} double ownership "
+            f"({'verifies' if self.audit_ok else 'DOES NOT VERIFY'}); output check: "
+            f"{self.output_check}",
+        ]
+        if self.unexpected_exits:
+            out.append(f"  driver exits         {'; '.join(self.unexpected_exits)}")
+        return out
+
+
+class DriverChaos:
+    """``jobs`` spark-submit ingest applications of ``group + "-spark"`` on ``backend``, fed
+    and faulted as the module docstring says; :meth:`start`, then :meth:`stop_faults`, then
+    :meth:`finish`, and :meth:`cleanup` in any case."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        backend: str,
+        group: str,
+        *,
+        jobs: int,
+        seed: int,
+        session_timeout: float = 6.0,
+        mean_gap: float = 8.0,
+        dirs: int = 6,
+        rows_per_file: int = 5,
+        files_per_second: float = 4.0,
+    ) -> None:
+        self.workdir = workdir
+        self.group = group + _GROUP_SUFFIX
+        self.jobs = jobs
+        self.rng = random.Random(seed)
+        self.session_timeout = session_timeout
+        self.mean_gap = mean_gap
+        self.dirs = dirs
+        self.rows_per_file = rows_per_file
+        self.files_per_second = files_per_second
+        self.figures = DriverFigures()
+        self.ids: set[str] = set()
+        self._files = 0
+        self._lock = threading.Lock()
+        self._stop_faults = threading.Event()
+        self._stop_feed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        (workdir / "landing").mkdir(parents=True, exist_ok=True)
+        args = ["--schema", SCHEMA, "--max-files-per-batch", "40", "--poll-interval", "0.3s",
+                "--discovery-interval", "5s"]  # fmt: skip
+        self.run = SparkJobs(
+            workdir, self.group, REPO / "jobs" / "ingest_files.py", args, session_timeout, backend
+        )
+
+    # -- the input ---------------------------------------------------------------------------
+
+    def _write_file(self) -> None:
+        with self._lock:
+            n = self._files
+            self._files += 1
+        folder = self.workdir / "landing" / f"dir-{n % self.dirs:02d}"
+        folder.mkdir(exist_ok=True)
+        ids = [f"f{n:06d}-{r}" for r in range(self.rows_per_file)]
+        tmp = folder / f".f{n:06d}.csv.tmp"
+        tmp.write_text("".join(f"{i},{r}\n" for r, i in enumerate(ids)))
+        os.rename(tmp, folder / f"f{n:06d}.csv")
+        with self._lock:
+            self.ids.update(ids)
+
+    def _feed(self) -> None:
+        while not self._stop_feed.wait(1 / self.files_per_second):
+            self._write_file()
+
+    # -- the faults --------------------------------------------------------------------------
+
+    def _joined(self) -> list[Job]:
+        jobs = [j for j in self.run.jobs.values() if j.proc.poll() is None]
+        return sorted((j for j in jobs if self.run.driver_pid(j) is not None), key=lambda j: j.name)
+
+    def _replace_exited(self) -> None:
+        for job in list(self.run.jobs.values()):
+            if job.proc.poll() is not None:
+                self.figures.unexpected_exits.append(
+                    f"{job.name} exited with {job.proc.returncode}: {job.tail(3)[-300:]}"
+                )
+                del self.run.jobs[job.name]
+                self._start_job()
+
+    def _start_job(self) -> None:
+        self.run.start_job()
+        self.figures.jobs_started += 1
+
+    def _fault(self) -> None:
+        while not self._stop_faults.wait(self.rng.expovariate(1 / self.mean_gap)):
+            self._replace_exited()
+            live = self._joined()
+            if not live:
+                continue
+            victim = self.rng.choice(live)
+            if self.rng.random() < 0.5:
+                self.run.kill(victim)
+                self.figures.faults["driver-kill9"] += 1
+                self._start_job()
+            else:
+                self.run.pause(victim)
+                self.figures.faults["driver-sigstop"] += 1
+                # The schedule's own pause: past the lease, then the zombie wakes up.
+                time.sleep(self.session_timeout + self.rng.uniform(1.0, 3.0))
+                self.run.resume(victim)
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for _ in range(20):
+            self._write_file()
+        for _ in range(self.jobs):
+            self._start_job()
+        for target in (self._feed, self._fault):
+            thread = threading.Thread(target=target, name=f"driver-chaos-{target.__name__}")
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def fault_count(self) -> int:
+        return sum(self.figures.faults.values())
+
+    def stop_faults(self) -> None:
+        """No new fault; a paused driver is resumed (the fault thread ends its pause first)."""
+        self._stop_faults.set()
+        self._threads[1].join()
+        self._replace_exited()
+
+    def finish(self, timeout: float = 600.0) -> DriverFigures:
+        """Stop feeding, wait until every file is committed, stop the jobs, count."""
+        from deltalake import DeltaTable
+
+        from rebalancer_spark.audit import verify_table
+        from rebalancer_spark.audit.output_check import verify_output
+
+        self._stop_feed.set()
+        self._threads[0].join()
+        total = self._files
+
+        def committed() -> bool:
+            self._replace_exited()
+            done, idle = self.run.committed()
+            return done >= total and idle
+
+        wait_for(committed, timeout=timeout, what=f"the drivers to commit {total} files")
+        # A replacement started by the last fault may still be starting its JVM: it stops
+        # once it has joined (SIGTERM goes to its Python driver).
+        wait_for(
+            lambda: all(self.run.driver_pid(j) is not None for j in self.run.jobs.values()),
+            timeout=180,
+            what="every driver started to join its group",
+        )
+        for job in list(self.run.jobs.values()):
+            self.figures.stop_codes[job.name] = self.run.stop(job)
+        f = self.figures
+        f.files, f.rows_in = total, len(self.ids)
+        ids = DeltaTable(str(self.workdir / "output")).to_pyarrow_table(columns=["id"])
+        got = Counter(ids.column("id").to_pylist())
+        f.rows_out = sum(got.values())
+        f.lost = len(self.ids - set(got))
+        f.duplicated = sum(n - 1 for n in got.values() if n > 1)
+        audit = str(self.workdir / "audit")
+        verdict = verify_table(audit, group=self.group)
+        f.audit_double_ownerships, f.audit_ok = len(verdict.overlaps), verdict.ok
+        checked = verify_output(audit, str(self.workdir / "output"), group=self.group)
+        f.output_check = "ok" if checked.ok else checked.report().splitlines()[0][:300]
+        return f
+
+    def cleanup(self) -> None:
+        self._stop_faults.set()
+        self._stop_feed.set()
+        for thread in self._threads:
+            thread.join()
+        self.run.cleanup()
