@@ -58,7 +58,9 @@ def cases(draw: st.DrawFn, mode: ControlMode | None = None) -> Case:
     pins = draw(st.dictionaries(st.sampled_from(RESOURCES), st.sampled_from(owners), max_size=6))
     threshold = draw(st.sampled_from([0.0, 1.0, 2.0, 5.0, 1e9]))
     chosen = mode if mode is not None else draw(st.sampled_from(list(ControlMode)))
-    control = Control(mode=chosen, drain=drain, pins=pins, imbalance_threshold=threshold)
+    requests = draw(st.dictionaries(st.sampled_from(RESOURCES), st.just('{"action":"reset"}')))
+    control = Control(mode=chosen, drain=drain, pins=pins, imbalance_threshold=threshold,
+                      requests=requests)  # fmt: skip
     frozen = {m: frozenset(rs) for m, rs in previous.items()}
     return Case(members, weights, frozen, control)
 
@@ -221,6 +223,9 @@ def test_transitions_raise_the_version_and_reset_keeps_the_request_counter() -> 
 def test_the_record_round_trips_and_garbage_is_refused() -> None:
     c = Control().pin("s3://b/é x/", "m:1@h").drain_member("m2").with_threshold(1.5)
     assert Control.decode("g", c.encode(), c.version) == c
+    assert '"requests"' not in c.encode()  # a record without requests reads as before them
+    asked = c.with_request("s3://b/é x/", '{"action": "skip", "file": "ü.csv"}')
+    assert Control.decode("g", asked.encode(), asked.version) == asked
     with pytest.raises(CorruptStateError, match=r"control record of group 'g'.*reset --group g"):
         Control.decode("g", '{"mode": "sleeping"}', 1)
     with pytest.raises(CorruptStateError, match="not one rebalancer-spark writes"):
@@ -239,6 +244,20 @@ def test_the_record_is_bounded() -> None:
         c.pin("one-more", "m")
     with pytest.raises(ConfigurationError, match="member id"):
         Control().drain_member("bad/id")
+
+
+def test_a_progress_request_waits_for_its_owner_and_survives_a_reset() -> None:
+    c = Control().with_request("r1", "first").with_request("r1", "second")
+    assert dict(c.requests) == {"r1": "second"} and c.version == 2
+    assert c.without_request("r1", "first") is None, "a newer request is not removed"
+    assert c.reset().requests == c.requests, "reset is about ownership, not progress"
+    taken = c.without_request("r1", "second")
+    assert taken is not None and dict(taken.requests) == {} and taken.version == 3
+    assert control_changes(Control(), c) == [("r1", "control v2: progress request for its owner")]
+    assert control_changes(c, taken) == [("r1", "control v3: progress request taken by its owner")]
+    full = Control(requests={f"r{i}": "x" for i in range(MAX_CONTROL_ENTRIES)})
+    with pytest.raises(ConfigurationError, match=f"at most {MAX_CONTROL_ENTRIES} progress"):
+        full.with_request("one-more", "x")
 
 
 def test_changes_are_listed_one_per_transition() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rebalancer_spark.backends import open_backend
 from rebalancer_spark.cli.main import main as cli
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.outputs import ParquetOutput
@@ -48,13 +49,24 @@ def test_show_reset_and_skip(
     assert shown["owner"] == "a" and shown["progress"]["files"] == 3 and shown["stuck"] is None
 
     with pytest.raises(SystemExit) as refused:
-        cli(["progress", "reset", *store, "--all", "--output", str(out)])
+        cli(["progress", "reset", *store, "--all"])
     assert refused.value.code == 3 and "owned by member a" in capsys.readouterr().err
-    forced = ["--output", str(out), "--force"]
+    forced = ["--force"]
     assert cli(["progress", "reset", *store, "--after", "a.csv", *forced]) == 0
     assert "member a applies it" in capsys.readouterr().out
+    # the request waits in the group's control record, in the store, until the owner takes it
+    with open_backend(members.url) as backend:
+        (left,) = backend.control(members.group).requests.values()
+    assert json.loads(left)["after"] == "a.csv"
     assert _drain(spark, src) == [("b.csv", "c.csv")], "read again above a.csv"
     assert events and events[-1][0] == "progress" and "above 'a.csv'" in events[-1][1]
+    with open_backend(members.url) as backend:
+        control = backend.control(members.group)
+    assert dict(control.requests) == {}, "the owner removed the request it applied"
+    assert [what for _, _, what in control.history[-2:]] == [
+        f"progress request on d by {json.loads(left)['by']}",
+        "progress request on d applied by a",
+    ]
     assert _drain(spark, src) == []
 
     (folder / "d.csv").write_text("poison\n")

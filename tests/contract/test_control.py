@@ -44,6 +44,24 @@ def test_a_change_is_stored_with_the_next_version_and_seen_by_other_handles(
     assert again.imbalance_threshold == 2.5 and again.mode is ControlMode.ACTIVE
 
 
+def test_the_record_is_read_alone_with_its_progress_requests(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    """``control(group)`` is the record of ``state(group)``, progress requests included; a
+    group with no record (or none at all) reads the default one."""
+    a, b = open_store(), open_store()
+    assert b.control(group) == Control()
+    odd = "s3://bucket/prefix with spaces/é"
+    request = '{"action":"reset","after":"a b.csv","id":"x1"}'
+    stored = a.update_control(group, 0, Control().with_request(odd, request).pause())
+    assert b.control(group) == stored == b.state(group).control
+    assert dict(b.control(group).requests) == {odd: request}
+    taken = stored.without_request(odd, request)
+    assert taken is not None and stored.without_request(odd, "another") is None
+    a.update_control(group, stored.version, taken)
+    assert dict(b.control(group).requests) == {} and b.control(group).version == 2
+
+
 def test_a_write_from_a_stale_version_is_refused_and_changes_nothing(
     open_store: Callable[[], Backend], group: str
 ) -> None:

@@ -107,6 +107,9 @@ class FlakyStore(Backend):
     def _head(self, group: str) -> GroupHead:
         return self._reach().head(group)
 
+    def _control(self, group: str) -> Control:
+        return self._reach().control(group)
+
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         return self._reach().resources(group)
 
@@ -183,6 +186,7 @@ def assigned_source(
     """``resource`` as the job of ``member`` works on it, once ``member`` owns it: an
     :class:`AssignedSource` committing through the member and writing to ``output`` (CSV
     ``id STRING, value INT``, two files per batch unless ``read`` says otherwise)."""
+    from rebalancer_spark.spark.progress_requests import ControlRequests
     from rebalancer_spark.spark.source import AssignedSource, ReadSettings
 
     owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
@@ -215,6 +219,7 @@ def assigned_source(
         changed=changed,
         history=history,
         event=event,
+        requests=ControlRequests(member, interval=0.0),
     )
 
 

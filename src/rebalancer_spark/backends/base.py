@@ -318,6 +318,12 @@ class Backend(abc.ABC):
         validate_group(group)
         return self._head(group)
 
+    def control(self, group: str) -> Control:
+        """The group's control record alone (the default record when none was written): one
+        small read, whatever the members and resources."""
+        validate_group(group)
+        return self._control(group)
+
     def resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         """The group's resource set and its version, read together."""
         validate_group(group)
@@ -536,6 +542,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _head(self, group: str) -> GroupHead: ...
+
+    @abc.abstractmethod
+    def _control(self, group: str) -> Control: ...
 
     @abc.abstractmethod
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]: ...

@@ -2,11 +2,12 @@
 
 ``show`` prints the resource's progress record as the store holds it (the raw text when it is
 unreadable), its owner, and whether it is stuck. ``reset`` (read again every file above a name,
-or all) and ``skip`` (a named file, or the open batch) write a request next to the group's file
-history (:mod:`rebalancer_spark.spark.progress_requests`) that the resource's owner applies,
-fenced by its epoch, at its next pass, recording a ``progress`` event in the audit table; with
-no owner, the next owner applies it when it takes the resource over. While a member owns the
-resource the request is refused without ``--force``.
+or all) and ``skip`` (a named file, or the open batch) leave a request in the group's control
+record, in the store (:mod:`rebalancer_spark.spark.progress_requests`), that the resource's
+owner applies, fenced by its epoch, at its next pass, recording a ``progress`` event in the
+audit table; with no owner, the next owner applies it when it takes the resource over. This
+works wherever the jobs' output and file history live (a local path, a shared mount, S3).
+While a member owns the resource the request is refused without ``--force``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from rebalancer_spark.core.model import UnreadableProgress, validate_group
 from rebalancer_spark.core.status import progress_view
 
 __all__ = ["add_progress_commands", "cmd_progress"]
-
-_HISTORY_DIR = "_rebalancer_files"
 
 
 def add_progress_commands(commands: Any, epilog: str) -> None:
@@ -42,11 +41,6 @@ def add_progress_commands(commands: Any, epilog: str) -> None:
         sub.add_argument("--backend", metavar="URL", help="the store (default: $REBALANCER_HOME)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         if name != "show":
-            where = sub.add_mutually_exclusive_group(required=True)
-            where.add_argument("--files-history", metavar="PATH",
-                               help="the jobs' --files-history")  # fmt: skip
-            where.add_argument("--output", metavar="PATH",
-                               help="the jobs' --output (history under it)")  # fmt: skip
             sub.add_argument(
                 "--force", action="store_true", help="also while a member owns the resource"
             )
@@ -62,7 +56,9 @@ def add_progress_commands(commands: Any, epilog: str) -> None:
 
 
 def cmd_progress(args: argparse.Namespace) -> int:
-    from rebalancer_spark.spark.progress_requests import ProgressRequest, request_path
+    from rebalancer_spark.backends import open_backend
+    from rebalancer_spark.member.control import GroupControl
+    from rebalancer_spark.spark.progress_requests import ProgressRequest
 
     group = validate_group(args.group)
     url = backend_url(args.backend)
@@ -106,19 +102,15 @@ def cmd_progress(args: argparse.Namespace) -> int:
         request = ProgressRequest.make("skip", file=args.file)
     else:
         request = ProgressRequest.make("skip", batch=args.batch)
-    history = args.files_history or f"{args.output.rstrip('/')}/{_HISTORY_DIR}"
-    try:
-        path = request_path(history, resource)
-    except Exception as exc:  # a ConfigurationError: the message says what to give
-        fail(str(exc))
-    request.write(path)
+    with open_backend(url) as backend:
+        GroupControl(backend, group, actor=request.by).request_progress(resource, request.encode())
     who = f"member {owner} applies it at its next pass" if owner else (
         "the next owner applies it when it takes the resource over"
     )  # fmt: skip
     data = {"group": group, "resource": resource, "request": request.id,
-            "what": request.describe(), "path": str(path), "owner": owner}  # fmt: skip
-    emit(args.json, data, lambda: print(f"{request.describe()}: request {request.id} written "
-                                        f"to {path}; {who}"))  # fmt: skip
+            "what": request.describe(), "owner": owner}  # fmt: skip
+    emit(args.json, data, lambda: print(f"{request.describe()}: request {request.id} left in "
+                                        f"the control record of group {group}; {who}"))  # fmt: skip
     return EXIT_OK
 
 

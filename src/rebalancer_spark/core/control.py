@@ -84,10 +84,15 @@ class Control:
     """Raised by one with every change; the compare-and-set token."""
     history: tuple[tuple[int, float, str], ...] = ()
     """The latest transitions, oldest first: (version, wall-clock time, what and by whom)."""
+    requests: Mapping[str, str] = field(default_factory=_empty_pins)
+    """Resource id -> an operator's request on its progress (``rebalancer-spark progress
+    reset|skip``), as the JSON text its owner decodes; the owner removes it once applied. Not
+    part of the plan: a request changes no owner."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "history", tuple(self.history)[-HISTORY_LENGTH:])
         object.__setattr__(self, "pins", MappingProxyType(dict(self.pins)))
+        object.__setattr__(self, "requests", MappingProxyType(dict(self.requests)))
         object.__setattr__(self, "drain", frozenset(self.drain))
         t = self.imbalance_threshold
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
@@ -137,31 +142,53 @@ class Control:
     def unpin(self, resource: str) -> Control:
         return self._next(pins={r: m for r, m in self.pins.items() if r != resource})
 
+    def with_request(self, resource: str, request: str) -> Control:
+        """``request`` (JSON text) for ``resource``'s owner, replacing one not applied yet."""
+        from rebalancer_spark.core.model import validate_resource_id
+
+        validate_resource_id(resource)
+        requests = {**self.requests, resource: request}
+        _check_size("progress requests", len(requests))
+        return self._next(requests=requests)
+
+    def without_request(self, resource: str, request: str) -> Control | None:
+        """The record once ``resource``'s owner applied ``request``; None when the record
+        holds another request for it now (a newer one, applied later) or none."""
+        if self.requests.get(resource) != request:
+            return None
+        return self._next(requests={r: q for r, q in self.requests.items() if r != resource})
+
     def with_threshold(self, threshold: float) -> Control:
         return self._next(imbalance_threshold=threshold)
 
     def reset(self) -> Control:
         """The default record (active, no drains, no pins, threshold 0); the rebalance
-        request counter is kept so that it never goes back."""
+        request counter is kept so that it never goes back, and so are the progress requests
+        not applied yet (they are not control of ownership)."""
         return Control(
             rebalance_requests=self.rebalance_requests,
             version=self.version + 1,
             history=self.history,
+            requests=self.requests,
         )
 
     # -- storage -------------------------------------------------------------------------
 
     def encode(self) -> str:
-        """The record as compact JSON, without ``version`` (the store keeps that)."""
+        """The record as compact JSON, without ``version`` (the store keeps that); a record
+        without progress requests has no ``requests`` key, as before they existed."""
+        raw: dict[str, object] = {
+            "mode": str(self.mode),
+            "rebalance_requests": self.rebalance_requests,
+            "drain": sorted(self.drain),
+            "pins": dict(sorted(self.pins.items())),
+            "imbalance_threshold": self.imbalance_threshold,
+            "history": [list(h) for h in self.history],
+        }
+        if self.requests:
+            raw["requests"] = dict(sorted(self.requests.items()))
         return json.dumps(
-            {
-                "mode": str(self.mode),
-                "rebalance_requests": self.rebalance_requests,
-                "drain": sorted(self.drain),
-                "pins": dict(sorted(self.pins.items())),
-                "imbalance_threshold": self.imbalance_threshold,
-                "history": [list(h) for h in self.history],
-            },
+            raw,
             separators=(",", ":"),
             sort_keys=True,
             ensure_ascii=False,
@@ -183,6 +210,7 @@ class Control:
                 history=tuple(
                     (int(v), float(at), str(what)) for v, at, what in raw.get("history", [])
                 ),
+                requests={str(r): str(q) for r, q in dict(raw.get("requests", {})).items()},
             )
         except (
             ValueError,
@@ -236,6 +264,12 @@ def control_changes(old: Control, new: Control) -> list[tuple[str, str]]:
             out.append((resource, f"{tag}: unpin from {before}"))
     if old.imbalance_threshold != new.imbalance_threshold:
         out.append(("", f"{tag}: imbalance threshold {new.imbalance_threshold:g}"))
+    for resource in sorted(set(old.requests) | set(new.requests)):
+        before, after = old.requests.get(resource), new.requests.get(resource)
+        if after is not None and after != before:
+            out.append((resource, f"{tag}: progress request for its owner"))
+        elif after is None:
+            out.append((resource, f"{tag}: progress request taken by its owner"))
     if not out and new.version != old.version:
         out.append(("", f"{tag}: no change"))
     return out

@@ -65,6 +65,10 @@ class GroupControl:
     def state(self) -> GroupState:
         return self._backend.state(self.group)
 
+    def control(self) -> Control:
+        """The control record alone: one small read, whatever the group's size."""
+        return self._backend.control(self.group)
+
     def change(
         self, what: str, transition: Callable[[GroupState], Control | None]
     ) -> tuple[Control, bool]:
@@ -152,6 +156,38 @@ class GroupControl:
             return state.control.drain_member(member)
 
         return self.change(f"drain {member}", transition)
+
+    def request_progress(self, resource: str, request: str) -> tuple[Control, bool]:
+        """Leave ``request`` (JSON text, :mod:`rebalancer_spark.spark.progress_requests`) for
+        the owner of ``resource``, replacing one it has not applied yet."""
+
+        def transition(state: GroupState) -> Control | None:
+            same = state.control.requests.get(resource) == request
+            return None if same else state.control.with_request(resource, request)
+
+        return self.change(f"progress request on {resource}", transition)
+
+    def take_request(self, resource: str, request: str) -> bool:
+        """Remove ``request`` once the owner of ``resource`` applied it, reading only the
+        control record; False when the record holds another request for it now (left for
+        the owner's next pass) or none."""
+        for _ in range(_ATTEMPTS):
+            control = self.control()
+            proposed = control.without_request(resource, request)
+            if proposed is None:
+                return False
+            by = f" by {self._actor}" if self._actor else ""
+            proposed = proposed.noted(self._clock.wall(), f"progress request on {resource} "
+                                      f"applied{by}")  # fmt: skip
+            try:
+                self._backend.update_control(self.group, control.version, proposed)
+            except ControlConflict:
+                continue
+            return True
+        raise ControlRefused(
+            f"the control record of group {self.group!r} changed during each of {_ATTEMPTS} "
+            f"attempts to remove the applied progress request on {resource!r}: try again"
+        )
 
     def undrain(self, member: str) -> tuple[Control, bool]:
         def transition(state: GroupState) -> Control | None:

@@ -63,6 +63,7 @@ from rebalancer_spark.core.config import MemberConfig
 from rebalancer_spark.core.errors import ConfigurationError, FencedError, RebalancerError
 from rebalancer_spark.core.events import EventKind, EventSink
 from rebalancer_spark.core.model import JsonValue, Resource, validate_member_id
+from rebalancer_spark.member.control import GroupControl
 from rebalancer_spark.member.coordinator import CoordinatorLoop, RebalanceRecord
 from rebalancer_spark.member.defaults import default_backend_url, generated_member_id
 from rebalancer_spark.member.lease import Heartbeat, Lease
@@ -423,6 +424,12 @@ class Member:
     def remove_resources(self, resources: Iterable[str]) -> int:
         """Remove resources from the group's set; returns its new version."""
         return self._require_backend().update_resources(self.group, remove=list(resources))
+
+    def group_control(self) -> GroupControl:
+        """Control of this member's group through its store handle, acting as this member
+        (a Spark job reads and removes operators' progress requests with it)."""
+        return GroupControl(self._require_backend(), self.group, actor=self.member_id,
+                            clock=self._clock)  # fmt: skip
 
     def _require_backend(self) -> Backend:
         if self._backend is None or self.state is MemberState.STOPPED:

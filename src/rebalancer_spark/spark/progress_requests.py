@@ -1,12 +1,17 @@
 """Operator requests on a file resource's progress (``rebalancer-spark progress reset|skip``),
 applied by the resource's owner.
 
-A request is a small JSON file, ``<file history>/_requests/<resource, %-escaped>.json``,
-written by the command and taken by whoever owns the resource, between two batches, at its
-next pass (or by the next owner, when it takes the resource over): so every write of the
-progress stays the owner's, fenced by its epoch in the store, and the owner's view of the
-history stays true. A newer request replaces one not yet applied. The owner logs what it
-applied, records it in the audit table (a ``progress`` event) and deletes the file.
+A request is a small JSON text that the command leaves in the group's control record, in the
+store (``Control.requests``, one per resource: :meth:`GroupControl.request_progress`), wherever
+the file history lives (a local path, a shared mount, S3). The owner of the resource takes it
+between two batches, at its next pass (or the next owner, when it takes the resource over); the
+owners read the control record at most once a second per job, whatever their number of
+resources. So every write of the progress stays the owner's, fenced by its epoch in the store,
+and the owner's view of the history stays true. A newer request replaces one not yet applied.
+The owner logs what it applied, records it in the audit table (a ``progress`` event) and
+removes it from the control record (compare-and-set: a newer request left meanwhile stays for
+the next pass). Leaving and taking a request show in the control record's history and as
+``control`` rows in the audit table.
 
 Actions:
 
@@ -23,17 +28,20 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
+import logging
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from urllib.parse import quote, urlsplit
 
-from rebalancer_spark.core.errors import ConfigurationError
+from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
+from rebalancer_spark.member import Member
 
-__all__ = ["ProgressRequest", "request_path"]
+__all__ = ["ControlRequests", "ProgressRequest"]
+
+log = logging.getLogger("rebalancer_spark.ingest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +77,13 @@ class ProgressRequest:
             return f"skip file {self.file!r}"
         return f"skip batch {self.batch}"
 
-    def write(self, path: Path) -> None:
-        """Write the request atomically (a newer one replaces one not yet applied)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{self.id}.tmp")
-        tmp.write_text(json.dumps(asdict(self), sort_keys=True))
-        os.replace(tmp, path)
+    def encode(self) -> str:
+        """The request as the control record keeps it."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def read(cls, path: Path) -> ProgressRequest | None:
-        """The request at ``path``, or None; a file that is not a request is an error."""
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return None
+    def decode(cls, text: str, where: str) -> ProgressRequest:
+        """The request ``text`` (from ``where``); anything else is a configuration error."""
         try:
             data = json.loads(text)
             return cls(
@@ -96,19 +97,38 @@ class ProgressRequest:
             )
         except (ValueError, KeyError, TypeError):
             raise ConfigurationError(
-                f"{path} is not a progress request ({text[:80]!r}): delete it and run "
-                "`rebalancer-spark progress reset|skip` again"
+                f"{where} is not a progress request ({text[:80]!r}): run `rebalancer-spark "
+                "progress reset|skip` again to replace it"
             ) from None
 
 
-def request_path(history_uri: str, resource: str) -> Path:
-    """Where a request for ``resource`` lives, next to the file history at ``history_uri``
-    (a local or shared path: requests are files)."""
-    parts = urlsplit(history_uri)
-    if parts.scheme not in ("", "file"):
-        raise ConfigurationError(
-            f"the file history {history_uri!r} is not on a local or shared path: progress "
-            "requests need one (give the jobs --files-history on a shared path)"
-        )
-    root = Path(parts.path if parts.scheme else history_uri)
-    return root / "_requests" / f"{quote(resource, safe='')}.json"
+class ControlRequests:
+    """The operators' progress requests of one member's group, for its owned resources: the
+    control record read at most once per ``interval`` seconds (module docstring), and a request
+    removed once applied. A store that cannot be read now leaves the last answer in place: a
+    request waits, nothing else does."""
+
+    def __init__(self, member: Member, interval: float = 1.0) -> None:
+        self._member = member
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._requests: Mapping[str, str] = {}
+
+    def pending(self, resource: str) -> str | None:
+        """The request left for ``resource`` (JSON text), if any."""
+        with self._lock:
+            now = time.monotonic()
+            if self._read_at is None or now - self._read_at >= self._interval:
+                try:
+                    self._requests = self._member.group_control().control().requests
+                except RebalancerError as exc:
+                    log.debug("progress requests of %s not read now: %s", self._member, exc)
+                self._read_at = now
+            return self._requests.get(resource)
+
+    def taken(self, resource: str, request: str) -> None:
+        """``request`` of ``resource`` was applied: remove it from the control record."""
+        self._member.group_control().take_request(resource, request)
+        with self._lock:
+            self._requests = {r: q for r, q in self._requests.items() if r != resource}

@@ -37,6 +37,7 @@ from rebalancer_spark.spark.lag import LagSampler
 from rebalancer_spark.spark.option_table import DEFAULT
 from rebalancer_spark.spark.options import JobConfig
 from rebalancer_spark.spark.outputs import Output, open_output, s3_storage_options
+from rebalancer_spark.spark.progress_requests import ControlRequests
 from rebalancer_spark.spark.source import AssignedSource, ReadSettings
 from rebalancer_spark.spark.watchdog import DriverWatchdog, watch_driver
 
@@ -93,6 +94,7 @@ class RebalancerNode:
             on_lost=self._lost,
             epoch_floors=epoch_floors(job.audit, job.member.group) if job.audit else None,
         )
+        self._requests = ControlRequests(self.member)
         self._sources: dict[tuple[str, int], AssignedSource] = {}
         self._listeners: list[tuple[Callback | None, Callback | None, Callback | None]] = []
         self._lock = threading.Lock()
@@ -220,6 +222,7 @@ class RebalancerNode:
             history=self._files_history(),
             watch=self._watch,
             event=self._event,
+            requests=self._requests,
         )
 
     def _event(self, kind: str, resource: str, epoch: int, reason: str) -> None:

@@ -48,7 +48,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.core.errors import (
-    ConfigurationError,
     CorruptStateError,
     FencedError,
     RebalancerError,
@@ -57,7 +56,7 @@ from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
 from rebalancer_spark.spark.file_history import FileHistory, HistoryEntry
 from rebalancer_spark.spark.file_progress import FileBatch, FileProgress, parse
-from rebalancer_spark.spark.progress_requests import ProgressRequest, request_path
+from rebalancer_spark.spark.progress_requests import ControlRequests, ProgressRequest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -102,13 +101,15 @@ class AssignedSource:
         clock: Callable[[], float] = time.time,
         watch: Callable[[str, int, str | None, tuple[int, int] | None], None] | None = None,
         event: Callable[[str, str, int, str], None] | None = None,
+        requests: ControlRequests | None = None,
     ) -> None:
         """``watch(resource, epoch, stuck, pending)`` is told, after each planning or
         failure, why the resource is stuck (None: it is not) and its lag (files, bytes; None:
         unknown): the node shows them in the member's metrics and samples the lag into the
         audit table (:mod:`.lag`). ``event(kind, resource, epoch, reason)`` is
         told when the resource gets stuck (``stuck``) and when an operator's request is applied
-        (``progress``): the node records them in the audit table.
+        (``progress``): the node records them in the audit table. ``requests`` holds the
+        operators' progress requests (:mod:`.progress_requests`; None: none are taken).
         ``changed(count, action)`` is told of
         processed files found rewritten under the same name (``action``: ``ignored`` or
         ``reread``), after the progress recorded them: the node counts them in the metrics."""
@@ -136,6 +137,7 @@ class AssignedSource:
         """The open batch whose list the plans table keeps, as saved or read back."""
         self._watch = watch
         self._event = event
+        self._requests = requests
         self.stuck: str | None = None
         """Why this job cannot make progress on the resource now (None: it can)."""
         """Fingerprints of the open batch's files as this job listed them."""
@@ -332,18 +334,29 @@ class AssignedSource:
         assert state.batch is not None
         return Batch(self, spark, state.batch)
 
+    def _request(self) -> tuple[str, ProgressRequest] | None:
+        """The operator's request left for this resource (its text, and it), if any."""
+        text = None if self._requests is None else self._requests.pending(self.resource)
+        if text is None:
+            return None
+        where = f"the request for resource {self.resource!r} in the control record"
+        return text, ProgressRequest.decode(text, where)
+
+    def _applied(self, text: str, request: ProgressRequest, what: str) -> None:
+        assert self._requests is not None
+        self._requests.taken(self.resource, text)
+        log.warning("%s: applied the operator's request %s (%s, by %s)", self, request.id,
+                    what, request.by)  # fmt: skip
+        if self._event is not None:
+            self._event("progress", self.resource, self.epoch, f"{what} (by {request.by})")
+
     def _take_request(self, state: FileProgress) -> FileProgress:
         """Apply an operator's request (:mod:`.progress_requests`), fenced like any commit:
         ``skip`` of the open batch at once, the others between batches."""
-        if self._history is None and self.output is None:
+        found = self._request()
+        if found is None:
             return state
-        try:
-            path = request_path(self.history().uri, self.resource)
-        except ConfigurationError:
-            return state  # a history on S3: no requests (the command refuses them)
-        request = ProgressRequest.read(path)
-        if request is None:
-            return state
+        text, request = found
         self.check_owner()
         if request.action == "skip" and request.batch is not None:
             if state.batch is None or state.batch.id != request.batch:
@@ -365,39 +378,27 @@ class AssignedSource:
             self._store(replace(state, reset=(after, state.next), floor=after,
                                 watermark=after, marks=marks, stuck=None).as_json())  # fmt: skip
             self._known = None  # read again, without the disregarded rows
-        path.unlink(missing_ok=True)
-        log.warning("%s: applied the operator's request %s (%s, by %s)", self,
-                    request.id, request.describe(), request.by)  # fmt: skip
-        if self._event is not None:
-            what = f"{request.describe()} (by {request.by})"
-            self._event("progress", self.resource, self.epoch, what)
+        self._applied(text, request, request.describe())
         return self.state()
 
     def _recover(self) -> FileProgress:
         """Replace an unreadable progress record when an operator asked for a reset: a new
         record whose batch ids go on above every batch the output and the history hold (so
         none is mistaken for one that landed); raises the record's error otherwise."""
-        try:
-            path = request_path(self.history().uri, self.resource)
-        except ConfigurationError:
-            path = None
-        request = None if path is None else ProgressRequest.read(path)
-        if path is None or request is None or request.action != "reset":
+        found = self._request()
+        if found is None or found[1].action != "reset":
             self.state()  # raises the record's error
-        assert path is not None and request is not None
+        assert found is not None
+        text, request = found
         self.check_owner()
         landed = None if self.output is None else self.output.landed(self.resource)
         after = max(landed or 0, self.history().recorded_batch(self.resource)) + 1
         fresh = FileProgress(next=after, reset=(request.after, after), floor=request.after,
                              watermark=request.after)  # fmt: skip
+        self._plan = None
         self._store(fresh.as_json())
         self._known = None
-        path.unlink(missing_ok=True)
-        log.warning("%s: replaced its unreadable progress record on the operator's request %s "
-                    "(%s, by %s)", self, request.id, request.describe(), request.by)  # fmt: skip
-        if self._event is not None:
-            what = f"{request.describe()}, replacing an unreadable record (by {request.by})"
-            self._event("progress", self.resource, self.epoch, what)
+        self._applied(text, request, f"{request.describe()}, replacing an unreadable record")
         return self.state()
 
     def note_stuck(self, error: BaseException | str) -> None:

@@ -31,6 +31,7 @@ from rebalancer_spark.backends.redis.persistence import persistence_warnings
 from rebalancer_spark.backends.redis.store.connection import OPTIONS
 from rebalancer_spark.backends.redis.store.decode import (
     CLAIM_ROW,
+    decode_control,
     decode_grant,
     decode_head,
     decode_member_view,
@@ -205,6 +206,10 @@ class RedisBackend(Backend):
         decoded = decode_head(group, self._runner.run(Lua.HEAD, group, [], "reading the group"))
         self._memory.saw_ttls(group, decoded.ttls_ms)
         return decoded.head
+
+    def _control(self, group: str) -> Control:
+        flat = self._runner.run(Lua.CONTROL, group, [], "reading the control record")
+        return decode_control(group, flat)
 
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         text, incarnation, flat = self._runner.run(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 
 __all__ = [
+    "CONTROL",
     "HEAD",
     "HOLDERS",
     "LEASES",
@@ -81,6 +82,12 @@ return {meta, members, redis.call('HGETALL', P .. 'resources'), target,
 # ARGV    (none)
 # Returns {{}, control} if the group does not exist, else {meta, members, control}
 HEAD = PRELUDE + _META + _MEMBERS + "return {meta, members, control}\n"
+
+# CONTROL -- the control record alone.
+# KEYS[1] meta
+# ARGV    (none)
+# Returns HGETALL of the control record {version, body} (empty if none)
+CONTROL = PRELUDE + "return redis.call('HGETALL', P .. 'control')\n"
 
 # RESOURCES -- the resource set with the meta fields that say which one it is.
 # KEYS[1] meta

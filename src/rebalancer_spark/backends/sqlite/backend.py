@@ -198,6 +198,10 @@ class SqliteBackend(Backend):
         with self._transaction(_READ) as db:
             return reads.head(db, self._clock, group)
 
+    def _control(self, group: str) -> Control:
+        with self._transaction(_READ) as db:
+            return _control.read_control(db, group)
+
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         with self._transaction(_READ) as db:
             return reads.resources(db, group)

@@ -246,6 +246,10 @@ class ZookeeperBackend(Backend):
             return GroupHead(group, {}, None, 0, 0)
         return self._snapshot(paths).head()
 
+    def _control(self, group: str) -> Control:
+        paths = self._paths(group, create=False)
+        return Control() if paths is None else self._snapshot(paths).control()
+
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         paths = self._paths(group, create=False)
         return (0, {}) if paths is None else self._snapshot(paths).resources()

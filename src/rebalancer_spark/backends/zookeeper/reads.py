@@ -30,6 +30,7 @@ from rebalancer_spark.backends.zookeeper.store.records import (
     read_target_chunk,
     read_target_pointer,
 )
+from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import (
     Claim,
@@ -190,6 +191,11 @@ class SnapshotReader:
             0 if tptr is None else tptr.generation,
             decode_control(p.group, control()),
         )
+
+    def control(self) -> Control:
+        """:meth:`Backend.control`: one read of the ``control`` znode."""
+        found = self._reader().get(self._paths.control, 4 * CHUNK_BYTES)
+        return decode_control(self._paths.group, found())
 
     def _pointers(
         self, rptr_raw: tuple[bytes, Any] | None, tptr_raw: tuple[bytes, Any] | None

@@ -58,6 +58,7 @@ class Lua(StrEnum):
     ACKNOWLEDGE = "ACKNOWLEDGE"
     CLAIM = "CLAIM"
     COMMIT = "COMMIT"
+    CONTROL = "CONTROL"
     ELECT = "ELECT"
     HEAD = "HEAD"
     HOLDERS = "HOLDERS"
