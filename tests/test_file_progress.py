@@ -225,3 +225,28 @@ def test_a_long_batch_keeps_its_list_in_the_plans_table_and_the_next_owner_reads
         src_c.next_batch(spark)
     text = str(caught.value)
     assert "batch 3" in text and "holds 0 files" in text and "progress reset" in text, text
+
+
+def test_plans_are_found_by_batch_and_digest_and_committed_ones_are_pruned(
+    tmp_path: Path,
+) -> None:
+    from rebalancer_spark.spark.file_history import FileHistory
+
+    history = FileHistory(str(tmp_path / "history"), "g")
+    assert history.load_plan("r", 1, "none") == ((), {})  # no table yet
+    plans = {}
+    for batch in (1, 2, 3):
+        files = tuple(f"b{batch}-{i:03d}.csv" for i in range(100))
+        plan = FileBatch(batch, files).digest()
+        history.save_plan("r", batch, plan, 7, files, {})
+        plans[batch] = (plan, files)
+    history.save_plan("r", 3, plans[3][0], 7, plans[3][1], {})  # a retry adds nothing
+    history.save_plan("other", 1, "x", 1, ("o.csv",), {"o.csv": "12@3"})
+    assert history.load_plan("r", 3, plans[3][0]) == (plans[3][1], {})
+    assert history.load_plan("r", 3, plans[2][0]) == ((), {}), "another digest is another plan"
+    assert history.load_plan("other", 1, "x") == (("o.csv",), {"o.csv": "12@3"})
+    history.prune_plans("r", below=3)
+    assert history.load_plan("r", 1, plans[1][0]) == ((), {})
+    assert history.load_plan("r", 2, plans[2][0]) == ((), {})
+    assert history.load_plan("r", 3, plans[3][0]) == (plans[3][1], {})
+    assert history.load_plan("other", 1, "x")[0] == ("o.csv",)

@@ -111,7 +111,8 @@ class FileHistory:
         self.storage_options = dict(storage_options or {})
         self._table: Any = None
         self._appends = 0
-        self._plans = 0
+        self._plans: dict[str, int] = {}
+        """Plans saved per resource by this handle (pruned every :data:`_PRUNE_EVERY`)."""
 
     def __repr__(self) -> str:
         return f"FileHistory({self.uri!r}, group={self.group!r})"
@@ -281,8 +282,8 @@ class FileHistory:
                 "nothing was planned, the planning is retried; check that the output's "
                 "location is writable"
             ) from None
-        self._plans += 1
-        if self._plans % _PRUNE_EVERY == 0:
+        self._plans[resource] = saved = self._plans.get(resource, 0) + 1
+        if saved % _PRUNE_EVERY == 0:
             self.prune_plans(resource, below=batch)
 
     def load_plan(
