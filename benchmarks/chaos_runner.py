@@ -295,7 +295,7 @@ def run_one(kind: str, args: argparse.Namespace, log: Callable[[str], None]) -> 
         if args.spark_jobs:
             drivers = DriverChaos(
                 Path(tmp) / "spark", url, f"chaos-{args.seed}", jobs=args.spark_jobs,
-                seed=args.seed, mean_gap=args.driver_gap,
+                seed=args.seed, mean_gap=args.driver_gap, target=args.driver_faults,
             )  # fmt: skip
         procs = Members(
             url,

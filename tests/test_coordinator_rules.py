@@ -377,6 +377,23 @@ def test_a_control_change_applies_at_once_and_is_written_as_events(
     assert group.events[1:] == [f"control v{group.control.version}: drain done b"]
 
 
+def test_a_progress_request_lets_the_stability_window_run_and_moves_nothing() -> None:
+    """A request for an owner (or its removal) raises the record's version without touching
+    the plan: a join 10 ms earlier still waits its window, and the request is an event."""
+    coordinator = _stable([ME, "b"])
+    group = coordinator.group
+    joined_at = 70.0
+    changes = [
+        (joined_at, lambda: group.join("c")),
+        (joined_at + 0.01, lambda: setattr(group, "control", group.control.with_request("r", "q"))),
+    ]
+    _run(coordinator, joined_at - 1.0, joined_at + 1.0, changes)
+    at, target = group.published[0]
+    assert at == pytest.approx(joined_at + WINDOW), "the request cut the stability window"
+    assert "c" in target.assignment and len(group.published) == 1
+    assert f"control v{group.control.version}: progress request for its owner" in group.events
+
+
 def test_a_drained_member_gone_for_its_timeout_leaves_the_drain_set() -> None:
     coordinator = _stable([ME, "b"])
     group = coordinator.group

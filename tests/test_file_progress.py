@@ -225,6 +225,10 @@ def test_a_long_batch_keeps_its_list_in_the_plans_table_and_the_next_owner_reads
         src_c.next_batch(spark)
     text = str(caught.value)
     assert "batch 3" in text and "holds 0 files" in text and "progress reset" in text, text
+    src_c.note_stuck(caught.value)  # what the ingest loop does: the record says it is stuck
+    record = src_c.progress
+    assert isinstance(record, dict) and "holds 0 files" in record["stuck"]
+    assert record["batch"]["plan"] and record["batch"]["count"] == 300, record["batch"]
 
 
 def test_plans_are_found_by_batch_and_digest_and_committed_ones_are_pruned(

@@ -11,6 +11,7 @@ import pytest
 
 from rebalancer_spark.backends import open_backend
 from rebalancer_spark.cli.main import main as cli
+from rebalancer_spark.member.control import GroupControl
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.outputs import ParquetOutput
 from rebalancer_spark.spark.source import AssignedSource
@@ -58,6 +59,9 @@ def test_show_reset_and_skip(
     with open_backend(members.url) as backend:
         (left,) = backend.control(members.group).requests.values()
     assert json.loads(left)["after"] == "a.csv"
+    assert cli(["progress", "show", *store, "--json"]) == 0
+    waiting = json.loads(capsys.readouterr().out)["request"]
+    assert waiting["what"] == "reset: read again every file above 'a.csv'", waiting
     assert _drain(spark, src) == [("b.csv", "c.csv")], "read again above a.csv"
     assert events and events[-1][0] == "progress" and "above 'a.csv'" in events[-1][1]
     with open_backend(members.url) as backend:
@@ -68,6 +72,24 @@ def test_show_reset_and_skip(
         "progress request on d applied by a",
     ]
     assert _drain(spark, src) == []
+    # An owner that read the control record before the request was removed (a cache of up to
+    # a second) finds its id in the progress record: taken, not applied a second time.
+
+    def leave(text: str) -> None:
+        with open_backend(members.url) as backend:
+            GroupControl(backend, members.group).request_progress("d", text)
+
+    leave(left)
+    assert _drain(spark, src) == [], "a reset applied twice reads its files again"
+    assert src.progress["request"] == json.loads(left)["id"]
+    with open_backend(members.url) as backend:
+        assert dict(backend.control(members.group).requests) == {}
+    # Text that is not a request (written by hand) is removed, logged, and stalls nothing.
+    for bad in ('{"action": "drop", "id": "x"}', '{"action": "skip", "id": "y"}', "[1"):
+        leave(bad)
+        assert _drain(spark, src) == []
+        with open_backend(members.url) as backend:
+            assert dict(backend.control(members.group).requests) == {}, bad
 
     (folder / "d.csv").write_text("poison\n")
     assert cli(["progress", "skip", *store, "--file", "d.csv", *forced]) == 0

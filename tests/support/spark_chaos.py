@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -40,6 +41,9 @@ from tests.support.spark_jobs import REPO, Job, SparkJobs
 __all__ = ["DriverChaos", "DriverFigures"]
 
 _GROUP_SUFFIX = "-spark"
+_LONG = "landing-file-named-at-length-so-that-a-backlog-batch-has-its-plan-in-the-table"
+"""With names this long, a batch of 25 files or more no longer fits inline in the progress
+record: the batches a paused or killed driver leaves behind go through the plans table."""
 
 
 @dataclass
@@ -58,11 +62,18 @@ class DriverFigures:
     audit_ok: bool = False
     output_check: str = "not run"
     stop_codes: dict[str, int] = field(default_factory=dict)
+    target: int = 0
+    """The driver faults asked for."""
+    fault_errors: list[str] = field(default_factory=list)
+    """Faults that could not be injected (the victim was gone already)."""
 
     @property
     def ok(self) -> bool:
         return (
-            self.lost == 0
+            sum(self.faults.values()) >= self.target
+            and not self.unexpected_exits
+            and set(self.stop_codes.values()) <= {0}
+            and self.lost == 0
             and self.duplicated == 0
             and self.audit_double_ownerships == 0
             and self.audit_ok
@@ -82,6 +93,10 @@ class DriverFigures:
         ]
         if self.unexpected_exits:
             out.append(f"  driver exits         {'; '.join(self.unexpected_exits)}")
+        if self.fault_errors:
+            out.append(f"  faults not injected  {'; '.join(self.fault_errors[:5])}")
+        if set(self.stop_codes.values()) - {0}:
+            out.append(f"  stop codes           {self.stop_codes}")
         return out
 
 
@@ -98,6 +113,7 @@ class DriverChaos:
         *,
         jobs: int,
         seed: int,
+        target: int = 0,
         session_timeout: float = 6.0,
         mean_gap: float = 8.0,
         dirs: int = 6,
@@ -113,7 +129,7 @@ class DriverChaos:
         self.dirs = dirs
         self.rows_per_file = rows_per_file
         self.files_per_second = files_per_second
-        self.figures = DriverFigures()
+        self.figures = DriverFigures(target=target)
         self.ids: set[str] = set()
         self._files = 0
         self._lock = threading.Lock()
@@ -136,9 +152,10 @@ class DriverChaos:
         folder = self.workdir / "landing" / f"dir-{n % self.dirs:02d}"
         folder.mkdir(exist_ok=True)
         ids = [f"f{n:06d}-{r}" for r in range(self.rows_per_file)]
-        tmp = folder / f".f{n:06d}.csv.tmp"
+        name = f"{_LONG}-f{n:06d}.csv"
+        tmp = folder / f".{name}.tmp"
         tmp.write_text("".join(f"{i},{r}\n" for r, i in enumerate(ids)))
-        os.rename(tmp, folder / f"f{n:06d}.csv")
+        os.rename(tmp, folder / name)
         with self._lock:
             self.ids.update(ids)
 
@@ -172,16 +189,24 @@ class DriverChaos:
             if not live:
                 continue
             victim = self.rng.choice(live)
-            if self.rng.random() < 0.5:
-                self.run.kill(victim)
-                self.figures.faults["driver-kill9"] += 1
-                self._start_job()
-            else:
-                self.run.pause(victim)
-                self.figures.faults["driver-sigstop"] += 1
-                # The schedule's own pause: past the lease, then the zombie wakes up.
-                time.sleep(self.session_timeout + self.rng.uniform(1.0, 3.0))
-                self.run.resume(victim)
+            try:
+                self._inject(victim)
+            except (ProcessLookupError, subprocess.TimeoutExpired, AssertionError) as exc:
+                self.figures.fault_errors.append(f"{victim.name}: {exc!r}")
+
+    def _inject(self, victim: Job) -> None:
+        if self.rng.random() < 0.5:
+            self.run.kill(victim)
+            self.figures.faults["driver-kill9"] += 1
+            self._start_job()
+            return
+        self.run.pause(victim)
+        self.figures.faults["driver-sigstop"] += 1
+        try:
+            # The schedule's own pause: past the lease, then the zombie wakes up.
+            time.sleep(self.session_timeout + self.rng.uniform(1.0, 3.0))
+        finally:
+            self.run.resume(victim)
 
     # -- the run -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from rebalancer_spark.cli.exits import EXIT_OK, EXIT_REFUSED, fail
@@ -41,6 +42,10 @@ def add_progress_commands(commands: Any, epilog: str) -> None:
         sub.add_argument("--backend", metavar="URL", help="the store (default: $REBALANCER_HOME)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         if name != "show":
+            # Before requests lived in the store they were files beside the history: scripts
+            # that still name it get a warning, not an error.
+            sub.add_argument("--output", "--files-history", dest="old_location",
+                             metavar="PATH", help=argparse.SUPPRESS)  # fmt: skip
             sub.add_argument(
                 "--force", action="store_true", help="also while a member owns the resource"
             )
@@ -70,6 +75,7 @@ def cmd_progress(args: argparse.Namespace) -> int:
     if args.progress_command == "show":
         value = None if record is None else record.value
         view = progress_view(resource, value)
+        waiting = state.control.requests.get(resource)
         data = {
             "group": group,
             "backend": shown(url),
@@ -83,9 +89,14 @@ def cmd_progress(args: argparse.Namespace) -> int:
             "stuck": view.stuck,
             "pending_files": view.pending_files,
             "pending_bytes": view.pending_bytes,
+            "request": _waiting(waiting),
         }
         emit(args.json, data, lambda: _print_show(data))
         return EXIT_OK
+    if args.old_location is not None:
+        print("rebalancer-spark: warning: --output/--files-history are ignored: progress "
+              "requests now wait in the group's control record, in the store",
+              file=sys.stderr)  # fmt: skip
     if resource not in state.resources and claim is None:
         fail(f"resource {resource!r} is not in group {group} on {shown(url)}: see "
              "'rebalancer-spark assignments'")  # fmt: skip
@@ -114,6 +125,20 @@ def cmd_progress(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _waiting(text: str | None) -> dict[str, Any] | None:
+    """The request waiting for the owner in the control record, as ``show`` prints it."""
+    from rebalancer_spark.core.errors import ConfigurationError
+    from rebalancer_spark.spark.progress_requests import ProgressRequest
+
+    if text is None:
+        return None
+    try:
+        request = ProgressRequest.decode(text, "the waiting request")
+    except ConfigurationError as exc:
+        return {"what": f"not a request: {exc}", "id": None, "by": None}
+    return {"what": request.describe(), "id": request.id, "by": request.by}
+
+
 def _print_show(data: dict[str, Any]) -> None:
     print(f"resource {data['resource']} of group {data['group']} on {data['backend']}")
     print(f"owner: {data['owner'] or 'none'} (epoch {data['epoch']})")
@@ -121,6 +146,10 @@ def _print_show(data: dict[str, Any]) -> None:
     if data["pending_files"] is not None:
         print(f"pending: {data['pending_files']} files, {data['pending_bytes']} bytes")
     print(f"stuck: {data['stuck'] or 'no'}")
+    request = data["request"]
+    if request is not None:
+        print(f"waiting for the owner: {request['what']} (request {request['id']}, by "
+              f"{request['by']})")  # fmt: skip
     if data["readable"]:
         print(json.dumps(data["progress"], indent=2, sort_keys=True))
     else:

@@ -49,6 +49,9 @@ __all__ = [
 MAX_CONTROL_ENTRIES = 100
 """Most pins, and most drained members, one group's control record may hold."""
 
+MAX_REQUEST_CHARS = 4096
+"""The longest progress request (JSON text) the record keeps."""
+
 HISTORY_LENGTH = 20
 """How many of the latest transitions a control record keeps (for ``status``)."""
 
@@ -102,6 +105,12 @@ class Control:
             )
         object.__setattr__(self, "imbalance_threshold", float(t))
 
+    def ownership(self) -> tuple[object, ...]:
+        """What of the record the plan depends on: mode, rebalance requests, drains, pins and
+        threshold (not the progress requests, the history or the version)."""
+        return (self.mode, self.rebalance_requests, self.drain, dict(self.pins),
+                self.imbalance_threshold)  # fmt: skip
+
     # -- transitions (each returns the next record, version + 1) -----------------------------
 
     def _next(self, **changes: object) -> Control:
@@ -147,6 +156,11 @@ class Control:
         from rebalancer_spark.core.model import validate_resource_id
 
         validate_resource_id(resource)
+        if len(request) > MAX_REQUEST_CHARS:
+            raise ConfigurationError(
+                f"a progress request is at most {MAX_REQUEST_CHARS} characters, this one "
+                f"{len(request)}: name a shorter file"
+            )
         requests = {**self.requests, resource: request}
         _check_size("progress requests", len(requests))
         return self._next(requests=requests)

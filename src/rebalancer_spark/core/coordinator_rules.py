@@ -188,6 +188,10 @@ def _control(
     control, applied, target = group.control, state.control, group.target
     if applied is not None and applied.version == control.version:
         return state, [], None
+    if applied is not None and applied.ownership() == control.ownership():
+        # Only progress requests (and the history) changed: nothing to plan, no rebalance.
+        state, actions = _adopt(state, control, epoch)
+        return state, list(actions), None
     forced = applied is not None and control.rebalance_requests > applied.rebalance_requests
     current = {m: frozenset(rs) for m, rs in target.assignment.items()} if target else None
     desired = _plan(group, present, target, forced, settings)

@@ -29,8 +29,9 @@ and Parquet readers skip), with the output's storage options.
 ``epoch``, ``at``), *before* the record names it by its digest. Appends are blind and carry no
 transaction: a plan is found by (resource, batch, digest), and one written twice (a retry) or
 written by an owner that then lost the resource (never named by a record) is harmless. Plans of
-batches a resource committed are deleted now and then (:meth:`FileHistory.prune_plans`); the
-files they leave are removed by a ``VACUUM`` of that table, as for any Delta table.
+batches a resource committed are deleted when a plan of every 20th batch id is saved
+(:meth:`FileHistory.prune_plans`); the files they leave are removed by a ``VACUUM`` of that
+table, as for any Delta table.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ _COMPACT_EVERY = 200
 PLANS_SUFFIX = "_plans"
 """The plans table is the history's location with this suffix."""
 _PRUNE_EVERY = 20
-"""Delete a resource's committed plans after this many plans saved by one owner."""
+"""Delete a resource's committed plans when a plan of a batch id divisible by this is saved
+(whoever owns it then: owners change, batch ids go on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +113,6 @@ class FileHistory:
         self.storage_options = dict(storage_options or {})
         self._table: Any = None
         self._appends = 0
-        self._plans: dict[str, int] = {}
-        """Plans saved per resource by this handle (pruned every :data:`_PRUNE_EVERY`)."""
 
     def __repr__(self) -> str:
         return f"FileHistory({self.uri!r}, group={self.group!r})"
@@ -276,14 +276,13 @@ class FileHistory:
                 commit_properties=CommitProperties(max_commit_retries=100),
             )
         except (DeltaError, OSError) as exc:
-            raise RebalancerError(
+            raise SourceError(
                 f"cannot save the plan of batch {batch} of {resource!r} ({n} files) to "
                 f"{self.plans_uri} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}): "
                 "nothing was planned, the planning is retried; check that the output's "
                 "location is writable"
             ) from None
-        self._plans[resource] = saved = self._plans.get(resource, 0) + 1
-        if saved % _PRUNE_EVERY == 0:
+        if batch % _PRUNE_EVERY == 0:
             self.prune_plans(resource, below=batch)
 
     def load_plan(

@@ -18,15 +18,18 @@ What the store holds for a file resource (names are relative to the resource)::
   when the source re-reads rewritten files (``on_change=reread``). A batch whose list would
   take more than :data:`INLINE_BYTES` of JSON is kept in the plans table instead
   (:meth:`.file_history.FileHistory.save_plan`, written before this record names it), and the
-  record holds only ``{"id": 43, "plan": "<digest of the list>", "count": 5000}``: the record
-  stays under 4 KiB whatever the batch size. The owner reads such a plan back, and checks its
-  digest and count, when it takes over an open batch;
+  record holds only ``{"id": 43, "plan": "<digest of the list>", "count": 5000}``: the open
+  batch takes at most 2 KiB of the record whatever the batch size. The owner reads such a plan
+  back, and checks its digest and count, when it takes over an open batch;
 * ``next``: the next batch id; ``files``: how many files the committed batches processed;
   ``changed_files``: processed files found rewritten under the same name;
 * ``pending`` (the lag: files and bytes listed and not processed yet, as the owner last
   listed them) and ``stuck`` (why the owner cannot make progress: its listing or a read
   fails), both optional; ``rebalancer-spark status`` and ``assignments`` show them;
-* ``reset``: the last ``rebalancer-spark progress reset`` (:mod:`.progress_requests`).
+* ``reset``: the last ``rebalancer-spark progress reset`` (:mod:`.progress_requests`);
+  ``request``: the id of the last operator request applied, written with (a reset) or right
+  after (a skip) what it changed, so that a request is never applied twice (an owner that
+  read the control record before its predecessor removed the request takes it as done).
 
 The names of the files processed are not here: they are rows of the file history
 (:mod:`.file_history`). A record of the earlier format (``{"done": [every name], "batch": …,
@@ -116,6 +119,8 @@ class FileProgress:
     reset: tuple[str | None, int] | None = None
     """The last ``progress reset``: history rows of batches before the second item, of names
     above the first (None: every name), are disregarded."""
+    request: str | None = None
+    """The id of the last operator request applied to this resource."""
     legacy_done: frozenset[str] = frozenset()
     """Names listed by a record of the earlier format, not yet moved to the history."""
     legacy_versions: Mapping[str, str] = field(default_factory=dict)
@@ -146,6 +151,8 @@ class FileProgress:
             out["stuck"] = self.stuck
         if self.reset is not None:
             out["reset"] = {"after": self.reset[0], "batch": self.reset[1]}
+        if self.request is not None:
+            out["request"] = self.request
         return out
 
     def disregards(self, name: str, batch: int) -> bool:
@@ -265,6 +272,7 @@ def parse(resource: str, value: JsonValue) -> FileProgress:
                 pending=_pending(value.get("pending")),
                 stuck=None if value.get("stuck") is None else str(value["stuck"]),
                 reset=_reset(value.get("reset")),
+                request=_name(value.get("request")),
             )
         if "format" in value:
             raise ValueError("unknown format")

@@ -119,7 +119,11 @@ def _group_done(node: RebalancerNode, stats: IngestStats) -> bool:
     from rebalancer_spark.backends import open_backend
 
     for src in node.assigned_sources():
-        if src.planned is not None or (src.stuck is None and src.pending_files()):
+        try:
+            open_batch = src.planned is not None
+        except RebalancerError:
+            continue  # its record or its batch's plan cannot be read: it is stuck
+        if open_batch or (src.stuck is None and src.pending_files()):
             return False
     group = node.member.group
     with open_backend(node.job.member.backend) as store:

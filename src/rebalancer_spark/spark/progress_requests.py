@@ -86,20 +86,32 @@ class ProgressRequest:
         """The request ``text`` (from ``where``); anything else is a configuration error."""
         try:
             data = json.loads(text)
-            return cls(
+            request = cls(
                 str(data["action"]),
-                data.get("after"),
-                data.get("file"),
+                _text(data.get("after")),
+                _text(data.get("file")),
                 None if data.get("batch") is None else int(data["batch"]),
                 str(data.get("id", "")),
                 str(data.get("by", "")),
                 float(data.get("at", 0.0)),
             )
-        except (ValueError, KeyError, TypeError):
+            targets = (request.file is not None) + (request.batch is not None)
+            if request.action not in ("reset", "skip") or not request.id:
+                raise ValueError("unknown action, or no id")
+            if targets != (request.action == "skip") or (request.after and targets):
+                raise ValueError("a skip names one file or batch, a reset neither")
+            return request
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise ConfigurationError(
                 f"{where} is not a progress request ({text[:80]!r}): run `rebalancer-spark "
                 "progress reset|skip` again to replace it"
             ) from None
+
+
+def _text(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError("not a name")
+    return value
 
 
 class ControlRequests:

@@ -13,14 +13,15 @@ with a Spark job of one task per path: 5,000 small files then took 10 s of listi
 here, before a row was read. A batch's files were listed by the source a moment ago and are
 named one by one, so :func:`load_files` raises that threshold above the batch's size for the
 time of the lookup (0.5 s for the same 5,000 files, on the driver), then puts it back. The
-lookups are serialised in this process, so concurrent batches never leave the setting
-changed. This is for file shares and HDFS, where a lookup is a ``stat`` or a name-node call;
+lookups that change it are serialised in this process, so concurrent batches never leave the
+setting changed. This is for file shares and HDFS, where a lookup is a ``stat`` or a name-node call;
 a source with its own loading (S3, where each lookup is a request) keeps Spark's parallel
 lookup.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,6 +41,7 @@ FILE_COLUMN = "_file"
 _GLOB = re.compile(r"([\\*?\[\]{}])")
 _DISCOVERY = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 _LOOKUP = threading.Lock()
+log = logging.getLogger("rebalancer_spark.ingest")
 
 
 def load_files(
@@ -73,13 +75,21 @@ def load_files(
 @contextmanager
 def driver_lookup(spark: SparkSession, paths: int) -> Iterator[None]:
     """Spark looks ``paths`` named files up on the driver inside this block, not with a job of
-    one task per path (see the module docstring); the setting is restored on the way out."""
+    one task per path (see the module docstring); the setting is restored on the way out. A
+    session that refuses the setting, or a Spark Connect session (whose ``load`` looks nothing
+    up), is left as it is."""
+    before = spark.conf.get(_DISCOVERY, None)
+    if paths < int(before or 32) or getattr(spark, "_jsparkSession", None) is None:
+        yield
+        return
     with _LOOKUP:
         before = spark.conf.get(_DISCOVERY, None)
-        if paths < int(before or 32):
+        try:
+            spark.conf.set(_DISCOVERY, str(paths + 1))
+        except Exception as exc:  # a cluster that forbids the setting: Spark's own lookup
+            log.info("the files of a batch are looked up by Spark's listing job: %s", exc)
             yield
             return
-        spark.conf.set(_DISCOVERY, str(paths + 1))
         try:
             yield
         finally:

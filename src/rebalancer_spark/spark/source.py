@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.core.errors import (
+    ConfigurationError,
     CorruptStateError,
     FencedError,
     RebalancerError,
@@ -196,8 +197,9 @@ class AssignedSource:
                     f"{batch.count} files in the plans table {self.history().plans_uri} (plan "
                     f"{batch.plan}), which holds {len(files)} files for it with digest "
                     f"{read.digest() if files else '-'}: was that table removed or vacuumed "
-                    "early? `rebalancer-spark progress reset` the resource (its files are read "
-                    "again unless the history holds them)"
+                    "early? The batch's files are unknown now: `rebalancer-spark progress reset "
+                    "--after WATERMARK` (the watermark `progress show` prints) reads every file "
+                    "above it again, those of this batch among them"
                 )
             self._plan = read
         return replace(state, batch=self._plan)
@@ -334,26 +336,46 @@ class AssignedSource:
         assert state.batch is not None
         return Batch(self, spark, state.batch)
 
-    def _request(self) -> tuple[str, ProgressRequest] | None:
-        """The operator's request left for this resource (its text, and it), if any."""
+    def _request(self, applied: str | None) -> tuple[str, ProgressRequest] | None:
+        """The operator's request left for this resource (its text, and it), if any and not
+        ``applied`` already (that one is removed from the control record); a text that is not
+        a request is logged and removed."""
         text = None if self._requests is None else self._requests.pending(self.resource)
         if text is None:
             return None
         where = f"the request for resource {self.resource!r} in the control record"
-        return text, ProgressRequest.decode(text, where)
+        try:
+            request = ProgressRequest.decode(text, where)
+        except ConfigurationError as exc:
+            log.error("%s: %s; it is removed", self, exc)
+            self._take(text)
+            return None
+        if request.id == applied:
+            self._take(text)  # applied by a predecessor that had no time to remove it
+            return None
+        return text, request
+
+    def _take(self, text: str) -> None:
+        """Remove the request ``text`` from the control record; a store that refuses now
+        leaves it there: the progress record says it was applied, so it is only taken later."""
+        assert self._requests is not None
+        try:
+            self._requests.taken(self.resource, text)
+        except RebalancerError as exc:
+            log.warning("%s: the applied request stays in the control record for now: %s",
+                        self, exc)  # fmt: skip
 
     def _applied(self, text: str, request: ProgressRequest, what: str) -> None:
-        assert self._requests is not None
-        self._requests.taken(self.resource, text)
         log.warning("%s: applied the operator's request %s (%s, by %s)", self, request.id,
                     what, request.by)  # fmt: skip
         if self._event is not None:
             self._event("progress", self.resource, self.epoch, f"{what} (by {request.by})")
+        self._take(text)
 
     def _take_request(self, state: FileProgress) -> FileProgress:
         """Apply an operator's request (:mod:`.progress_requests`), fenced like any commit:
         ``skip`` of the open batch at once, the others between batches."""
-        found = self._request()
+        found = self._request(state.request)
         if found is None:
             return state
         text, request = found
@@ -375,9 +397,11 @@ class AssignedSource:
         elif request.action == "reset":
             after = request.after
             marks: tuple[tuple[float, str], ...] = ()
-            self._store(replace(state, reset=(after, state.next), floor=after,
-                                watermark=after, marks=marks, stuck=None).as_json())  # fmt: skip
+            self._store(replace(state, reset=(after, state.next), floor=after, watermark=after,
+                                marks=marks, stuck=None, request=request.id).as_json())  # fmt: skip
             self._known = None  # read again, without the disregarded rows
+        if self.state().request != request.id:  # a skip: noted right after what it changed
+            self._store(replace(self.state(), request=request.id).as_json())
         self._applied(text, request, request.describe())
         return self.state()
 
@@ -385,7 +409,7 @@ class AssignedSource:
         """Replace an unreadable progress record when an operator asked for a reset: a new
         record whose batch ids go on above every batch the output and the history hold (so
         none is mistaken for one that landed); raises the record's error otherwise."""
-        found = self._request()
+        found = self._request(None)
         if found is None or found[1].action != "reset":
             self.state()  # raises the record's error
         assert found is not None
@@ -394,7 +418,7 @@ class AssignedSource:
         landed = None if self.output is None else self.output.landed(self.resource)
         after = max(landed or 0, self.history().recorded_batch(self.resource)) + 1
         fresh = FileProgress(next=after, reset=(request.after, after), floor=request.after,
-                             watermark=request.after)  # fmt: skip
+                             watermark=request.after, request=request.id)  # fmt: skip
         self._plan = None
         self._store(fresh.as_json())
         self._known = None
@@ -413,7 +437,7 @@ class AssignedSource:
         if self._watch is not None:
             self._watch(self.resource, self.epoch, text, None)
         try:
-            state = self.state()
+            state = parse(self.resource, self.progress)
         except RebalancerError:
             return  # an unreadable record is its own evidence: it is not overwritten
         if state.stuck == text or not self.owned():
