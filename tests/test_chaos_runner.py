@@ -67,6 +67,7 @@ def test_spark_drivers_killed_and_paused_lose_and_duplicate_no_row(
     assert drivers is not None
     assert sum(drivers.faults.values()) >= 6, figures.lines()
     assert drivers.rows_in > 0 and drivers.rows_out == drivers.rows_in, figures.lines()
+    assert drivers.plans > 0, "no batch went through the plans table"
     assert drivers.lost == 0 and drivers.duplicated == 0, figures.lines()
     assert drivers.audit_double_ownerships == 0 and drivers.audit_ok, figures.lines()
     assert drivers.output_check == "ok", figures.lines()

@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rebalancer_spark.spark.file_history import HISTORY_DIR, PLANS_SUFFIX
 from rebalancer_spark.testing.spark_demo import SCHEMA
 from tests.support.helpers import wait_for
 from tests.support.spark_jobs import REPO, Job, SparkJobs
@@ -43,7 +44,8 @@ __all__ = ["DriverChaos", "DriverFigures"]
 _GROUP_SUFFIX = "-spark"
 _LONG = "landing-file-named-at-length-so-that-a-backlog-batch-has-its-plan-in-the-table"
 """With names this long, a batch of 25 files or more no longer fits inline in the progress
-record: the batches a paused or killed driver leaves behind go through the plans table."""
+record: the first batches, and backlogs a paused or killed driver leaves, go through the plans
+table."""
 
 
 @dataclass
@@ -66,6 +68,8 @@ class DriverFigures:
     """The driver faults asked for."""
     fault_errors: list[str] = field(default_factory=list)
     """Faults that could not be injected (the victim was gone already)."""
+    plans: int = 0
+    """Batches whose file list went to the plans table (appends to it)."""
 
     @property
     def ok(self) -> bool:
@@ -86,7 +90,8 @@ class DriverFigures:
             f"  spark drivers        {sum(self.faults.values())} faults ({kinds}), "
             f"{self.jobs_started} applications started",
             f"  rows                 {self.rows_in} written to {self.files} files, "
-            f"{self.rows_out} in the output: lost {self.lost}, duplicated {self.duplicated}",
+            f"{self.rows_out} in the output: lost {self.lost}, duplicated {self.duplicated}; "
+            f"{self.plans} batches planned through the plans table",
             f"  drivers' audit       {self.audit_double_ownerships} double ownership "
             f"({'verifies' if self.audit_ok else 'DOES NOT VERIFY'}); output check: "
             f"{self.output_check}",
@@ -211,7 +216,7 @@ class DriverChaos:
     # -- the run -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        for _ in range(20):
+        for _ in range(40 * self.dirs):  # a first batch of 40 per directory: through the plans
             self._write_file()
         for _ in range(self.jobs):
             self._start_job()
@@ -263,6 +268,10 @@ class DriverChaos:
         f.rows_out = sum(got.values())
         f.lost = len(self.ids - set(got))
         f.duplicated = sum(n - 1 for n in got.values() if n > 1)
+        plans = self.workdir / "output" / f"{HISTORY_DIR}{PLANS_SUFFIX}"
+        if plans.exists():
+            history = DeltaTable(str(plans)).history()
+            f.plans = sum(1 for c in history if c.get("operation") == "WRITE")
         audit = str(self.workdir / "audit")
         verdict = verify_table(audit, group=self.group)
         f.audit_double_ownerships, f.audit_ok = len(verdict.overlaps), verdict.ok

@@ -44,7 +44,7 @@ from typing import Any
 
 from rebalancer_spark.core.errors import RebalancerError, SourceError
 
-__all__ = ["HISTORY_DIR", "FileHistory", "HistoryEntry"]
+__all__ = ["HISTORY_DIR", "PLANS_SUFFIX", "FileHistory", "HistoryEntry"]
 
 log = logging.getLogger("rebalancer_spark.ingest")
 
