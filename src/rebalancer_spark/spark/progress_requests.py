@@ -6,7 +6,8 @@ store (``Control.requests``, one per resource: :meth:`GroupControl.request_progr
 the file history lives (a local path, a shared mount, S3). The owner of the resource takes it
 between two batches, at its next pass (or the next owner, when it takes the resource over); the
 owners read the control record at most once a second per job, whatever their number of
-resources. So every write of the progress stays the owner's, fenced by its epoch in the store,
+resources (a new owner's first look reads it afresh). So every write of the progress stays
+the owner's, fenced by its epoch in the store,
 and the owner's view of the history stays true. A newer request replaces one not yet applied.
 The owner logs what it applied, records it in the audit table (a ``progress`` event) and
 removes it from the control record (compare-and-set: a newer request left meanwhile stays for
@@ -127,11 +128,12 @@ class ControlRequests:
         self._read_at: float | None = None
         self._requests: Mapping[str, str] = {}
 
-    def pending(self, resource: str) -> str | None:
-        """The request left for ``resource`` (JSON text), if any."""
+    def pending(self, resource: str, *, fresh: bool = False) -> str | None:
+        """The request left for ``resource`` (JSON text), if any; ``fresh``: read the record
+        now whatever the interval (a new owner's first look)."""
         with self._lock:
             now = time.monotonic()
-            if self._read_at is None or now - self._read_at >= self._interval:
+            if fresh or self._read_at is None or now - self._read_at >= self._interval:
                 try:
                     self._requests = self._member.group_control().control().requests
                 except RebalancerError as exc:

@@ -139,6 +139,8 @@ class AssignedSource:
         self._watch = watch
         self._event = event
         self._requests = requests
+        self._looked = False
+        """Whether this owner has looked for requests yet (its first look reads the store)."""
         self.stuck: str | None = None
         """Why this job cannot make progress on the resource now (None: it can)."""
         """Fingerprints of the open batch's files as this job listed them."""
@@ -340,7 +342,10 @@ class AssignedSource:
         """The operator's request left for this resource (its text, and it), if any and not
         ``applied`` already (that one is removed from the control record); a text that is not
         a request is logged and removed."""
-        text = None if self._requests is None else self._requests.pending(self.resource)
+        if self._requests is None:
+            return None
+        text = self._requests.pending(self.resource, fresh=not self._looked)
+        self._looked = True
         if text is None:
             return None
         where = f"the request for resource {self.resource!r} in the control record"
