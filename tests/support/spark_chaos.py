@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.spark.file_history import HISTORY_DIR, PLANS_SUFFIX
 from rebalancer_spark.testing.spark_demo import SCHEMA
 from tests.support.helpers import wait_for
@@ -189,8 +190,11 @@ class DriverChaos:
 
     def _fault(self) -> None:
         while not self._stop_faults.wait(self.rng.expovariate(1 / self.mean_gap)):
-            self._replace_exited()
-            live = self._joined()
+            try:
+                self._replace_exited()
+                live = self._joined()
+            except RebalancerError:  # the store is down or paused (a store fault): later
+                continue
             if not live:
                 continue
             victim = self.rng.choice(live)
