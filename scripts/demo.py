@@ -26,6 +26,7 @@ def main() -> int:
     report = run_demo(
         workdir, jobs=args.jobs, dirs=args.dirs, files=args.files, backend=args.backend
     )
+    shutil.rmtree(workdir / "spark-local", ignore_errors=True)  # the killed job's scratch
     print(f"\nlogs of every job in {workdir / 'logs'}; output in {workdir / 'output'}")
     return 0 if report.audit_ok and report.exactly_once else 1
 

@@ -73,7 +73,14 @@ class SparkJobs:
             "--group", self.group, "--backend", self.backend, "--member-id", name,
             "--source", self.source, "--output", self.output,
             "--audit", str(self.workdir / "audit"), *self.args,
-            conf={**JOB_CONF, "spark.rebalancer.session-timeout": f"{self.session_timeout}s"},
+            conf={
+                **JOB_CONF,
+                "spark.rebalancer.session-timeout": f"{self.session_timeout}s",
+                # Spark's scratch space (with a copy of every --jars jar, 0.5 GB with
+                # hadoop-aws) inside the test's directory: a killed application never removes
+                # its own, and /tmp filled up with them.
+                "spark.local.dir": str(self.workdir.resolve() / "spark-local"),
+            },
         )  # fmt: skip
         log = self.workdir / f"{name}.log"
         with log.open("wb") as out:

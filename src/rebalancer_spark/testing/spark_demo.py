@@ -184,6 +184,9 @@ class _Demo:
                     "spark.ui.enabled": "false", "spark.driver.memory": "512m",
                     "spark.cores.max": "1", "spark.executor.memory": "512m",
                     "spark.rebalancer.session-timeout": f"{session_timeout}s",
+                    # Spark's scratch space (a copy of every jar) in the demo's directory: the
+                    # job the demo kills never removes its own.
+                    "spark.local.dir": str(self.workdir.resolve() / "spark-local"),
                 },
             )  # fmt: skip
             self.running[name] = _Job(name, cmd, self.workdir / "logs" / f"{name}.log", env)
