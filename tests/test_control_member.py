@@ -62,6 +62,9 @@ def test_a_drained_member_that_leaves_is_undrained_and_every_step_is_an_event(
 ) -> None:
     events: list[OwnershipEvent] = []
     a = _start(url, group, "a", events)
+    # The test reads a's events: a must be the coordinator before b can race it for the role
+    # (on a loaded machine b's thread may otherwise elect itself first).
+    wait_for(lambda: a.is_coordinator, timeout=15, what="a to coordinate")
     b = _start(url, group, "b", [])
     try:
         _stable(observer, group, {"a", "b"})
@@ -155,6 +158,9 @@ def test_the_last_member_that_may_own_cannot_be_drained(
 ) -> None:
     events: list[OwnershipEvent] = []
     a = _start(url, group, "a", events)
+    # The test reads a's events: a must be the coordinator before b can race it for the role
+    # (on a loaded machine b's thread may otherwise elect itself first).
+    wait_for(lambda: a.is_coordinator, timeout=15, what="a to coordinate")
     b = _start(url, group, "b", [])
     try:
         _stable(observer, group, {"a", "b"})
