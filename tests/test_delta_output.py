@@ -62,10 +62,45 @@ def _ids(spark: Any, path: Path) -> list[str]:
 
 def test_a_mark_orders_by_epoch_then_batch_and_round_trips_through_a_version() -> None:
     assert Mark(3, 7) < Mark(4, 0) < Mark(4, 1)
-    assert Mark.of(Mark(3, 7).version) == Mark(3, 7)
+    packed = Mark(3, 7).version
+    assert packed is not None and Mark.of(packed) == Mark(3, 7)
     assert Mark.of(None) == Mark(0, 0)
+    assert Mark(1 << 31, 0).version is None, "too big to pack: two transactions only"
+    assert len(Mark(1 << 31, 0).transactions("g", "r")) == 2
+    assert len(Mark(3, 7).transactions("g", "r")) == 3
     with pytest.raises(Exception, match="cannot be recorded"):
-        Mark(1 << 31, 0)
+        Mark(1 << 63, 0)
+
+
+def test_epochs_lifted_past_a_store_data_loss_fence_the_table_like_any_other(
+    tmp_path: Path,
+) -> None:
+    """A store that lost its data lifts epochs above the wall clock in µs (about 2**51): the
+    table takes them (no packed form then), refuses an owner of a smaller epoch, and a mark
+    packed by an earlier version still counts."""
+    import deltalake
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction
+
+    from rebalancer_spark.core.errors import FencedError
+    from rebalancer_spark.spark.delta_commit import DeltaCommitter, app_id
+
+    path = str(tmp_path / "out")
+    rows = pa.table({"id": ["x"], "_resource": ["d0"]})
+    packed = Mark(5, 9).version
+    assert packed is not None
+    old = CommitProperties(app_transactions=[Transaction(app_id("g", "d0"), packed)])
+    deltalake.write_deltalake(path, rows, partition_by=["_resource"], commit_properties=old)
+    committer = DeltaCommitter(path, "g")
+    assert committer.mark("d0") == Mark(5, 9), "a mark packed by an earlier version is read"
+    lifted = 1_795_670_234_842_492
+    who = {"member_id": "m1", "session_id": "s1"}
+    assert committer.fence("d0", lifted, who) == Mark(lifted, 9)
+    assert DeltaCommitter(path, "g").mark("d0") == Mark(lifted, 9)
+    assert committer.landed("d0", lifted, 9) and not committer.landed("d0", lifted, 10)
+    with pytest.raises(FencedError):
+        DeltaCommitter(path, "g").fence("d0", 6, who)  # an owner from before the loss
+    assert committer.fence("d0", lifted + 1, who) == Mark(lifted + 1, 9)
 
 
 # -- one job ---------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ with SIGTERM, and the checker (this module, not the jobs) counts:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -71,11 +73,14 @@ class DriverFigures:
     """Faults that could not be injected (the victim was gone already)."""
     plans: int = 0
     """Batches whose file list went to the plans table (appends to it)."""
+    unfinished: str = ""
+    """Why the drivers were stopped before every row had landed (empty: they had)."""
 
     @property
     def ok(self) -> bool:
         return (
             sum(self.faults.values()) >= self.target
+            and not self.unfinished
             and not self.unexpected_exits
             and set(self.stop_codes.values()) <= {0}
             and self.lost == 0
@@ -99,6 +104,8 @@ class DriverFigures:
         ]
         if self.unexpected_exits:
             out.append(f"  driver exits         {'; '.join(self.unexpected_exits)}")
+        if self.unfinished:
+            out.append(f"  UNFINISHED           {self.unfinished}")
         if self.fault_errors:
             out.append(f"  faults not injected  {'; '.join(self.fault_errors[:5])}")
         if set(self.stop_codes.values()) - {0}:
@@ -175,11 +182,27 @@ class DriverChaos:
         jobs = [j for j in self.run.jobs.values() if j.proc.poll() is None]
         return sorted((j for j in jobs if self.run.driver_pid(j) is not None), key=lambda j: j.name)
 
+    def _gone(self, job: Job) -> bool:
+        """Whether ``job`` ended on its own: its spark-submit process, or its Python driver."""
+        if job.proc.poll() is not None:
+            return True
+        if job.driver_pid is None:
+            return False
+        try:
+            os.kill(job.driver_pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
     def _replace_exited(self) -> None:
         for job in list(self.run.jobs.values()):
-            if job.proc.poll() is not None:
+            if self._gone(job):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.proc.pid, signal.SIGKILL)  # a JVM left behind
+                job.proc.wait(60)
+                lines = [ln for ln in job.tail(60).splitlines() if " WARN " not in ln]
                 self.figures.unexpected_exits.append(
-                    f"{job.name} exited with {job.proc.returncode}: {job.tail(3)[-300:]}"
+                    f"{job.name} exited with {job.proc.returncode}: {' | '.join(lines[-6:])[-700:]}"
                 )
                 del self.run.jobs[job.name]
                 self._start_job()
@@ -249,13 +272,21 @@ class DriverChaos:
         self._stop_feed.set()
         self._threads[0].join()
         total = self._files
+        output = str(self.workdir / "output")
 
-        def committed() -> bool:
+        def landed() -> bool:
+            # Not the progress records' file counts: a store that lost its data (Redis
+            # restarted without persistence) starts them again from nothing.
             self._replace_exited()
-            done, idle = self.run.committed()
-            return done >= total and idle
+            if not self.run.committed()[1]:
+                return False  # a batch is open somewhere
+            ids = DeltaTable(output).to_pyarrow_table(columns=["id"]).column("id")
+            return len(self.ids - set(ids.to_pylist())) == 0
 
-        wait_for(committed, timeout=timeout, what=f"the drivers to commit {total} files")
+        try:
+            wait_for(landed, timeout=timeout, what=f"every row of {total} files", interval=1.0)
+        except AssertionError as exc:  # counted below: the figures say what is missing
+            self.figures.unfinished = str(exc)[:300]
         # A replacement started by the last fault may still be starting its JVM: it stops
         # once it has joined (SIGTERM goes to its Python driver).
         wait_for(
@@ -263,8 +294,12 @@ class DriverChaos:
             timeout=180,
             what="every driver started to join its group",
         )
+        self._replace_exited()
         for job in list(self.run.jobs.values()):
-            self.figures.stop_codes[job.name] = self.run.stop(job)
+            try:
+                self.figures.stop_codes[job.name] = self.run.stop(job)
+            except ProcessLookupError:  # its driver ended between the look and the signal
+                self._replace_exited()
         f = self.figures
         f.files, f.rows_in = total, len(self.ids)
         ids = DeltaTable(str(self.workdir / "output")).to_pyarrow_table(columns=["id"])

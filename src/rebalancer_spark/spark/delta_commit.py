@@ -1,10 +1,19 @@
 """Fenced commits into a Delta table: the resource epoch checked inside Delta's own commit.
 
-Every batch a job writes for a resource becomes **one** Delta commit that carries an
-application transaction (Delta's idempotent-writer record, ``txn``)::
+Every batch a job writes for a resource becomes **one** Delta commit that carries application
+transactions (Delta's idempotent-writer records, ``txn``) that together make its :class:`Mark`
+(who wrote last, what landed last)::
 
-    app id   rebalancer-spark/<group>/<resource>
-    version  epoch * 2**32 + batch        (a :class:`Mark`: who wrote last, what landed last)
+    app id rebalancer-spark-epoch/<group>/<resource>   version: the epoch
+    app id rebalancer-spark-batch/<group>/<resource>   version: the batch id
+    app id rebalancer-spark/<group>/<resource>         version: epoch * 2**32 + batch, written
+                                                       only while it fits (epoch < 2**31)
+
+Two versions rather than one packed number, because epochs need not stay small: a store that
+lost its data lifts every epoch above the wall clock in microseconds (about 2**51, see
+docs/operations.md), which the packed form cannot hold. The packed one is still written while
+it fits, and read, so that tables written before, and jobs of earlier versions reading tables
+written now, agree on the mark.
 
 A commit of batch ``b`` at epoch ``e`` is made only while the table's recorded mark for the
 resource is below ``(e, b)`` with an epoch not above ``e``; the check and the commit are one
@@ -49,14 +58,25 @@ log = logging.getLogger("rebalancer_spark.output")
 
 _BATCH_BITS = 32
 _BATCH_MAX = (1 << _BATCH_BITS) - 1
-_EPOCH_MAX = (1 << 31) - 1
+_PACKED_EPOCH_MAX = (1 << 31) - 1
+_VERSION_MAX = (1 << 63) - 1
+"""Delta transaction versions are signed 64-bit numbers."""
 _ATTEMPTS = 100
 PARTITION_COLUMN = "_resource"
 
 
 def app_id(group: str, resource: str) -> str:
-    """The Delta application id under which a group's batches of ``resource`` are recorded."""
+    """The Delta application id of the packed mark of a group's ``resource`` (module
+    docstring)."""
     return f"rebalancer-spark/{group}/{resource}"
+
+
+def _epoch_id(group: str, resource: str) -> str:
+    return f"rebalancer-spark-epoch/{group}/{resource}"
+
+
+def _batch_id(group: str, resource: str) -> str:
+    return f"rebalancer-spark-batch/{group}/{resource}"
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -68,21 +88,31 @@ class Mark:
     batch: int
 
     def __post_init__(self) -> None:
-        if not 0 <= self.epoch <= _EPOCH_MAX or not 0 <= self.batch <= _BATCH_MAX:
+        if not 0 <= self.epoch <= _VERSION_MAX or not 0 <= self.batch <= _VERSION_MAX:
             raise RebalancerError(
                 f"epoch {self.epoch} / batch {self.batch} cannot be recorded in a Delta "
-                f"transaction version (epoch up to {_EPOCH_MAX}, batch up to {_BATCH_MAX})"
+                f"transaction version (0 to {_VERSION_MAX})"
             )
 
     @property
-    def version(self) -> int:
+    def version(self) -> int | None:
+        """The packed form, epoch * 2**32 + batch, while it fits (None otherwise)."""
+        if self.epoch > _PACKED_EPOCH_MAX or self.batch > _BATCH_MAX:
+            return None
         return (self.epoch << _BATCH_BITS) | self.batch
 
     @classmethod
     def of(cls, version: int | None) -> Mark:
+        """The mark of a packed version (None: nothing recorded)."""
         if version is None:
             return cls(0, 0)
         return cls(version >> _BATCH_BITS, version & _BATCH_MAX)
+
+    def transactions(self, group: str, resource: str) -> list[tuple[str, int]]:
+        """The (app id, version) pairs a commit that leaves this mark carries."""
+        out = [(_epoch_id(group, resource), self.epoch), (_batch_id(group, resource), self.batch)]
+        packed = self.version
+        return out if packed is None else [*out, (app_id(group, resource), packed)]
 
 
 class Landing(enum.Enum):
@@ -187,7 +217,10 @@ class DeltaCommitter:
         """The mark for ``resource`` in ``table`` as loaded (no refresh)."""
         if table is None:
             return Mark(0, 0)
-        return Mark.of(table.transaction_version(app_id(self.group, resource)))
+        packed = Mark.of(table.transaction_version(app_id(self.group, resource)))
+        epoch = table.transaction_version(_epoch_id(self.group, resource))
+        batch = table.transaction_version(_batch_id(self.group, resource))
+        return max(packed, Mark(epoch or 0, batch or 0))
 
     def landed(self, resource: str, epoch: int, batch: int) -> bool:
         """Whether batch ``batch`` of ``resource`` is in the table already; raises
@@ -317,7 +350,10 @@ class DeltaCommitter:
                      resource)  # fmt: skip
             return False
         props = CommitProperties(
-            app_transactions=[Transaction(app_id(self.group, resource), target.version)],
+            app_transactions=[
+                Transaction(app, version)
+                for app, version in target.transactions(self.group, resource)
+            ],
             custom_metadata=dict(meta),
             max_commit_retries=_ATTEMPTS,
         )
