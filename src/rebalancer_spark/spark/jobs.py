@@ -126,13 +126,20 @@ def job_main(
     name = node.member.member_id
     jvm = jvm_probes(spark.sparkContext)
     print(f"member {name} of group {job.member.group} running", flush=True)
+    failed: Exception | None = None
     try:
         ended = loop(JobContext(spark, job, node, source, output, stop, args))
-    finally:
-        gone = stop_spark(spark, jvm)  # drains and leaves the group first
+    except Exception as exc:  # re-raised below unless the JVM died under it
+        failed = exc
+    gone = stop_spark(spark, jvm)  # drains and leaves the group first
     if gone is not None:
-        log.warning("member %s stopped: %s; exit code %d", name, gone, DEAD_DRIVER_EXIT)
+        # A JVM killed during a batch's write also fails that write (Py4J, Spark's own
+        # shutdown): the death is the cause, and the exit code says so.
+        why = "" if failed is None else f" (the job's loop failed with it: {failed!r:.200})"
+        log.warning("member %s stopped: %s%s; exit code %d", name, gone, why, DEAD_DRIVER_EXIT)
         return DEAD_DRIVER_EXIT
+    if failed is not None:
+        raise failed
     summary, code = ended if isinstance(ended, tuple) else (ended, 0)
     with contextlib.suppress(OSError):  # spark-submit relays this output: a pipe that can break
         print(f"member {name} stopped: {summary}", flush=True)
