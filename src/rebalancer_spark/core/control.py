@@ -270,22 +270,28 @@ def control_changes(old: Control, new: Control) -> list[tuple[str, str]]:
         out.append(("", f"{tag}: rebalance requested"))
     out.extend(("", f"{tag}: drain {m}") for m in sorted(new.drain - old.drain))
     out.extend(("", f"{tag}: undrain {m}") for m in sorted(old.drain - new.drain))
-    for resource in sorted(set(old.pins) | set(new.pins)):
-        before, after = old.pins.get(resource), new.pins.get(resource)
-        if after is not None and after != before:
-            out.append((resource, f"{tag}: pin to {after}"))
-        elif after is None:
-            out.append((resource, f"{tag}: unpin from {before}"))
+    out += _per_resource(old.pins, new.pins, f"{tag}: pin to {{}}", f"{tag}: unpin from {{}}")
     if old.imbalance_threshold != new.imbalance_threshold:
         out.append(("", f"{tag}: imbalance threshold {new.imbalance_threshold:g}"))
-    for resource in sorted(set(old.requests) | set(new.requests)):
-        before, after = old.requests.get(resource), new.requests.get(resource)
-        if after is not None and after != before:
-            out.append((resource, f"{tag}: progress request for its owner"))
-        elif after is None:
-            out.append((resource, f"{tag}: progress request taken by its owner"))
+    out += _per_resource(old.requests, new.requests, f"{tag}: progress request for its owner",
+                         f"{tag}: progress request taken by its owner")  # fmt: skip
     if not out and new.version != old.version:
         out.append(("", f"{tag}: no change"))
+    return out
+
+
+def _per_resource(
+    old: Mapping[str, str], new: Mapping[str, str], set_to: str, unset: str
+) -> list[tuple[str, str]]:
+    """One change per resource whose entry was set or changed (``set_to`` formatted with the
+    new value) or removed (``unset`` formatted with the old one), in resource order."""
+    out: list[tuple[str, str]] = []
+    for resource in sorted(set(old) | set(new)):
+        before, after = old.get(resource), new.get(resource)
+        if after is not None and after != before:
+            out.append((resource, set_to.format(after)))
+        elif after is None:
+            out.append((resource, unset.format(before)))
     return out
 
 
