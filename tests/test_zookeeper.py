@@ -43,6 +43,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.model import (
+    Freed,
     GroupState,
     Phase,
     Resource,
@@ -599,6 +600,83 @@ def test_a_members_view_syncs_its_sessions_connection_ahead_of_its_reads(
         assert view.generation == generation and view.owned == {"a": 1}
         assert view.target == frozenset({"a", "b"})
         assert calls[0] == "sync" and "MultiRead" in calls[1:], calls
+
+
+# -- what a rebalance reads ----------------------------------------------------------------------
+
+
+def _count_reads(client: Any) -> list[int]:
+    """Spy on ``client``: the number of reads of each multiRead request it sends."""
+    counts: list[int] = []
+    call = client._call
+
+    def spy(request: Any, result: Any) -> Any:
+        if type(request).__name__ == "MultiRead":
+            counts.append(len(request.operations))
+        return call(request, result)
+
+    client._call = spy
+    return counts
+
+
+def test_a_members_view_reads_no_claim_its_own_requests_created(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # Only the session deletes its claims while it lives: the view trusts the answers of the
+    # requests that created them, so its reads do not grow with what the member owns.
+    mine = [f"r{i:04d}" for i in range(600)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": mine})
+        assert len(store.claim(session, mine, generation)) == 600
+        hosted = _zk(store)._sessions.get(session.session_id)
+        assert hosted is not None
+        reads = _count_reads(hosted.client)
+        view = store.member_view(session)
+        assert view.owned == dict.fromkeys(mine, 1) and view.target == frozenset(mine)
+        # The session, the pointer, then the member's part of the target (one chunk).
+        assert sum(reads) <= 4, reads
+
+
+def test_a_claim_removed_behind_the_sessions_back_is_noticed_at_its_next_write(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": ["a", "b"]})
+        assert grant_epochs(store.claim(session, ["a", "b"], generation)) == {"a": 1, "b": 1}
+        paths = _zk(store)._group(group)
+        raw.delete(paths.claim("a"))  # an operator with zkCli, say
+        raw.delete(paths.claim("b"))
+        # A commit reads the claim and is refused; the next view reads it and drops it.
+        with pytest.raises(FencedError):
+            store.commit(session, "a", 1, {"n": 1})
+        assert store.member_view(session).owned == {"b": 1}
+        # A release finds it gone and forgets it too.
+        store.release(session, {"b": 1})
+        assert store.member_view(session).owned == {}
+
+
+def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    moved = [f"r{i:04d}" for i in range(600)]
+    with open_backend(zookeeper_backend_url) as store:
+        old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
+        assert len(store.claim(old, moved, generation)) == 600
+        store.release(old, dict.fromkeys(moved, 1))
+        new = store.join(group, "m2", info={}, ttl=10, static=False)
+        version = store.resources(group)[0]
+        target = store.publish(
+            old, epoch, {"m2": moved}, phase=Phase.RUNNING, resources_version=version
+        )
+        hosted = _zk(store)._sessions.get(new.session_id)
+        assert hosted is not None
+        reads = _count_reads(hosted.client)
+        grants = store.claim(new, moved, target.generation)
+        assert grant_epochs(grants) == dict.fromkeys(moved, 2)
+        assert all(g.freed is Freed.RELEASED and g.prev_member_id == "m1" for g in grants.values())
+        # The pointer and session, the target's part and 600 records, then 600 progress
+        # reads behind the claim's requests; no claim znode is read.
+        assert sum(reads) <= 2 + 1 + 600 + 600, reads
 
 
 # -- faults: a member cut off, an expired session ---------------------------------------------

@@ -60,6 +60,10 @@ MAX_NAME_LENGTH = 128
 MAX_RESOURCE_ID_BYTES = 1024
 """Longest resource id, in UTF-8 bytes (S3 keys are limited to the same)."""
 
+_SURELY_SHORT = MAX_RESOURCE_ID_BYTES // 4
+"""Characters that fit in :data:`MAX_RESOURCE_ID_BYTES` whatever they are (UTF-8 takes at
+most 4 bytes per character, and an unpaired surrogate, 3, is refused as unprintable)."""
+
 MAX_PROGRESS_BYTES = 512 * 1024
 """Largest committed progress, encoded as JSON; ZooKeeper's 1 MB znode limit is far above it."""
 
@@ -100,6 +104,8 @@ def validate_resource_id(value: object) -> str:
         raise ConfigurationError(
             f"resource id must be a string, got {type(value).__name__} {value!r}"
         )
+    if 0 < len(value) <= _SURELY_SHORT and value.isprintable():
+        return value  # the common case in two C calls (a path's escaping asks per resource)
     size = len(value.encode("utf-8", "surrogatepass"))
     if not value or size > MAX_RESOURCE_ID_BYTES:
         raise ConfigurationError(

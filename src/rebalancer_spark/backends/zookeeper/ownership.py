@@ -24,6 +24,7 @@ from rebalancer_spark.backends.zookeeper.store.chain import (
     grant_data,
     held_grant,
     next_grant,
+    released,
     released_data,
 )
 from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
@@ -36,14 +37,15 @@ from rebalancer_spark.backends.zookeeper.store.fence import (
     session_sync,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES
+from rebalancer_spark.backends.zookeeper.store.layout import RECORD_HINT, REQUEST_BYTES
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused
 from rebalancer_spark.backends.zookeeper.store.records import (
+    TargetPointer,
     claim_data,
     read_claim,
     read_target_pointer,
 )
-from rebalancer_spark.core.model import Freed, Grant, Phase, Progress
+from rebalancer_spark.core.model import Claim, Freed, Grant, Phase, Progress
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 __all__ = ["claim", "member_head", "member_view", "release"]
@@ -103,22 +105,21 @@ def member_view(zs: ZkSession, settings: Settings) -> MemberView:
         synced = session_sync(zs, p.changes) if attempt == 0 else None
         reader = session_reader(zs, settings, what)
         alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
-        attempted = sorted(zs.attempted())
-        claims = [(r, reader.get(p.claim(r))) for r in attempted]
+        owned, uncertain = zs.held()
+        claims = [(r, reader.get(p.claim(r), RECORD_HINT)) for r in sorted(uncertain)]
         if synced is not None:
             reader.send()  # the reads go out right behind the sync; then its answer is due
             wait(synced, settings, what, zs.expired(), p.changes)
         if alive() is None:
             raise session_gone(zs)
         found = pointer()
-        owned: dict[str, int] = {}
         for resource, pending in claims:
             held = pending()
             if held is not None:
                 c = read_claim(resource, held[0], p.claim(resource))
                 if c.session_id == s.session_id:
                     owned[resource] = c.epoch
-        zs.forget(set(attempted) - set(owned), only_if_idle=True)
+        zs.forget(uncertain - set(owned), only_if_idle=True)
         if found is None:
             return MemberView(0, Phase.RUNNING, frozenset(), owned)
         ptr = read_target_pointer(found[0], p.target, group=p.group)
@@ -152,22 +153,19 @@ def claim(
     ptr = read_target_pointer(found[0], p.target, group=p.group)
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
         return {}
-    reader = session_reader(zs, settings, what)
-    part = read_target_part(reader, p, ptr, [s.member_id])
-    wanted = list(dict.fromkeys(resources))
-    held = {r: reader.get(p.claim(r)) for r in wanted}
-    epochs = {r: reader.get(p.resource_epoch(r)) for r in wanted}
-    try:
-        mine = part().get(s.member_id, frozenset())
-    except Changed:
+    read = _read_for_claims(zs, settings, ptr, resources)
+    if read is None:
         return {}
-    granted, grants, units = _plan_claims(zs, wanted, mine, held, epochs)
+    wanted, held, epochs = read
+    granted, grants, units = _plan_claims(zs, wanted, held, epochs)
     if not units:
+        zs.confirm({r: g.epoch for r, g in granted.items()})
         return _hand_over(zs, settings, granted, {})
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
     zs.begin_claim({r for r, _ in units})
     refused: set[str] = set()
+    confirmed: dict[str, int] = {}
     handed: dict[str, Progress | None] = {}
     try:
 
@@ -183,32 +181,69 @@ def claim(
                 # ZooKeeper keeps no time of a session's end: the grant's own time bounds it.
                 grant = dataclasses.replace(grant, freed_at=at)
             granted[r] = grant
+        confirmed = {r: g.epoch for r, g in granted.items()}
         if stopped is not None:  # the session or the target moved on: nothing more to grant
             refused = {r for r, _ in units} - set(applied)
             if stopped.path == p.session(s.session_id):
                 raise session_gone(zs)
     finally:
-        zs.end_claim(refused)
+        zs.end_claim(refused, confirmed)  # none confirmed if a request got no answer
     return _hand_over(zs, settings, granted, handed)
+
+
+Record = tuple[bytes, Any] | None
+"""A znode's data and stat as read, or None: no such znode."""
+
+
+def _read_for_claims(
+    zs: ZkSession, settings: Settings, ptr: TargetPointer, resources: Collection[str]
+) -> tuple[list[str], dict[str, Record], dict[str, Record]] | None:
+    """The resources asked for that the target gives this member, with their claim znodes
+    and epoch records as read (None: the target moved on while being read)."""
+    what = "claiming resources"
+    p, s = zs.paths, zs.session
+    reader = session_reader(zs, settings, what)
+    part = read_target_part(reader, p, ptr, [s.member_id])
+    asked = list(dict.fromkeys(resources))
+    reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in asked}
+    try:
+        mine = part().get(s.member_id, frozenset())
+    except Changed:
+        return None
+    epochs = {r: read() for r, read in reads.items()}  # every read answered, wanted or not
+    wanted = [r for r in asked if r in mine]
+    # A claim znode can exist only beside a record that names a holder and no release (a
+    # release deletes it in the multi-op that writes "released"): only those claims are
+    # read, each with its record again, in one multiRead (a consistent cut: the holder may
+    # have released in between).
+    maybe = [r for r in wanted if (e := epochs[r]) and not released(e[0], p.resource_epoch(r))]
+    held: dict[str, Record] = dict.fromkeys(wanted)
+    if maybe:
+        again = session_reader(zs, settings, what)
+        pending = {
+            r: (again.get(p.claim(r), RECORD_HINT), again.get(p.resource_epoch(r), RECORD_HINT))
+            for r in maybe
+        }
+        for r, (claim_read, epoch_read) in pending.items():
+            held[r], epochs[r] = claim_read(), epoch_read()
+    return wanted, held, epochs
 
 
 def _plan_claims(
     zs: ZkSession,
     wanted: list[str],
-    mine: Collection[str],
-    held: Mapping[str, Callable[[], tuple[bytes, Any] | None]],
-    epochs: Mapping[str, Callable[[], tuple[bytes, Any] | None]],
+    held: Mapping[str, Record],
+    epochs: Mapping[str, Record],
 ) -> tuple[dict[str, Grant], dict[str, Grant], list[tuple[str, list[Op]]]]:
-    """For each wanted resource (given to this member): the grant it holds already, or the
-    grant a claim would make with its operations (create the claim, raise the epoch)."""
+    """For each wanted resource (given to this member), from its claim znode and its epoch
+    record as read: the grant it holds already, or the grant a claim would make with its
+    operations (create the claim, raise the epoch)."""
     p, s = zs.paths, zs.session
     granted: dict[str, Grant] = {}
     grants: dict[str, Grant] = {}
     units: list[tuple[str, list[Op]]] = []
     for r in wanted:
-        current, seen = held[r](), epochs[r]()  # every read answered, wanted or not
-        if r not in mine:
-            continue
+        current, seen = held[r], epochs[r]
         path = p.resource_epoch(r)
         if current is not None:
             c = read_claim(r, current[0], p.claim(r))
@@ -313,14 +348,34 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
     reader = session_reader(zs, settings, what)
-    reads = {r: (reader.get(p.claim(r)), reader.stat(p.resource_epoch(r))) for r in claims}
+    # A claim this session's own request created is read only for its epoch record's
+    # version: nobody else deletes it while the session lives.
+    confirmed, _ = zs.held()
+    reads = {
+        r: (
+            None if confirmed.get(r) == epoch else reader.get(p.claim(r), RECORD_HINT),
+            reader.stat(p.resource_epoch(r), RECORD_HINT),
+        )
+        for r, epoch in claims.items()
+    }
     units: list[tuple[str, list[Op]]] = []
+    gone: set[str] = set()
     for r, (held, seen) in reads.items():
-        current, stat = held(), seen()
-        if current is None or stat is None:
+        stat = seen()
+        current = None if held is None else held()
+        if held is not None and current is None:
+            gone.add(r)  # released already (a release whose answer was lost)
             continue
-        c = read_claim(r, current[0], p.claim(r))
-        if c.session_id == s.session_id and c.epoch == claims[r]:
+        if stat is None:
+            continue
+        c = (
+            Claim(r, s.member_id, s.session_id, claims[r])
+            if current is None
+            else read_claim(r, current[0], p.claim(r))
+        )
+        if c.session_id != s.session_id:
+            gone.add(r)
+        elif c.epoch == claims[r]:
             units.append(
                 (
                     r,
@@ -336,5 +391,7 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
                     ],
                 )
             )
-    released, _, _ = _apply(zs, settings, units, [], [Op("set", p.changes)], what)
-    zs.forget(set(released))
+    released, refused, _ = _apply(zs, settings, units, [], [Op("set", p.changes)], what)
+    zs.forget(gone | set(released))
+    for r in refused:
+        zs.doubt(r)  # a claim trusted without a read was not as this session holds it

@@ -106,6 +106,8 @@ def commit(
         current, stat = held(), seen()
         c = None if current is None else read_claim(resource, current[0], paths.claim(resource))
         if c is None or stat is None or c.session_id != session.session_id or c.epoch != epoch:
+            if zs is not None:
+                zs.doubt(resource)
             at_epoch = (
                 c.epoch
                 if c
@@ -137,6 +139,8 @@ def commit(
             if exc.op is write:
                 create = not create  # no progress znode yet (or one appeared): the other way
                 continue
+            if zs is not None:
+                zs.doubt(resource)
             raise fenced_commit(
                 session,
                 resource,

@@ -25,7 +25,7 @@ from rebalancer_spark.backends.zookeeper.store.records import decode, encode
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant
 
-__all__ = ["grant_data", "held_grant", "next_grant", "released_data"]
+__all__ = ["grant_data", "held_grant", "next_grant", "released", "released_data"]
 
 
 def grant_data(member_id: str, session_id: str, grant: Grant) -> bytes:
@@ -56,6 +56,12 @@ def _record(data: bytes, path: str) -> dict[str, Any]:
             "this version of rebalancer-spark: inspect it with zkCli, then remove the group"
         )
     return value
+
+
+def released(data: bytes, path: str) -> bool:
+    """Whether the record ``data`` says its holder released the resource (so no claim znode
+    exists: the release deleted it in the same multi-op)."""
+    return _record(data, path).get("released") is True
 
 
 def _text(value: object) -> str | None:

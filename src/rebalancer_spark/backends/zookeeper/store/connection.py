@@ -21,7 +21,7 @@ checks the session's own ``sessions/<id>`` znode, which no other session can hav
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -71,6 +71,7 @@ class ZkSession:
         self._close_started = False
         self._closed = threading.Event()
         self._attempted: set[str] = set()
+        self._confirmed: dict[str, int] = {}
         self._claiming = 0
         client.add_listener(self._on_state)
 
@@ -154,20 +155,41 @@ class ZkSession:
             self._attempted |= resources
             self._claiming += 1
 
-    def end_claim(self, refused: set[str]) -> None:
+    def end_claim(self, refused: set[str], confirmed: Mapping[str, int]) -> None:
+        """The claim is over: ``refused`` were not created; ``confirmed`` (resource ->
+        epoch) are held, as the answer of the request that created them (or a read) said."""
         with self._lock:
             self._attempted -= refused
             self._claiming -= 1
+        self.confirm(confirmed)
+
+    def confirm(self, held: Mapping[str, int]) -> None:
+        """Note claims read or answered as this session's (resource -> epoch)."""
+        with self._lock:
+            self._attempted |= held.keys()
+            self._confirmed.update(held)
 
     def forget(self, resources: set[str], *, only_if_idle: bool = False) -> None:
         """Drop resources known not to be held (released, or read as someone else's)."""
         with self._lock:
             if not (only_if_idle and self._claiming):
                 self._attempted -= resources
+                for r in resources:
+                    self._confirmed.pop(r, None)
 
-    def attempted(self) -> set[str]:
+    def doubt(self, resource: str) -> None:
+        """A write found ``resource``'s claim not as this session holds it (someone removed
+        the znode behind its back): read it again with the next view."""
         with self._lock:
-            return set(self._attempted)
+            self._confirmed.pop(resource, None)
+
+    def held(self) -> tuple[dict[str, int], set[str]]:
+        """What this session holds for sure (resource -> epoch) and what it may hold: claims
+        whose request got no answer (the connection broke), to be read. Only this session
+        deletes its claims (a release) until it ends, so a confirmed claim stays held as
+        long as the session lives; the caller checks that it does."""
+        with self._lock:
+            return dict(self._confirmed), self._attempted - self._confirmed.keys()
 
     # -- closing ----------------------------------------------------------------------------
 

@@ -26,17 +26,19 @@ that can never leave its directory.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from rebalancer_spark.core.errors import CorruptStateError
-from rebalancer_spark.core.model import validate_resource_id
+from rebalancer_spark.core.model import MAX_RESOURCE_ID_BYTES, validate_resource_id
 
 __all__ = [
     "CHUNK_BYTES",
     "GROUP_CHILDREN",
     "PROGRESS_HINT",
+    "RECORD_HINT",
     "REQUEST_BYTES",
     "TREE_MARKER",
     "GroupPaths",
@@ -53,6 +55,10 @@ CHUNK_BYTES = 96 * 1024
 
 REQUEST_BYTES = 320 * 1024
 """Largest multi-op request this backend sends, counting paths, data and ACLs."""
+
+RECORD_HINT = 1024
+"""Largest claim or ``epochs/<id>`` record when batching reads: ids of at most 128 characters
+and a few numbers (about 300 bytes)."""
 
 PROGRESS_HINT = 16 * 1024
 """Expected size of one progress record when batching reads (most are a few bytes)."""
@@ -77,12 +83,16 @@ GROUP_CHILDREN = frozenset(
 """Every child a group znode may have; anything else was not written by this library."""
 
 _DOTS = {".": "%2E", "..": "%2E%2E"}
+_PLAIN = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_RESOURCE_ID_BYTES}}}")
+"""Ids that escape to themselves: ASCII letters, digits and ``-._~``, within the size limit."""
 
 
 def escape(resource: str) -> str:
     """The znode name of ``resource``: its UTF-8 bytes percent-encoded except ASCII letters,
     digits and ``-._~``, so no ``/`` (nor ``%``, nor any character ZooKeeper refuses) survives;
     ``.`` and ``..`` become ``%2E`` and ``%2E%2E``. Injective: :func:`unescape` inverts it."""
+    if type(resource) is str and _PLAIN.fullmatch(resource) and resource not in _DOTS:
+        return resource  # what quote() would return: called per resource on every path
     validate_resource_id(resource)
     return _DOTS.get(resource) or quote(resource, safe="")
 

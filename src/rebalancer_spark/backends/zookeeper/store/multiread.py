@@ -108,9 +108,9 @@ class Reader:
         """Data and stat of ``path``; ``hint`` is the size its data may reach."""
         return self._add("data", path, hint)
 
-    def stat(self, path: str) -> Callable[[], Any | None]:
+    def stat(self, path: str, hint: int = SMALL) -> Callable[[], Any | None]:
         """The stat of ``path`` (read with its data: use it for small znodes only)."""
-        read = self._add("data", path, SMALL)
+        read = self._add("data", path, hint)
 
         def collect() -> Any | None:
             found = read()
