@@ -679,6 +679,53 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         assert sum(reads) <= 2 + 1 + 600 + 600, reads
 
 
+def test_requests_of_a_claim_go_out_together_and_one_refused_resource_spares_the_rest(
+    zookeeper_backend_url: str, group: str, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rebalancer_spark.backends.zookeeper import ownership
+    from rebalancer_spark.backends.zookeeper.store.ops import Op
+
+    monkeypatch.setattr(ownership, "REQUEST_BYTES", 4096)  # many small requests
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, _ = _lead_and_publish(store, group, {"m1": ["a"]})
+        zs = _zk(store)._sessions.get(session.session_id)
+        assert zs is not None
+        base = _zk(store)._group(group).base
+        names = [f"n{i:03d}" for i in range(120)]
+        units = [(n, [Op("create", f"{base}/progress/{n}", b"1", tag=n)]) for n in names]
+        raw.create(f"{base}/progress/n007", b"taken")  # refuses its unit: NodeExists
+        raw.create(f"{base}/progress/n093", b"taken")
+        events: list[str] = []
+        call, answer = zs.client._call, ownership.session_answer
+
+        def spy_call(request: Any, result: Any) -> Any:
+            if type(request).__name__ == "Transaction":
+                events.append("send")
+            return call(request, result)
+
+        def spy_answer(*args: Any) -> Any:
+            events.append("answer")
+            return answer(*args)
+
+        zs.client._call = spy_call
+        monkeypatch.setattr(ownership, "session_answer", spy_answer)
+        applied, refused, stopped = ownership._apply(
+            zs, store.settings, units, [], [Op("check", f"{base}/changes")], "test"
+        )
+        assert stopped is None and refused == {"n007", "n093"}
+        assert set(applied) == set(names) - refused
+        assert all(raw.get(f"{base}/progress/{n}")[0] == b"1" for n in applied)
+        # Every request is sent before the first answer is awaited.
+        assert events.index("answer") == events.count("send") - 2 > 2, events
+        # A refused frame operation stops it: nothing more is written.
+        more = [(n, [Op("create", f"{base}/progress/x{n}", b"1", tag=n)]) for n in names]
+        applied, refused, stopped = ownership._apply(
+            zs, store.settings, more, [Op("check", f"{base}/no-such-znode")], [], "test"
+        )
+        assert applied == {} and stopped is not None and stopped.path.endswith("no-such-znode")
+        assert not any(n.startswith("x") for n in raw.get_children(f"{base}/progress"))
+
+
 # -- faults: a member cut off, an expired session ---------------------------------------------
 
 

@@ -32,13 +32,13 @@ from rebalancer_spark.backends.zookeeper.store.connection import SessionState, Z
 from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     require_live,
+    session_answer,
     session_gone,
     session_reader,
     session_sync,
-    session_transact,
 )
 from rebalancer_spark.backends.zookeeper.store.layout import RECORD_HINT, REQUEST_BYTES
-from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, send
 from rebalancer_spark.backends.zookeeper.store.records import (
     TargetPointer,
     claim_data,
@@ -299,36 +299,45 @@ def _apply(
     followed: dict[str, Progress | None] | None = None,
 ) -> tuple[dict[str, float | None], set[str], Op | None]:
     """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
-    A unit refused by one of its own operations is dropped and the rest of its request tried
-    again; a refused frame operation stops everything. Returns the tags applied (each with
-    the store time of its request, in seconds, from the ``mtime`` the last ``set`` of the
-    request returned, or None), the tags refused, and the frame operation that stopped it
-    (or None). ``follow`` makes reads to send right behind each request, collected into
-    ``followed`` once it succeeded."""
+
+    Every request is sent before the first answer is awaited (the server serves them in
+    order and writes them to its log together): each is atomic on its own, so one refused
+    leaves the others as they were answered. A unit refused by one of its own operations is
+    dropped and the rest of its request sent again; a refused frame operation stops
+    everything (the requests already sent are still collected). Returns the tags applied
+    (each with the store time of its request, in seconds, from the ``mtime`` the last
+    ``set`` of the request returned, or None), the tags refused, and the frame operation that
+    stopped it (or None). ``follow`` makes reads to send right behind each request,
+    collected into ``followed`` once it succeeded."""
     applied: dict[str, float | None] = {}
     refused: set[str] = set()
-    for batch in _units(units, sum(op.cost for op in [*fixed, *tail])):
-        pending = batch
-        while pending:
-            ops = [*fixed, *(op for _, unit in pending for op in unit), *tail]
-            tags = [r for r, _ in pending]
-            reads = None if follow is None else follow(tags)
+    stopped: Op | None = None
+    todo = _units(units, sum(op.cost for op in [*fixed, *tail]))
+    while todo and stopped is None:
+        sent = []
+        for batch in todo:
+            ops = [*fixed, *(op for _, unit in batch for op in unit), *tail]
+            reads = None if follow is None else follow([r for r, _ in batch])
+            sent.append((batch, ops, reads, send(zs.client, ops, settings)))
+            if reads is not None:
+                reads.send()  # served right behind its request, before the next one
+        todo = []
+        for batch, ops, reads, pending in sent:
             try:
-                results = session_transact(
-                    zs, settings, ops, what, None if reads is None else reads.send
-                )
+                results = session_answer(zs, settings, pending, ops, what)
             except Refused as exc:
                 if not exc.op.tag:
-                    return applied, refused, exc.op
+                    stopped = stopped or exc.op
+                    continue
                 refused.add(exc.op.tag)
-                pending = [(r, unit) for r, unit in pending if r != exc.op.tag]
+                rest = [(r, unit) for r, unit in batch if r != exc.op.tag]
+                if rest:
+                    todo.append(rest)
                 continue
-            at = _store_time(results)
-            applied.update(dict.fromkeys(tags, at))
+            applied.update(dict.fromkeys((r for r, _ in batch), _store_time(results)))
             if reads is not None and followed is not None:
                 followed.update(reads.collect())
-            pending = []
-    return applied, refused, None
+    return applied, refused, stopped
 
 
 def _store_time(results: list[Any]) -> float | None:

@@ -19,7 +19,7 @@ from rebalancer_spark.backends.base import fenced_coordinator as fence_error
 from rebalancer_spark.backends.zookeeper.store.client import Settings
 from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
-from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, transact
+from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, answer, transact
 from rebalancer_spark.backends.zookeeper.store.records import read_epoch
 from rebalancer_spark.core.errors import FencedError, SessionExpired
 
@@ -80,6 +80,17 @@ def session_transact(
     Returns kazoo's results."""
     try:
         return transact(zs.client, ops, settings, what, zs.expired(), then)
+    except SessionExpired:
+        raise session_gone(zs) from None
+
+
+def session_answer(
+    zs: ZkSession, settings: Settings, pending: Any, ops: Sequence[Op], what: str
+) -> list[Any]:
+    """The results of ``ops`` sent through the session's client with :func:`.ops.send`
+    (pipelined behind other requests); an expiry ends the session here."""
+    try:
+        return answer(pending, ops, settings, what, zs.expired())
     except SessionExpired:
         raise session_gone(zs) from None
 

@@ -16,7 +16,7 @@ from kazoo.exceptions import NoAuthError, NoNodeError, RolledBackError, RuntimeI
 
 from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
 
-__all__ = ["Op", "Refused", "batches", "transact"]
+__all__ = ["Op", "Refused", "answer", "batches", "send", "transact"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,15 @@ def transact(
     it sends on the same client are served right after this one."""
     if not ops:
         return []
+    pending = send(client, ops, settings)
+    if then is not None:
+        then()
+    return answer(pending, ops, settings, what, expired)
+
+
+def send(client: Any, ops: Sequence[Op], settings: Settings) -> Any:
+    """Send ``ops`` as one multi-op without waiting; :func:`answer` collects the result.
+    Requests sent on one client are served in the order they were sent."""
     tx = client.transaction()
     for op in ops:
         if op.kind == "create":
@@ -72,9 +81,13 @@ def transact(
             tx.delete(op.path, op.version)
         else:
             tx.check(op.path, op.version)
-    pending = tx.commit_async()
-    if then is not None:
-        then()
+    return tx.commit_async()
+
+
+def answer(
+    pending: Any, ops: Sequence[Op], settings: Settings, what: str, expired: Exception
+) -> list[Any]:
+    """The results of the multi-op ``ops`` sent as ``pending`` (see :func:`transact`)."""
     results = wait(pending, settings, what, expired)
     if results is None:  # a NoNode for the whole request: treat as refused by its first op
         raise Refused(ops[0], NoNodeError())
