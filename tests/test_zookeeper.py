@@ -683,6 +683,7 @@ def test_requests_of_a_claim_go_out_together_and_one_refused_resource_spares_the
     zookeeper_backend_url: str, group: str, raw: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rebalancer_spark.backends.zookeeper import ownership
+    from rebalancer_spark.backends.zookeeper.store import fence
     from rebalancer_spark.backends.zookeeper.store.ops import Op
 
     monkeypatch.setattr(ownership, "REQUEST_BYTES", 4096)  # many small requests
@@ -696,7 +697,7 @@ def test_requests_of_a_claim_go_out_together_and_one_refused_resource_spares_the
         raw.create(f"{base}/progress/n007", b"taken")  # refuses its unit: NodeExists
         raw.create(f"{base}/progress/n093", b"taken")
         events: list[str] = []
-        call, answer = zs.client._call, ownership.session_answer
+        call, answer = zs.client._call, fence.session_answer
 
         def spy_call(request: Any, result: Any) -> Any:
             if type(request).__name__ == "Transaction":
@@ -710,7 +711,7 @@ def test_requests_of_a_claim_go_out_together_and_one_refused_resource_spares_the
         zs.client._call = spy_call
         monkeypatch.setattr(ownership, "session_answer", spy_answer)
         applied, refused, stopped = ownership._apply(
-            zs, store.settings, units, [], [Op("check", f"{base}/changes")], "test"
+            zs, _zk(store).settings, units, [], [Op("check", f"{base}/changes")], "test"
         )
         assert stopped is None and refused == {"n007", "n093"}
         assert set(applied) == set(names) - refused
@@ -720,7 +721,7 @@ def test_requests_of_a_claim_go_out_together_and_one_refused_resource_spares_the
         # A refused frame operation stops it: nothing more is written.
         more = [(n, [Op("create", f"{base}/progress/x{n}", b"1", tag=n)]) for n in names]
         applied, refused, stopped = ownership._apply(
-            zs, store.settings, more, [Op("check", f"{base}/no-such-znode")], [], "test"
+            zs, _zk(store).settings, more, [Op("check", f"{base}/no-such-znode")], [], "test"
         )
         assert applied == {} and stopped is not None and stopped.path.endswith("no-such-znode")
         assert not any(n.startswith("x") for n in raw.get_children(f"{base}/progress"))
