@@ -291,6 +291,45 @@ def test_a_stale_owner_cannot_plan_or_commit_its_progress(
         src_a.next_batch(spark)
 
 
+def _more_files(root: Path, resource: str, first: int, files: int) -> set[str]:
+    ids: set[str] = set()
+    for f in range(first, first + files):
+        lines = [f"{resource}-{f:03d}-{r},{r}" for r in range(3)]
+        ids |= {line.split(",")[0] for line in lines}
+        (root / resource / f"part-{f:03d}.csv").write_text("\n".join(lines) + "\n")
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["delta", "parquet"])
+def test_batches_planned_after_a_lost_progress_record_take_ids_above_the_outputs(
+    spark: Any, members: SqliteMembers, tmp_path: Path, kind: str
+) -> None:
+    # A store that lost its data starts every progress record again, batch ids from 1; the
+    # file history still knows the files done. Reusing an id the output holds would take
+    # the new batch for landed (Delta) or replace an old one (Parquet): rows lost.
+    ids = _landing(tmp_path / "landing", "d0", files=4)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    out = tmp_path / "out"
+    output: DeltaOutput | ParquetOutput = (
+        DeltaOutput(spark, str(out), members.group) if kind == "delta" else ParquetOutput(str(out))
+    )
+    a = members.start("a", resources=["d0"])
+    src = assigned_source(a, "d0", source, output)
+    assert _run_all(spark, src) == ["written", "written"]
+    a.commit("d0", None, epoch=src.epoch)  # the record as a store that lost it gives it
+    ids |= _more_files(tmp_path / "landing", "d0", first=10, files=3)
+    again = assigned_source(a, "d0", source, output)
+    assert again.progress is None
+    assert _run_all(spark, again) == ["written", "written"]
+    if kind == "delta":
+        assert _ids(spark, out) == sorted(ids), "every row exactly once"
+        assert [b for _, b in _data_commits(out)] == [1, 2, 3, 4]
+    else:
+        got = spark.read.parquet(str(out))
+        assert sorted(r["id"] for r in got.collect()) == sorted(ids), "every row exactly once"
+        assert {r["batch"] for r in got.select("batch").collect()} == {1, 2, 3, 4}
+
+
 # -- the other output, and catalog tables ------------------------------------------------------
 
 

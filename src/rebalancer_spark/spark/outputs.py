@@ -65,6 +65,11 @@ class Output(Protocol):
         """Make sure no writer of an epoch below ``epoch`` can land a batch of ``resource``
         any more; returns :meth:`landed` as of the fence."""
 
+    def highest_batch(self, resource: str) -> int:
+        """The highest batch id of ``resource`` the output holds (0: none). A new batch takes
+        a higher id: one the output holds already would be taken for landed (Delta) or be
+        replaced (Parquet), when the progress record that counts the ids was lost."""
+
     def write(
         self,
         df: DataFrame,
@@ -112,6 +117,9 @@ class DeltaOutput:
         return uri, dict(self.committer.storage_options)
 
     def landed(self, resource: str) -> int | None:
+        return self.committer.mark(resource).batch
+
+    def highest_batch(self, resource: str) -> int:
         return self.committer.mark(resource).batch
 
     def fence(self, resource: str, epoch: int, who: Mapping[str, str]) -> int | None:
@@ -250,6 +258,15 @@ class ParquetOutput:
 
     def fence(self, resource: str, epoch: int, who: Mapping[str, str]) -> int | None:
         return None
+
+    def highest_batch(self, resource: str) -> int:
+        folder = self.path(resource, 0).rsplit("/", 1)[0]
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return 0
+        ids = [int(n[6:]) for n in names if n.startswith("batch=") and n[6:].isdigit()]
+        return max(ids, default=0)
 
     def path(self, resource: str, batch: int) -> str:
         """``output/resource=<id>/batch=<n>``: the same for every owner that runs the batch,

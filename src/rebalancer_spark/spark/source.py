@@ -128,6 +128,8 @@ class AssignedSource:
         self._before_first_read = before_first_read
         self._changed = changed
         self._first = True
+        self._ids_checked = False
+        """Whether the output's highest batch id was read (once per ownership)."""
         self._history = history
         self._clock = clock
         self._known: dict[str, HistoryEntry] | None = None
@@ -320,13 +322,14 @@ class AssignedSource:
             names = tuple(f.name for f in pending)
             self._prints = {f.name: f.fingerprint for f in pending}
             keep = self.files_source().on_change == "reread"
-            batch = self._planned(FileBatch(state.next, names, dict(self._prints) if keep else {}))
+            ident = self._next_id(state)
+            batch = self._planned(FileBatch(ident, names, dict(self._prints) if keep else {}))
             counted = len({f.name for f in changed} & set(names))
             self._store(
                 replace(
                     state,
                     batch=batch,
-                    next=state.next + 1,
+                    next=ident + 1,
                     changed_files=state.changed_files + counted,
                     pending=lag,
                     stuck=None,
@@ -451,6 +454,27 @@ class AssignedSource:
             self._store(replace(state, stuck=text).as_json())
         except RebalancerError as exc:
             log.info("%s: cannot record that it is stuck: %s", self, exc)
+
+    def _next_id(self, state: FileProgress) -> int:
+        """The id of the batch to plan: the record's, unless the output holds that one or a
+        later one already (checked once per ownership): then the record was lost or is
+        older than the output (a store that lost its data starts every record again), and
+        reusing an id would take the new batch for landed, its rows never written."""
+        if self._ids_checked or self.output is None:
+            return state.next
+        held = self.output.highest_batch(self.resource)
+        self._ids_checked = True
+        if held < state.next:
+            return state.next
+        log.warning(
+            "%s: the output holds batch %d already while the progress record would plan batch "
+            "%d (the record was lost, or is older than the output): batch ids go on from %d",
+            self,
+            held,
+            state.next,
+            held + 1,
+        )
+        return held + 1
 
     def _start_work(self) -> None:
         if self._first:
