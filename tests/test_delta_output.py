@@ -330,6 +330,37 @@ def test_batches_planned_after_a_lost_progress_record_take_ids_above_the_outputs
         assert {r["batch"] for r in got.select("batch").collect()} == {1, 2, 3, 4}
 
 
+def test_a_store_unavailable_while_planning_skips_that_resource_for_this_pass(
+    spark: Any, members: SqliteMembers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Redis restarting or paused under a job: the pass goes on with the other resources and
+    # the job lives (it used to exit with the store's error).
+    from types import SimpleNamespace
+
+    from rebalancer_spark.core.errors import BackendUnavailable
+    from rebalancer_spark.spark.batch import batches
+
+    _landing(tmp_path / "landing", "d0", files=2)
+    _landing(tmp_path / "landing", "d1", files=2)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    output = DeltaOutput(spark, str(tmp_path / "out"), members.group)
+    a = members.start("a", resources=["d0", "d1"])
+    srcs = [assigned_source(a, r, source, output) for r in ("d0", "d1")]
+    commit = a.commit
+
+    def down(resource: str, *args: Any, **kwargs: Any) -> None:
+        if resource == "d0":
+            raise BackendUnavailable("Redis at 'redis://127.0.0.1:1/0' did not answer in time")
+        commit(resource, *args, **kwargs)
+
+    monkeypatch.setattr(a, "commit", down)
+    node = SimpleNamespace(assigned_sources=lambda: srcs)
+    planned = [b.resource for b in batches(spark, node)]  # type: ignore[arg-type]
+    assert planned == ["d1"]
+    monkeypatch.setattr(a, "commit", commit)
+    assert [b.resource for b in batches(spark, node)] == ["d0", "d1"]  # type: ignore[arg-type]
+
+
 # -- the other output, and catalog tables ------------------------------------------------------
 
 

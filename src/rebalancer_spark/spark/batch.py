@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from rebalancer_spark.core.errors import (
+    BackendUnavailable,
     CorruptStateError,
     FencedError,
     RebalancerError,
@@ -206,6 +207,11 @@ def batches(spark: SparkSession, node: RebalancerNode | None = None) -> Iterator
             if src.stuck is None:
                 log.error("%s is stuck (retried on every pass; the others go on): %s", src, exc)
             src.note_stuck(exc)
+            continue
+        except BackendUnavailable as exc:
+            # The store is restarting or paused: planning is retried on the next pass (the
+            # lease ends the job's ownership if the store stays away past it).
+            log.warning("%s: no batch planned, the store is unavailable: %s", src, exc)
             continue
         if batch is not None:
             yield batch
