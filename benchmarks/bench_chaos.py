@@ -36,6 +36,7 @@ from tests.servers.redis import RedisServer
 from tests.servers.zookeeper import Ensemble, ZkServer, free_ports
 from tests.support.chaos import ChaosConfig, ChaosReport, NoStoreFaults, StoreFaults, run_chaos
 from tests.support.chaos_stores import EnsembleFaults, RedisFaults, StandaloneZkFaults
+from tests.support.clockshift import ClockShift
 from tests.support.procs import MemberProcesses
 
 KINDS = ("sqlite", "zookeeper", "zookeeper-standalone", "redis")
@@ -69,7 +70,8 @@ def store_for(
         finally:
             server.kill()
     elif kind == "redis":
-        redis = RedisServer(workdir / "redis")
+        # Its wall clock steps too (redis-clock-step) where a C compiler can build the shim.
+        redis = RedisServer(workdir / "redis", clock=ClockShift.create(workdir / "redis-clock"))
         redis.start()
         try:
             url = redis.url()

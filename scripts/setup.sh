@@ -69,6 +69,11 @@ servers() {
             exit 1
         }
     fi
+    # A C compiler builds the library that steps redis-server's clock in the chaos runs
+    # (tests/support/clockshift.c); without one those tests and steps are skipped.
+    if ! command -v cc >/dev/null; then
+        apt_install gcc libc6-dev || say "no C compiler: the Redis clock-step tests will be skipped"
+    fi
     # RabbitMQ: the queue tests use the machine's broker on 127.0.0.1:5672 (guest/guest, or
     # $RABBITMQ_URL) and start a node of their own from the same installation for the
     # management API. Install it if missing, and start it if nothing listens on 5672.

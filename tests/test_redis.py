@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
+from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.base import Interest
 from rebalancer_spark.backends.redis import RedisBackend
@@ -43,6 +44,7 @@ from rebalancer_spark.core.model import (
     grant_epochs,
 )
 from tests.servers.redis import AclServer, RedisServer, TlsServer
+from tests.support.clockshift import ClockShift
 from tests.support.helpers import wait_for
 from tests.support.procs import MemberProcesses
 
@@ -768,6 +770,58 @@ def test_raw_keys_are_only_under_the_prefix(store: RedisBackend) -> None:
     keys = [str(k) for k in store.client.keys(f"*{group}*")]
     assert keys and all(k.startswith(f"rb:{{{group}}}:") for k in keys)
     assert isinstance(store.client, redis.Redis)
+
+
+def _sid(member: Member) -> str | None:
+    return None if member.session is None else member.session.session_id
+
+
+def test_a_step_forward_of_the_servers_clock_ends_leases_early(tmp_path: Path) -> None:
+    # Redis ends keys, the leases, by its host's wall clock: a step forward (an NTP step, a
+    # virtual machine resumed) ends every session at once, long before its timeout. The
+    # members find out at their next renewal and join again; the grants that follow name the
+    # predecessor's end no later than the grant itself, whatever Redis' clock said.
+    clock = ClockShift.create(tmp_path / "clock")
+    if clock is None:
+        pytest.skip("no C compiler to build the clock shim (scripts/setup.sh installs one)")
+    server = RedisServer(tmp_path / "redis", clock=clock)
+    server.start()
+    events: list[OwnershipEvent] = []
+    lock = threading.Lock()
+
+    def sink(event: OwnershipEvent) -> None:
+        with lock:
+            events.append(event)
+
+    def member(name: str, resources: list[str] | None = None) -> Member:
+        config = MemberConfig(
+            group="clock", backend=server.url(), member_id=name, session_timeout=10.0,
+            stability_window=0.05, max_rebalance_delay=1.0,
+        )  # fmt: skip
+        return Member(config, resources=resources, event_sinks=[sink]).start()
+
+    resources = [f"r{i}" for i in range(4)]
+    a = member("a", resources)
+    b = member("b")
+    try:
+        wait_for(lambda: len(a.assigned()) == 2 and len(b.assigned()) == 2, timeout=15,
+                 what="two resources each")  # fmt: skip
+        before = {_sid(a), _sid(b)}
+        stepped = time.monotonic()
+        clock.step(60_000)
+        wait_for(lambda: {_sid(a), _sid(b)}.isdisjoint(before)
+                 and len(a.assigned()) + len(b.assigned()) == 4,
+                 timeout=15, what="both members back under new sessions")  # fmt: skip
+        assert time.monotonic() - stepped < 6.0, "ended by the step, not by the 10 s timeout"
+        with lock:
+            lost = [e for e in events if e.kind is EventKind.LOST and e.session_id in before]
+            later = [e for e in events if e.kind is EventKind.ACQUIRED and e.freed_at is not None]
+        assert {e.resource for e in lost} == set(resources)
+        assert later and all(e.freed_at <= e.at for e in later if e.freed_at is not None)
+    finally:
+        a.stop(drain=False)
+        b.stop(drain=False)
+        server.stop()
 
 
 def test_status_warns_when_redis_persists_nothing(

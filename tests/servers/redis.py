@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.clockshift import ClockShift
+
 READY_TIMEOUT = 20.0
 _USED = pytest.StashKey[list["RedisServer"]]()
 
@@ -53,8 +55,17 @@ def free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process on a fixed port, restartable on that port."""
 
-    def __init__(self, workdir: Path, extra: Sequence[str] = (), *, tls: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        extra: Sequence[str] = (),
+        *,
+        tls: bool = False,
+        clock: ClockShift | None = None,
+    ) -> None:
         self.workdir = workdir
+        self.clock = clock
+        """The server's wall clock, stepped by chaos runs (None: the host's own)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.extra = list(extra)
@@ -80,7 +91,8 @@ class RedisServer:
         with open(self.log, "ab") as log:
             log.write(f"--- start {self.starts + 1}: {' '.join(cmd)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            env = None if self.clock is None else {**os.environ, **self.clock.env()}
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.starts += 1
         self._await_ready()
 

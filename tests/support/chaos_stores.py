@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 
 from tests.servers.redis import RedisServer
@@ -64,8 +65,12 @@ class StandaloneZkFaults:
 
 @dataclass
 class RedisFaults:
-    """redis-server restarted without persistence (everything it held is lost), or paused with
-    SIGSTOP for up to the session timeout + 1 s and resumed."""
+    """redis-server restarted without persistence (everything it held is lost), paused with
+    SIGSTOP for up to the session timeout + 1 s and resumed, or, when the server runs with a
+    :class:`ClockShift`, its wall clock stepped forward or back by 0.5 to 3 session timeouts
+    (Redis ends keys, the backend's leases, by its wall clock: a step forward ends sessions
+    early, a step back makes a dead member's lease last longer). The shift stays within
+    ±``max_shift_s`` of the real time."""
 
     server: RedisServer
     session_timeout: float
@@ -74,12 +79,30 @@ class RedisFaults:
     paused_member_stalls_writers: bool = False
     paused: bool = False
     lost: bool = False
+    max_shift_s: float = 30.0
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    """Every clock step injected: (wall-clock time, ms)."""
+
+    def __post_init__(self) -> None:
+        if self.server.clock is not None and "redis-clock-step" not in self.kinds:
+            self.kinds = (*self.kinds, "redis-clock-step")
 
     def inject(self, kind: str, rng: random.Random) -> float:
         assert kind in self.kinds, kind
         self.lost = kind == "redis-restart-no-persistence"
         if self.lost:
             self.server.restart()
+            return 0.0
+        if kind == "redis-clock-step":
+            clock = self.server.clock
+            assert clock is not None
+            step = round(rng.uniform(0.5, 3.0) * self.session_timeout * 1000)
+            if rng.random() < 0.5:
+                step = -step
+            if abs(clock.shift_ms + step) > self.max_shift_s * 1000:
+                step = -step
+            clock.step(step)
+            self.steps.append((time.time(), step))
             return 0.0
         self.server.pause()
         self.paused = True

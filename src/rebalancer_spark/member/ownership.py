@@ -272,6 +272,12 @@ class Ownership:
         """Send one ownership event to every sink (``at``: when it happened, default now);
         ``chain`` is the grant of an ``acquired`` event."""
         now = self._clock.wall()
+        freed_at = None if chain is None else chain.freed_at
+        if freed_at is not None:
+            # The store's time of the predecessor's end, on the store's clock (Redis ends
+            # leases by its host's wall clock): it came before this grant's answer, so never
+            # later than now on this member's clock, whatever step the store's clock took.
+            freed_at = min(freed_at, now)
         event = OwnershipEvent(
             kind=kind,
             group=self._group,
@@ -289,7 +295,7 @@ class Ownership:
             prev_session_id=None if chain is None else chain.prev_session_id,
             prev_epoch=None if chain is None else chain.prev_epoch,
             freed=None if chain is None or chain.freed is None else chain.freed.value,
-            freed_at=None if chain is None else chain.freed_at,
+            freed_at=freed_at,
         )
         for sink in self._sinks:
             try:
