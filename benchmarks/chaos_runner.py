@@ -307,8 +307,13 @@ def run_one(kind: str, args: argparse.Namespace, log: Callable[[str], None]) -> 
         recovery_timeout=120.0,
     )
     figures = Figures(kind)
+    kept = tempfile.mkdtemp(prefix=f"chaos-runner-{kind}-") if args.keep else None
+    if kept is not None:
+        log(f"work directory kept: {kept}")
     with (
-        tempfile.TemporaryDirectory(prefix=f"chaos-runner-{kind}-") as tmp,
+        contextlib.nullcontext(kept)
+        if kept
+        else tempfile.TemporaryDirectory(prefix=f"chaos-runner-{kind}-") as tmp,
         store_for(kind, Path(tmp), args.session_timeout) as (url, observer, faults),
     ):
         drivers = None
@@ -452,6 +457,9 @@ def parser() -> argparse.ArgumentParser:
         help="with --spark-jobs: mean s between driver faults",
     )
     parser.add_argument("--verbose", action="store_true", help="print the schedule as it runs")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (trails, output, logs)"
+    )
     return parser
 
 
