@@ -214,6 +214,23 @@ def test_claims_follow_the_target_and_grant_increasing_epochs(store: Backend, gr
     assert view.generation == gen and view.target == {"a", "c"} and view.owned == {"a": 1, "c": 1}
 
 
+def test_a_view_of_thousands_of_claims_lists_each_with_its_epoch(
+    store: Backend, group: str
+) -> None:
+    # Stores read a member's claims in batches (Redis: a thousand per HMGET; ZooKeeper: the
+    # claims its own requests created): the edges of those batches lose nothing.
+    resources = [f"r{i:05d}" for i in range(2600)]
+    sessions, _, gen = _setup(store, group, ["m1", "m2"], resources)
+    mine = resources[::2]
+    assert len(store.claim(sessions["m1"], mine, gen)) == 1300
+    store.release(sessions["m1"], dict.fromkeys(mine[:300], 1))
+    again = store.claim(sessions["m1"], mine[:100], gen)
+    assert grant_epochs(again) == dict.fromkeys(mine[:100], 2)
+    view = store.member_view(sessions["m1"])
+    expected = dict.fromkeys(mine[300:], 1) | dict.fromkeys(mine[:100], 2)
+    assert view.owned == expected and view.target == frozenset(mine)
+
+
 def test_a_claim_held_by_a_live_session_is_not_granted_until_released(
     store: Backend, group: str
 ) -> None:

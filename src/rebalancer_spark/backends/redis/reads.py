@@ -143,10 +143,16 @@ local m = redis.call('HGET', P .. 'sessions', sid) or ''
 local g, phase, inc, te = unpack(
   redis.call('HMGET', META, 'generation', 'phase', 'inc', 'target_epoch'))
 local owned = {}
-for _, r in ipairs(redis.call('SMEMBERS', P .. 'held:' .. sid)) do
-  if redis.call('HGET', P .. 'owner', r) == sid then
-    owned[#owned + 1] = r
-    owned[#owned + 1] = redis.call('HGET', P .. 'epochs', r)
+local held = redis.call('SMEMBERS', P .. 'held:' .. sid)
+for i = 1, #held, 1000 do  -- two HMGETs per thousand claims, not two HGETs per claim
+  local part = {unpack(held, i, math.min(i + 999, #held))}
+  local owners = redis.call('HMGET', P .. 'owner', unpack(part))
+  local epochs = redis.call('HMGET', P .. 'epochs', unpack(part))
+  for j, r in ipairs(part) do
+    if owners[j] == sid then
+      owned[#owned + 1] = r
+      owned[#owned + 1] = epochs[j]
+    end
   end
 end
 return {g or '0', phase or 'running', redis.call('SMEMBERS', P .. 't:' .. m), owned, inc or '',
