@@ -10,6 +10,7 @@ import pytest
 from rebalancer_spark.backends.base import Session
 from rebalancer_spark.backends.sqlite import SqliteBackend
 from rebalancer_spark.core.clock import ManualClock
+from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant, Phase
 from rebalancer_spark.core.urls import parse_backend_url
 
@@ -123,6 +124,20 @@ def test_an_expired_holder_is_named_with_its_lease_deadline_in_wall_time(
     assert grant == Grant(2, Freed.EXPIRED, "dies", dies.session_id, 1, 1_700_000_002.0)
     store.close()
     other.close()
+
+
+def test_a_held_epoch_that_is_not_a_count_is_corrupt_data_naming_it(sqlite_path: Path) -> None:
+    import sqlite3
+
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    session = store.join("g", "m1", info={}, ttl=600.0, static=False)
+    assert store.claim(session, ["a"], _lead_and_give(store, session, "m1"))["a"].epoch == 1
+    assert store.member_view(session).owned == {"a": 1}
+    with sqlite3.connect(sqlite_path) as db:
+        db.execute("UPDATE ownership SET epoch='one' WHERE resource_id='a'")
+    with pytest.raises(CorruptStateError, match="epoch of 'a' = 'one'"):
+        store.member_view(session)
 
 
 def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -> None:

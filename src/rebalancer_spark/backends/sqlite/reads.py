@@ -214,13 +214,14 @@ def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> Membe
             (session.group, session.member_id),
         ).fetchall()
     )
-    owned = {
-        rid: parse_count(session.group, f"epoch of {rid!r}", epoch, store=STORE)
-        for rid, epoch in db.execute(
-            "SELECT resource_id, epoch FROM ownership WHERE grp=? AND session_id=?",
-            (session.group, session.session_id),
-        ).fetchall()
-    }
+    rows = db.execute(
+        "SELECT resource_id, epoch FROM ownership WHERE grp=? AND session_id=?",
+        (session.group, session.session_id),
+    ).fetchall()
+    owned = {rid: epoch for rid, epoch in rows if type(epoch) is int and epoch >= 0}
+    if len(owned) < len(rows):  # raise on the first epoch that is not a count
+        for rid, epoch in rows:
+            parse_count(session.group, f"epoch of {rid!r}", epoch, store=STORE)
     return MemberView(
         parse_count(session.group, "generation", generation, store=STORE),
         parse_phase(session.group, phase, store=STORE),
