@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kazoo.exceptions import NoAuthError, NoNodeError, RolledBackError, RuntimeInconsistency
+from kazoo.protocol.serialization import CheckVersion, Create, Delete, SetData, Transaction
 
 from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
 
@@ -70,18 +71,28 @@ def transact(
 
 def send(client: Any, ops: Sequence[Op], settings: Settings) -> Any:
     """Send ``ops`` as one multi-op without waiting; :func:`answer` collects the result.
-    Requests sent on one client are served in the order they were sent."""
-    tx = client.transaction()
+    Requests sent on one client are served in the order they were sent.
+
+    The request is built from kazoo's protocol records directly rather than through
+    ``client.transaction()``, which checks types, normalises the path and logs once per
+    operation (a fifth of a 2,000-resource claim's time): every path here is absolute and
+    normal already (:class:`.layout.GroupPaths`), so the chroot is simply put in front."""
+    root = (client.chroot or "").rstrip("/")
+    acl = list(settings.acl)
+    records: list[Any] = []
     for op in ops:
+        path = root + op.path
         if op.kind == "create":
-            tx.create(op.path, op.data, acl=list(settings.acl), ephemeral=op.ephemeral)
+            records.append(Create(path, op.data, acl, 1 if op.ephemeral else 0))
         elif op.kind == "set":
-            tx.set_data(op.path, op.data, op.version)
+            records.append(SetData(path, op.data, op.version))
         elif op.kind == "delete":
-            tx.delete(op.path, op.version)
+            records.append(Delete(path, op.version))
         else:
-            tx.check(op.path, op.version)
-    return tx.commit_async()
+            records.append(CheckVersion(path, op.version))
+    pending = client.handler.async_result()
+    client._call(Transaction(records), pending)
+    return pending
 
 
 def answer(
