@@ -3,6 +3,8 @@ with a precise message; a crashed owner's ownership ends where the store says; n
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rebalancer_spark.audit import verify_events
@@ -190,6 +192,39 @@ def test_a_numbered_row_written_twice_is_caught() -> None:
     (fault,) = verify_events(trail).chain_faults
     assert fault.kind == "duplicate-rows"
     assert "has row 2 of its trail twice" in fault.message
+
+
+def test_rows_of_no_session_from_several_processes_are_in_no_trail() -> None:
+    # A stuck or lag row noted while its member had no session (the store was away): earlier
+    # writers numbered them under session "", one count per process, so two processes' rows
+    # both read "row 1 of session ''" (found by the Spark-driver chaos on Redis).
+    trail = numbered(clean_chain())
+    for member, at in (("a", 12.0), ("b", 13.0)):
+        trail.append(ev("stuck", at, member, 1) | {"session_id": "", "seq": 1})
+    assert verify_events(trail).ok, verify_events(trail).report()
+
+
+def test_the_writer_numbers_no_row_of_no_session(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from rebalancer_spark import EventKind, OwnershipEvent
+    from rebalancer_spark.audit import DeltaAuditLog
+
+    def event(session: str, kind: EventKind) -> OwnershipEvent:
+        return OwnershipEvent(kind=kind, group="g", resource="r", member_id="m", session_id=session,
+                              epoch=1, at=10.0, observed_at=10.0, reason="")  # fmt: skip
+
+    audit = DeltaAuditLog(str(tmp_path / "audit"))
+    for e in (
+        event("", EventKind.STUCK),
+        event("s1", EventKind.ACQUIRED),
+        event("", EventKind.STUCK),
+    ):
+        audit(e)
+    audit.close()
+    rows = DeltaTable(str(tmp_path / "audit")).to_pyarrow_table(columns=["session_id", "seq"])
+    assert sorted(zip(rows["session_id"].to_pylist(), rows["seq"].to_pylist(), strict=True),
+                  key=str) == [("", None), ("", None), ("s1", 1)]  # fmt: skip
 
 
 def test_row_numbers_count_control_and_rebalance_rows_too() -> None:

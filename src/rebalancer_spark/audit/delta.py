@@ -262,13 +262,17 @@ class DeltaAuditLog:
             if self._stopping:
                 log.warning("audit log %s is closed; event dropped: %r", _shown(self._path), event)
                 return
-            seq = self._seqs.get(event.session_id, 0) + 1
+            # A row of no session (a stuck resource or a lag sample noted while the member
+            # had none: the store was away) belongs to no session's trail: no number, or the
+            # rows of every process would share session "" and repeat each other's numbers.
+            seq = self._seqs.get(event.session_id, 0) + 1 if event.session_id else None
             try:
                 row = _row(event, seq)
             except Exception as exc:
                 log.error("audit event dropped, it cannot be stored: %s (%r)", exc, event)
                 return
-            self._seqs[event.session_id] = seq
+            if seq is not None:
+                self._seqs[event.session_id] = seq
             self._accepted += 1
             self._pending.append((time.monotonic(), self._accepted, row))
             self._cond.notify_all()
@@ -554,7 +558,7 @@ def _check_schema(path: str, table: DeltaTable) -> None:
         )
 
 
-def _row(event: OwnershipEvent, seq: int) -> _Row:
+def _row(event: OwnershipEvent, seq: int | None) -> _Row:
     info = event.info
     return (
         event.group,

@@ -123,7 +123,9 @@ def _check_numbers(rows: Sequence[Row], faults: list[ChainFault]) -> dict[str, b
     whether its numbers are complete (1 … its highest, each once)."""
     numbered: dict[str, list[Row]] = defaultdict(list)
     for e in rows:
-        if e.get("seq") is not None:
+        # Rows of no session (tables of earlier versions numbered them under "", one count
+        # per process) are in no session's trail.
+        if e.get("seq") is not None and e.get("session_id"):
             numbered[str(e["session_id"])].append(e)
     gapless: dict[str, bool] = {}
     for sid, found in sorted(numbered.items()):
