@@ -410,3 +410,45 @@ def test_once_ingests_what_is_there_and_ends_by_itself(
     assert result and result[0].files == 6 and result[0].stuck == {}
     got = [r["id"] for r in read_delta(spark, output).select("id").collect()]
     assert sorted(got) == sorted(ids), "every input row exactly once"
+
+
+def test_a_job_started_while_its_store_is_paused_joins_once_it_is_back(
+    spark: Any, tmp_path: Path, group: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A Redis restart or a ZooKeeper leader election under a starting job: it tries again
+    # (it used to exit with 2 at the first unanswered connection).
+    import time
+
+    from tests.servers.redis import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    landing = tmp_path / "landing"
+    _landing(landing, dirs=1, files=1)
+    job = JobConfig(
+        member=MemberConfig(
+            group=group,
+            backend=server.url(query="timeout=1&connect_timeout=1"),
+            member_id="driver-1",
+            session_timeout=3.0,
+        ),
+        source=landing.as_uri() + "/",
+        output=str(tmp_path / "out"),
+        schema="id STRING, value INT",
+    )
+    server.pause()
+    resume = threading.Timer(3.0, server.resume)
+    resume.start()
+    began = time.monotonic()
+    try:
+        with caplog.at_level("WARNING", logger="rebalancer_spark.spark"):
+            node = start(spark, job)
+        try:
+            assert time.monotonic() - began >= 2.5, "joined while the store was paused"
+            assert node.member.session is not None
+            assert "the store is unavailable while joining group" in caplog.text
+        finally:
+            node.stop()
+    finally:
+        resume.join()
+        server.stop()

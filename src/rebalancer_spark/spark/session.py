@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from rebalancer_spark.audit.delta import DeltaAuditLog
 from rebalancer_spark.audit.reader import epoch_floors
-from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
+from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, RebalancerError
 from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.member.logfields import bind_thread, unbind_thread
@@ -54,6 +54,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("rebalancer_spark.spark")
+
+START_RETRY_SECONDS = 60.0
+"""How long :func:`start` keeps trying to join while the store is unavailable (a Redis restart,
+a ZooKeeper leader election, a paused server) before it gives up with the store's error."""
+START_RETRY_PAUSE = 1.0
 
 
 class _Registry:
@@ -374,22 +379,40 @@ def start(
     """Start this driver's node (one per driver) and make it the one ``assigned_sources()``
     answers from. ``source`` is the job's source object when the job made it itself (a queue
     job does, to keep its type); by default it is opened from ``job.source``. Refuses a job
-    with the default, host-local store on a multi-host master (:func:`require_shared_store`)."""
+    with the default, host-local store on a multi-host master (:func:`require_shared_store`).
+    A store unavailable while joining (:class:`BackendUnavailable`) is tried again every
+    :data:`START_RETRY_PAUSE` s for up to :data:`START_RETRY_SECONDS`; any other error at once."""
     require_shared_store(job, str(spark.sparkContext.master))
-    with _registry.lock:
-        running = _registry.node
-        if running is not None:
-            raise RebalancerError(
-                f"this driver already runs a rebalancer node for group {running.member.group!r}: "
-                "stop it (or the Spark session) before starting another"
+    deadline = time.monotonic() + START_RETRY_SECONDS
+    while True:
+        with _registry.lock:
+            running = _registry.node
+            if running is not None:
+                raise RebalancerError(
+                    "this driver already runs a rebalancer node for group "
+                    f"{running.member.group!r}: stop it (or the Spark session) before starting "
+                    "another"
+                )
+            node = RebalancerNode(spark, job, source)
+            _registry.node = node
+        try:
+            return node.start()
+        except BackendUnavailable as exc:
+            node.stop()  # its audit log too; the member never joined
+            if time.monotonic() + START_RETRY_PAUSE >= deadline:
+                raise
+            log.warning(
+                "the store is unavailable while joining group %s (%s); trying again in %g s, "
+                "for at most %g s in all",
+                job.member.group,
+                exc,
+                START_RETRY_PAUSE,
+                START_RETRY_SECONDS,
             )
-        node = RebalancerNode(spark, job, source)
-        _registry.node = node
-    try:
-        return node.start()
-    except BaseException:
-        _forget_current(node)
-        raise
+            time.sleep(START_RETRY_PAUSE)  # a backoff between attempts to reach the store
+        except BaseException:
+            _forget_current(node)
+            raise
 
 
 def current_node() -> RebalancerNode:
