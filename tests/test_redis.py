@@ -431,6 +431,37 @@ def test_epochs_keep_growing_and_stale_commits_stay_refused_after_data_loss(
         b.close()
 
 
+def test_fresh_jobs_with_audit_floors_get_epochs_above_redis_clock_after_each_loss(
+    redis_server: RedisServer,
+) -> None:
+    # Two fresh processes, each knowing only the audit table's floors, each joining a group
+    # Redis created again (it lost its data in between): both used to be granted floor + 1.
+    group, ttl, floor = _group(), 1.5, 50
+    granted = []
+    for name in ("job-11", "job-12"):
+        redis_server.restart()  # no persistence: the group is gone
+        store = open_backend(redis_server.url())
+        try:
+            store.remember_epochs(group, {"r": floor})
+            store.update_resources(group, replace=[Resource("r")])
+            session = _join(store, group, name, ttl)
+            epoch = _lead(store, session)
+            gen = store.publish(
+                session, epoch, {name: ["r"]}, phase=Phase.RUNNING, resources_version=1
+            ).generation
+
+            def claim(s: Session = session, g: int = gen, b: Backend = store) -> dict[str, int]:
+                b.renew(s)
+                return grant_epochs(b.claim(s, ["r"], g))
+
+            granted.append(wait_for(claim, timeout=5, what="the end of the quarantine")["r"])
+        finally:
+            store.close()
+    wall_us = time.time() * 1_000_000
+    assert all(e > wall_us - 60_000_000 for e in granted), granted  # above Redis' clock
+    assert granted[0] != granted[1]
+
+
 def test_an_old_member_lifts_the_epochs_of_a_group_recreated_without_it(
     redis_server: RedisServer,
 ) -> None:

@@ -117,11 +117,12 @@ class RedisBackend(Backend):
         ttl_ms = max(1, math.ceil(ttl * 1000))
         session_id = uuid.uuid4().hex
         known = self._memory.snapshot(group)
-        remembers = known.high > 0 or known.incarnation != ""
+        high = self._presented(group, known.high)
+        remembers = high > 0 or known.incarnation != ""
         uptime = self._runner.server_uptime() if remembers else -1
         quarantine = max(ttl_ms, known.max_ttl_ms)
         args = [member_id, session_id, ttl_ms, json.dumps(info, sort_keys=True)]
-        args += ["1" if static else "0", known.high, known.incarnation, quarantine, uptime]
+        args += ["1" if static else "0", high, known.incarnation, quarantine, uptime]
         try:
             incarnation, evidence = self._runner.run(Lua.JOIN, group, args, "joining")
         except Refusal as exc:
@@ -141,13 +142,22 @@ class RedisBackend(Backend):
                 "longest lease known) from %s",
                 group,
                 incarnation,
-                known.high,
+                high,
                 quarantine / 1000,
                 since,
             )
             if known.resources:
                 self._update(group, "restore", known.resources, [], known.max_ttl_ms)
         return Session(group=group, member_id=member_id, session_id=session_id, ttl=ttl)
+
+    def _presented(self, group: str, high: int) -> int:
+        """The highest number this handle presents when it may create the group: what it saw,
+        and the epochs recorded durably elsewhere (the audit table a fresh job read its floors
+        from, :meth:`remember_epochs`). A group the store created again, or one behind them,
+        then continues above Redis' clock, not just above the recorded epochs: two fresh jobs,
+        each lifted only to the audit's floors, were both granted floor + 1 across a restart
+        of Redis without its data (the Spark-driver chaos run)."""
+        return max(high, max(self.epochs.floors(group).values(), default=0))
 
     def _sid(self, session: Session) -> str:
         return check_session_id(session.group, session.member_id, session.session_id)
@@ -389,11 +399,12 @@ class RedisBackend(Backend):
         self, group: str, mode: str, staged: Mapping[str, str], removed: list[str], ttl_ms: int
     ) -> int:
         known = self._memory.snapshot(group)
-        remembers = known.high > 0 or known.incarnation != ""
+        high = self._presented(group, known.high)
+        remembers = high > 0 or known.incarnation != ""
         uptime = self._runner.server_uptime() if remembers and ttl_ms else -1
         nonce = uuid.uuid4().hex
         fill = stage_resources(group, nonce, staged)
-        args = [mode, nonce, known.high, known.incarnation, ttl_ms, uptime, *removed]
+        args = [mode, nonce, high, known.incarnation, ttl_ms, uptime, *removed]
         version = int(
             self._runner.run_staged(Lua.UPDATE_RESOURCES, group, fill, args, "updating resources")
         )
