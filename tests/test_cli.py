@@ -358,8 +358,11 @@ def test_lift_epochs_raises_free_resources_above_a_floor_or_the_audit_tables(
     assert json.loads(shown.stdout)["lifted"] == 1
     import sqlite3
 
-    with sqlite3.connect(home / "groups.db") as db:  # the epochs the next grants follow
+    db = sqlite3.connect(home / "groups.db")  # the epochs the next grants follow
+    try:
         epochs = dict(db.execute("SELECT resource_id, epoch FROM ownership WHERE grp=?", (GROUP,)))
+    finally:
+        db.close()
     assert epochs == {"a": 1, "b": 1, "c": 1, "d": 50, "e": 70}
     bad = run("lift-epochs", "--group", GROUP, "--floor", "0", home=home)
     assert "floor '0' is not an epoch" in one_error_line(bad)

@@ -134,8 +134,12 @@ def test_a_held_epoch_that_is_not_a_count_is_corrupt_data_naming_it(sqlite_path:
     session = store.join("g", "m1", info={}, ttl=600.0, static=False)
     assert store.claim(session, ["a"], _lead_and_give(store, session, "m1"))["a"].epoch == 1
     assert store.member_view(session).owned == {"a": 1}
-    with sqlite3.connect(sqlite_path) as db:
-        db.execute("UPDATE ownership SET epoch='one' WHERE resource_id='a'")
+    db = sqlite3.connect(sqlite_path)
+    try:
+        with db:  # commits; closing is separate (Python 3.13 warns of an unclosed one)
+            db.execute("UPDATE ownership SET epoch='one' WHERE resource_id='a'")
+    finally:
+        db.close()
     with pytest.raises(CorruptStateError, match="epoch of 'a' = 'one'"):
         store.member_view(session)
 
