@@ -369,7 +369,7 @@ def run_one(kind: str, args: argparse.Namespace, log: Callable[[str], None]) -> 
             window = args.session_timeout + 1.0
             check(procs, figures, resources, chaos.data_lost_at, chaos_wall, (forward, window))
             if drivers is not None:
-                figures.drivers = drivers.finish()
+                figures.drivers = drivers.finish(forward_steps=forward)
         finally:
             try:
                 procs.close()
