@@ -38,6 +38,7 @@ from rebalancer_spark.core.errors import (
 )
 from rebalancer_spark.core.model import (
     MAX_RESOURCE_ID_BYTES,
+    Freed,
     GroupState,
     Phase,
     Resource,
@@ -852,6 +853,36 @@ def test_a_step_forward_of_the_servers_clock_ends_leases_early(tmp_path: Path) -
     finally:
         a.stop(drain=False)
         b.stop(drain=False)
+        server.stop()
+
+
+def test_a_grant_names_its_predecessors_end_on_the_members_clock(tmp_path: Path) -> None:
+    # Redis answers how long ago the predecessor ended, not when on its own clock: a release
+    # made while Redis' clock was a minute behind still ends just before the next grant.
+    clock = ClockShift.create(tmp_path / "clock")
+    if clock is None:
+        pytest.skip("no C compiler to build the clock shim (scripts/setup.sh installs one)")
+    server = RedisServer(tmp_path / "redis", clock=clock)
+    server.start()
+    store = open_backend(server.url())
+    try:
+        group = _group()
+        a = _join(store, group, "a", 30.0)
+        epoch = _lead(store, a)
+        store.update_resources(group, replace=[Resource("r")])
+        gen = store.publish(a, epoch, {"a": ["r"]}, phase=Phase.RUNNING, resources_version=1)
+        assert grant_epochs(store.claim(a, ["r"], gen.generation)) == {"r": 1}
+        clock.step(-60_000)
+        time.sleep(0.1)  # the shim reads its file every 20 ms
+        store.release(a, {"r": 1})
+        released = time.time()
+        b = _join(store, group, "b", 30.0)
+        gen = store.publish(a, epoch, {"b": ["r"]}, phase=Phase.RUNNING, resources_version=1)
+        grant = store.claim(b, ["r"], gen.generation)["r"]
+        assert grant.freed is Freed.RELEASED and grant.freed_at is not None
+        assert abs(grant.freed_at - released) < 2.0, grant.freed_at - released
+    finally:
+        store.close()
         server.stop()
 
 

@@ -11,6 +11,7 @@ decides when a session has expired; every state change is PUBLISHed so watchers 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -73,6 +74,10 @@ __all__ = ["RedisBackend"]
 log = logging.getLogger("rebalancer_spark.backends.redis")
 
 
+_FREED_KEPT = 200_000
+"""Grants whose reported predecessor end a handle keeps (a few MB)."""
+
+
 class RedisBackend(Backend):
     """The Redis backend; see the module docstring."""
 
@@ -89,6 +94,8 @@ class RedisBackend(Backend):
     def __init__(self, url: BackendUrl, *, clock: Clock | None = None) -> None:
         super().__init__(url)
         self._clock: Clock = clock or SystemClock()
+        self._freed_at: dict[tuple[str, str, int], float | None] = {}
+        """(group, resource, epoch) -> the predecessor's end this handle first reported."""
         self._runner = ScriptRunner(url)
         self.client: redis.Redis = self._runner.client
         """The redis-py client (for tests and operators; the backend goes through scripts)."""
@@ -421,7 +428,18 @@ class RedisBackend(Backend):
         rows = [flat[i : i + CLAIM_ROW] for i in range(0, len(flat) - CLAIM_ROW + 1, CLAIM_ROW)]
         # A resource epoch someone overwrote with garbage is corrupt data, never a ValueError
         # that would end the member thread.
-        granted = {str(row[0]): decode_grant(session.group, row) for row in rows}
+        now = self._clock.wall()
+        granted = {str(row[0]): decode_grant(session.group, row, now) for row in rows}
+        # The end comes as an age, so each answer puts it a little elsewhere on this clock: a
+        # grant asked for again (held) names the end first given for it.
+        with self._lock:
+            for rid, grant in list(granted.items()):
+                key = (session.group, rid, grant.epoch)
+                first = self._freed_at.setdefault(key, grant.freed_at)
+                if first != grant.freed_at:
+                    granted[rid] = dataclasses.replace(grant, freed_at=first)
+            if len(self._freed_at) > _FREED_KEPT:
+                self._freed_at.clear()  # only a repeated grant's time is not exactly the first
         return granted
 
     def _release(self, session: Session, claims: dict[str, int]) -> None:

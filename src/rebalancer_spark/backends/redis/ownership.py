@@ -15,11 +15,11 @@ __all__ = ["ACKNOWLEDGE", "CLAIM", "COMMIT", "RELEASE"]
 # records its link of the epoch chain in P..'chain' (resource -> JSON {m, s, e: the holder,
 # its session and epoch; pm, ps, pe, pf, pfa: what the grant superseded; f, fa: how and when
 # the holding ended, set by RELEASE and drop_session}); pe is absent when the epoch was lifted
-# to the base (the store lost its records), pfa is in ms of Redis TIME.
+# to the base (the store lost its records), pfa is in ms of Redis TIME (answered as an age).
 # KEYS[1] meta
 # ARGV    session id, generation, resource 1 .. resource n
 # Returns {resource, epoch, 'new'|'held', progress record ('' if none),
-#          prev member, prev session, prev epoch, freed, freed at ms ('' where unknown), ...}:
+#          prev member, prev session, prev epoch, freed, ms since freed ('' where unknown), ...}:
 #         the granted ones, with the progress the new owner resumes from (the grant hands
 #         it over: no second request) and what the grant superseded, and those this session
 #         already holds
@@ -40,9 +40,12 @@ local T = P .. 't:' .. (redis.call('HGET', P .. 'sessions', sid) or '')
 local O, E, C, b = P .. 'owner', P .. 'epochs', P .. 'chain', base()
 local me = redis.call('HGET', P .. 'sessions', sid) or ''
 local out, granted, top = {}, false, 0
+local now = now_ms()
 local function link_out(l)
   out[#out + 1] = l.pm or ''; out[#out + 1] = l.ps or ''; out[#out + 1] = l.pe or ''
-  out[#out + 1] = l.pf or ''; out[#out + 1] = l.pfa or ''
+  -- the predecessor's end as an age (ms before this answer), not a time on Redis' clock: the
+  -- member puts it on its own clock, so a stepped Redis clock does not move it
+  out[#out + 1] = l.pf or ''; out[#out + 1] = l.pfa and int(now - tonumber(l.pfa)) or ''
 end
 for i = 3, #ARGV do
   local r = ARGV[i]

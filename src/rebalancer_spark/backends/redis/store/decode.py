@@ -64,10 +64,12 @@ CLAIM_ROW = 9
 """Values per resource in the CLAIM script's answer."""
 
 
-def decode_grant(group: str, row: list[object]) -> Grant:
+def decode_grant(group: str, row: list[object], now: float) -> Grant:
     """One resource of the CLAIM script's answer (see :mod:`.ownership`) as a :class:`Grant`
-    with the progress it hands over; Redis TIME in ms becomes wall-clock seconds."""
-    rid, epoch, _, record, member, session, prev_epoch, freed, freed_at = (str(v) for v in row)
+    with the progress it hands over. The predecessor's end comes as an age in ms (Redis' clock
+    may be stepped, or set apart from the members'): it is put on this member's clock, ``now``
+    being when the answer came (wall-clock seconds), and never after it."""
+    rid, epoch, _, record, member, session, prev_epoch, freed, freed_ago = (str(v) for v in row)
     what = f"epoch of {rid!r}"
     try:
         how = Freed(freed) if freed else None
@@ -84,8 +86,8 @@ def decode_grant(group: str, row: list[object]) -> Grant:
         prev_member_id=member or None,
         prev_session_id=session or None,
         prev_epoch=before,
-        freed_at=number(group, f"end of the previous owner of {rid!r}", freed_at) / 1000
-        if freed_at
+        freed_at=now - max(number(group, f"age of the end before {rid!r}", freed_ago), 0) / 1000
+        if freed_ago
         else None,
         progress=decode_progress_record(group, rid, record) if record else None,
     )
