@@ -218,7 +218,10 @@ def test_graceful_leave_hands_over_and_releases_first(grp: Group) -> None:
     assert set(state.claims) == set(RESOURCES)
     assert {c.member_id for c in state.claims.values()} == {"a"}
     assert set(grp.recorders["b"].revoked) == held_by_b
-    kinds = {e.kind for e in grp.recorders["b"].events}
+    # b may have won the first election (a's coordinator thread starts a moment after a
+    # joined; under load b's can be first) and recorded the rebalances it made: those are
+    # not ownership events.
+    kinds = {e.kind for e in grp.recorders["b"].events} - {EventKind.REBALANCE}
     assert kinds == {EventKind.ACQUIRED, EventKind.RELEASED}
     wait_for(lambda: len(a.assigned()) == 12, timeout=10, what="a's memory to hold all 12")
 
