@@ -808,16 +808,26 @@ def _sid(member: Member) -> str | None:
     return None if member.session is None else member.session.session_id
 
 
-def test_a_step_forward_of_the_servers_clock_ends_leases_early(tmp_path: Path) -> None:
-    # Redis ends keys, the leases, by its host's wall clock: a step forward (an NTP step, a
-    # virtual machine resumed) ends every session at once, long before its timeout. The
-    # members find out at their next renewal and join again; the grants that follow name the
-    # predecessor's end no later than the grant itself, whatever Redis' clock said.
+@pytest.fixture
+def stepped_redis(tmp_path: Path) -> Iterator[tuple[RedisServer, ClockShift]]:
+    """A server of this test's own whose wall clock the test steps (tests/support/clockshift.py)."""
     clock = ClockShift.create(tmp_path / "clock")
     if clock is None:
         pytest.skip("no C compiler to build the clock shim (scripts/setup.sh installs one)")
     server = RedisServer(tmp_path / "redis", clock=clock)
     server.start()
+    yield server, clock
+    server.stop()
+
+
+def test_a_step_forward_of_the_servers_clock_ends_leases_early(
+    stepped_redis: tuple[RedisServer, ClockShift],
+) -> None:
+    # Redis ends keys, the leases, by its host's wall clock: a step forward (an NTP step, a
+    # virtual machine resumed) ends every session at once, long before its timeout. The
+    # members find out at their next renewal and join again; the grants that follow name the
+    # predecessor's end no later than the grant itself, whatever Redis' clock said.
+    server, clock = stepped_redis
     events: list[OwnershipEvent] = []
     lock = threading.Lock()
 
@@ -853,17 +863,14 @@ def test_a_step_forward_of_the_servers_clock_ends_leases_early(tmp_path: Path) -
     finally:
         a.stop(drain=False)
         b.stop(drain=False)
-        server.stop()
 
 
-def test_a_grant_names_its_predecessors_end_on_the_members_clock(tmp_path: Path) -> None:
+def test_a_grant_names_its_predecessors_end_on_the_members_clock(
+    stepped_redis: tuple[RedisServer, ClockShift],
+) -> None:
     # Redis answers how long ago the predecessor ended, not when on its own clock: a release
     # made while Redis' clock was a minute behind still ends just before the next grant.
-    clock = ClockShift.create(tmp_path / "clock")
-    if clock is None:
-        pytest.skip("no C compiler to build the clock shim (scripts/setup.sh installs one)")
-    server = RedisServer(tmp_path / "redis", clock=clock)
-    server.start()
+    server, clock = stepped_redis
     store = open_backend(server.url())
     try:
         group = _group()
@@ -873,7 +880,9 @@ def test_a_grant_names_its_predecessors_end_on_the_members_clock(tmp_path: Path)
         gen = store.publish(a, epoch, {"a": ["r"]}, phase=Phase.RUNNING, resources_version=1)
         assert grant_epochs(store.claim(a, ["r"], gen.generation)) == {"r": 1}
         clock.step(-60_000)
-        time.sleep(0.1)  # the shim reads its file every 20 ms
+        assert isinstance(store, RedisBackend)
+        wait_for(lambda: store.client.time()[0] < time.time() - 50, timeout=5,
+                 what="Redis' clock a minute behind")  # fmt: skip
         store.release(a, {"r": 1})
         released = time.time()
         b = _join(store, group, "b", 30.0)
@@ -883,7 +892,6 @@ def test_a_grant_names_its_predecessors_end_on_the_members_clock(tmp_path: Path)
         assert abs(grant.freed_at - released) < 2.0, grant.freed_at - released
     finally:
         store.close()
-        server.stop()
 
 
 def test_status_warns_when_redis_persists_nothing(

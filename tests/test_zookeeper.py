@@ -605,8 +605,11 @@ def test_a_members_view_syncs_its_sessions_connection_ahead_of_its_reads(
 # -- what a rebalance reads ----------------------------------------------------------------------
 
 
-def _count_reads(client: Any) -> list[int]:
-    """Spy on ``client``: the number of reads of each multiRead request it sends."""
+def _count_reads(store: Backend, session: Session) -> list[int]:
+    """Spy on ``session``'s own client: the number of reads of each multiRead it sends."""
+    hosted = _zk(store)._sessions.get(session.session_id)
+    assert hosted is not None
+    client = hosted.client
     counts: list[int] = []
     call = client._call
 
@@ -628,9 +631,7 @@ def test_a_members_view_reads_no_claim_its_own_requests_created(
     with open_backend(zookeeper_backend_url) as store:
         session, _, generation = _lead_and_publish(store, group, {"m1": mine})
         assert len(store.claim(session, mine, generation)) == 600
-        hosted = _zk(store)._sessions.get(session.session_id)
-        assert hosted is not None
-        reads = _count_reads(hosted.client)
+        reads = _count_reads(store, session)
         view = store.member_view(session)
         assert view.owned == dict.fromkeys(mine, 1) and view.target == frozenset(mine)
         # The session, the pointer, then the member's part of the target (one chunk).
@@ -668,9 +669,7 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         target = store.publish(
             old, epoch, {"m2": moved}, phase=Phase.RUNNING, resources_version=version
         )
-        hosted = _zk(store)._sessions.get(new.session_id)
-        assert hosted is not None
-        reads = _count_reads(hosted.client)
+        reads = _count_reads(store, new)
         grants = store.claim(new, moved, target.generation)
         assert grant_epochs(grants) == dict.fromkeys(moved, 2)
         assert all(g.freed is Freed.RELEASED and g.prev_member_id == "m1" for g in grants.values())
