@@ -28,12 +28,15 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from rebalancer_spark.core.config import MemberConfig
-from rebalancer_spark.core.errors import FencedError, RebalancerError
+from rebalancer_spark.core.errors import BackendUnavailable, FencedError, RebalancerError
 from rebalancer_spark.core.events import EventSink, OwnershipEvent
 from rebalancer_spark.member import Member, OwnedResource, default_backend_url
 from rebalancer_spark.shutdown import exit_process
 
 __all__ = ["command", "main"]
+
+START_RETRY_PAUSE = 0.5
+"""Seconds between two attempts to join a store that was unavailable."""
 
 
 def command(
@@ -123,6 +126,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--work-interval", type=float, default=0.05)
     parser.add_argument("--audit", default=None, help="also append events to this Delta table")
     parser.add_argument(
+        "--start-retry",
+        type=float,
+        default=25.0,
+        metavar="SECONDS",
+        help="how long to keep trying to join while the store is unavailable (default 25)",
+    )
+    parser.add_argument(
         "--option",
         action="append",
         default=[],
@@ -202,12 +212,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             audit = DeltaAuditLog(args.audit)
             sinks.append(audit)
-        member = Member(config, resources=resources, on_assigned=work.assigned, event_sinks=sinks)
-        try:
-            member.start()
-        except RebalancerError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        deadline = time.monotonic() + args.start_retry
+        while True:
+            member = Member(
+                config, resources=resources, on_assigned=work.assigned, event_sinks=sinks
+            )
+            try:
+                member.start()
+                break
+            except BackendUnavailable as exc:
+                # SQLite: another process paused inside a write transaction holds the file's
+                # lock until it resumes; a Spark driver's start tries again likewise.
+                if time.monotonic() + START_RETRY_PAUSE >= deadline:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
+                print(f"warning: {exc}; trying again", file=sys.stderr, flush=True)
+                time.sleep(START_RETRY_PAUSE)
+            except RebalancerError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         trail.write({"kind": "started", "member_id": member.member_id, "at": time.time()})
         print("ready", flush=True)
         while not stop.wait(args.work_interval):
