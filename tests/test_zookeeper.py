@@ -605,8 +605,9 @@ def test_a_members_view_syncs_its_sessions_connection_ahead_of_its_reads(
 # -- what a rebalance reads ----------------------------------------------------------------------
 
 
-def _count_reads(store: Backend, session: Session) -> list[int]:
-    """Spy on ``session``'s own client: the number of reads of each multiRead it sends."""
+def _count_reads(store: Backend, session: Session, paths: list[str] | None = None) -> list[int]:
+    """Spy on ``session``'s own client: the number of reads of each multiRead it sends (and
+    the paths they read, into ``paths``)."""
     hosted = _zk(store)._sessions.get(session.session_id)
     assert hosted is not None
     client = hosted.client
@@ -616,6 +617,10 @@ def _count_reads(store: Backend, session: Session) -> list[int]:
     def spy(request: Any, result: Any) -> Any:
         if type(request).__name__ == "MultiRead":
             counts.append(len(request.operations))
+            if paths is not None:
+                paths.extend(op.path for op in request.operations)
+        elif paths is not None and hasattr(request, "path"):
+            paths.append(request.path)
         return call(request, result)
 
     client._call = spy
@@ -636,6 +641,30 @@ def test_a_members_view_reads_no_claim_its_own_requests_created(
         assert view.owned == dict.fromkeys(mine, 1) and view.target == frozenset(mine)
         # The session, the pointer, then the member's part of the target (one chunk).
         assert sum(reads) <= 4, reads
+
+
+def test_a_member_reads_its_part_of_a_target_once(zookeeper_backend_url: str, group: str) -> None:
+    # A target directory's chunks never change once written: views and claims of the same
+    # target reuse the part read first, and a new target's part is read once again.
+    ids = [f"r{i:04d}" for i in range(3000)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, epoch, generation = _lead_and_publish(store, group, {"m1": ids[:2000]})
+        paths = _zk(store)._group(group)
+        read: list[str] = []
+        _count_reads(store, session, paths=read)
+        assert store.member_view(session).target == frozenset(ids[:2000])
+        store.claim(session, ids[:10], generation)
+        assert store.member_view(session).target == frozenset(ids[:2000])
+        chunks = [p for p in read if p.startswith(paths.targets + "/")]
+        assert len(chunks) == 1, chunks  # 2,000 ids: one chunk, read by the first view only
+        version = store.update_resources(group, replace=[Resource(r) for r in ids])
+        store.publish(
+            session, epoch, {"m1": ids[1000:]}, phase=Phase.RUNNING, resources_version=version
+        )
+        for _ in range(2):
+            assert store.member_view(session).target == frozenset(ids[1000:])
+        chunks = [p for p in read if p.startswith(paths.targets + "/")]
+        assert len(chunks) == 2 and chunks[0] != chunks[1], chunks
 
 
 def test_a_claim_removed_behind_the_sessions_back_is_noticed_at_its_next_write(

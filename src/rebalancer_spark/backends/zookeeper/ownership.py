@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progresses
-from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
+from rebalancer_spark.backends.zookeeper.reads import Changed, read_own_part
 from rebalancer_spark.backends.zookeeper.store.chain import (
     grant_data,
     held_grant,
@@ -124,14 +124,10 @@ def member_view(zs: ZkSession, settings: Settings) -> MemberView:
             return MemberView(0, Phase.RUNNING, frozenset(), owned)
         ptr = read_target_pointer(found[0], p.target, group=p.group)
         try:
-            part = read_target_part(
-                session_reader(zs, settings, "reading"), p, ptr, [s.member_id]
-            )()
+            part = read_own_part(zs, session_reader(zs, settings, "reading"), ptr)()
         except Changed:
             continue  # the target moved on while being read
-        return MemberView(
-            ptr.generation, ptr.phase, part.get(s.member_id, frozenset()), owned, ptr.epoch
-        )
+        return MemberView(ptr.generation, ptr.phase, part, owned, ptr.epoch)
     raise settings.unavailable("reading this member's view", "the target kept changing")
 
 
@@ -201,13 +197,13 @@ def _read_for_claims(
     """The resources asked for that the target gives this member, with their claim znodes
     and epoch records as read (None: the target moved on while being read)."""
     what = "claiming resources"
-    p, s = zs.paths, zs.session
+    p = zs.paths
     reader = session_reader(zs, settings, what)
-    part = read_target_part(reader, p, ptr, [s.member_id])
+    part = read_own_part(zs, reader, ptr)
     asked = list(dict.fromkeys(resources))
     reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in asked}
     try:
-        mine = part().get(s.member_id, frozenset())
+        mine = part()
     except Changed:
         return None
     epochs = {r: read() for r, read in reads.items()}  # every read answered, wanted or not

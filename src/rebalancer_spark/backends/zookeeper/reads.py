@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from rebalancer_spark.backends.zookeeper.control import decode_control
 from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.connection import ZkSession
 from rebalancer_spark.backends.zookeeper.store.layout import CHUNK_BYTES, GroupPaths, unescape
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.records import (
@@ -42,7 +43,7 @@ from rebalancer_spark.core.model import (
     Target,
 )
 
-__all__ = ["Changed", "SnapshotReader", "read_resources", "read_target_part"]
+__all__ = ["Changed", "SnapshotReader", "read_own_part", "read_resources", "read_target_part"]
 
 _ATTEMPTS = 50
 _T = TypeVar("_T")
@@ -99,6 +100,27 @@ def read_target_part(
             data, _ = _need(pending())
             parts[m].update(read_target_chunk(data, path))
         return {m: frozenset(rs) for m, rs in parts.items()}
+
+    return collect
+
+
+def read_own_part(
+    zs: ZkSession, reader: Reader, pointer: TargetPointer
+) -> Callable[[], frozenset[str]]:
+    """Issue the reads of this session's member's part of ``pointer``'s target, unless the
+    session read that directory's part already (:attr:`ZkSession.part`): a member reads its
+    part once per target, not on each wake-up."""
+    member = zs.session.member_id
+    cached = zs.part
+    if cached is not None and cached[0] == pointer.name:
+        part = cached[1]
+        return lambda: part
+    pending = read_target_part(reader, zs.paths, pointer, [member])
+
+    def collect() -> frozenset[str]:
+        found = pending().get(member, frozenset())
+        zs.part = (pointer.name, found)
+        return found
 
     return collect
 

@@ -73,6 +73,10 @@ class ZkSession:
         self._attempted: set[str] = set()
         self._confirmed: dict[str, int] = {}
         self._claiming = 0
+        self.part: tuple[str, frozenset[str]] | None = None
+        """This member's part of the last target read: the target directory's name and the
+        ids. A directory's chunks are written once under a fresh name and never changed, so
+        the part is read again only when the pointer names another directory."""
         client.add_listener(self._on_state)
 
     # -- state ------------------------------------------------------------------------------
