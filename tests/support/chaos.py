@@ -63,7 +63,8 @@ class StoreFaults(Protocol):
     """Names of the faults :meth:`inject` knows; empty for a store without a server."""
     paused_member_stalls_writers: bool
     """True for SQLite: a member paused inside a write transaction holds the file's lock, so a
-    member (re)started meanwhile may give up joining (documented limit)."""
+    member (re)started meanwhile waits on it (documented limit; ``member_process`` tries its
+    join again for 25 s, which covers a paused Spark driver of ``--spark-jobs``)."""
 
     def inject(self, kind: str, rng: random.Random) -> float:
         """Inflict ``kind`` now; return after how many seconds :meth:`heal` should undo it
