@@ -92,6 +92,10 @@ class ZkServer:
             "clientPortAddress=127.0.0.1",
             "admin.enableServer=false",
             "4lw.commands.whitelist=*",
+            # Every client here comes from 127.0.0.1, and each member opens two connections
+            # (the backend's and its session's): ZooKeeper's default of 60 per address would
+            # refuse the 31st member (bench_scale.py hosts 99 in one process).
+            "maxClientCnxns=0",
         ]
         if self.peers:
             lines += ["initLimit=20", "syncLimit=10", "cnxTimeout=1000"]
