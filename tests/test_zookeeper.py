@@ -7,6 +7,7 @@ these tests cover what only ZooKeeper has.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import signal
@@ -27,6 +28,7 @@ from kazoo.security import make_digest_acl_credential
 from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.zookeeper import ZookeeperBackend
+from rebalancer_spark.backends.zookeeper.coordination import DELTA_CHAIN
 from rebalancer_spark.backends.zookeeper.store.layout import (
     CHUNK_BYTES,
     REQUEST_BYTES,
@@ -665,6 +667,148 @@ def test_a_member_reads_its_part_of_a_target_once(zookeeper_backend_url: str, gr
             assert store.member_view(session).target == frozenset(ids[1000:])
         chunks = [p for p in read if p.startswith(paths.targets + "/")]
         assert len(chunks) == 2 and chunks[0] != chunks[1], chunks
+
+
+def _pointer(raw: Any, store: Backend, group: str) -> dict[str, Any]:
+    data, _ = raw.get(_zk(store)._group(group).target)
+    pointer: dict[str, Any] = json.loads(data)
+    return pointer
+
+
+def test_a_target_that_moves_few_ids_goes_out_as_a_delta_from_its_base(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # A join of m5 to four members of 10,000 ids moves 2,000: the delta names those ids (each
+    # once gained, once lost), not the 10,000; every reader sees the whole new target.
+    ids = [f"r{i:05d}" for i in range(10_000)]
+    four = {f"m{k}": ids[k - 1 :: 4] for k in range(1, 5)}
+    with open_backend(zookeeper_backend_url) as store:
+        session, epoch, _ = _lead_and_publish(store, group, four)
+        first = store.state(group).target
+        assert first is not None and "deltas" not in _pointer(raw, store, group)
+        base = _pointer(raw, store, group)["dir"]
+        five = {m: rs[: len(rs) * 4 // 5] for m, rs in four.items()}
+        five["m5"] = [r for rs in four.values() for r in rs[len(rs) * 4 // 5 :]]
+        version = store.resources(group)[0]
+        store.publish(
+            session, epoch, five, phase=Phase.RUNNING, resources_version=version, previous=first
+        )
+        pointer = _pointer(raw, store, group)
+        assert pointer["base"] == base and "dir" not in pointer and len(pointer["deltas"]) == 1
+        paths = _zk(store)._group(group)
+        delta = paths.target_dir(pointer["deltas"][0])
+        assert sorted(raw.get_children(delta)) == sorted(f"{m}#0" for m in five)
+        written = [json.loads(raw.get(f"{delta}/{c}")[0]) for c in raw.get_children(delta)]
+        changes = [item for chunk in written for item in chunk]
+        assert len(changes) == 2 * 2_000
+        assert sorted(c[1:] for c in changes if c[0] == "+") == sorted(five["m5"])
+        # Every reader: a fresh backend's snapshot, and a member's own view.
+        with open_backend(zookeeper_backend_url) as reader:
+            target = reader.state(group).target
+        assert target is not None
+        assert target.assignment == {m: frozenset(rs) for m, rs in five.items()}
+        m5 = store.join(group, "m5", info={}, ttl=10, static=False)
+        assert store.member_view(m5).target == frozenset(five["m5"])
+        assert raw.exists(paths.target_dir(base)) is not None  # the pointer needs it
+
+
+def test_a_chain_of_deltas_is_read_right_until_a_new_base_replaces_it(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # One id at a time moves from m1 to m2 (and m3 comes and goes): each generation is one more
+    # delta, until the chain is full and a base is written whole; a member that read every
+    # generation, one that read every third, and a fresh reader all see each target exactly.
+    ids = [f"r{i:04d}" for i in range(2_000)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:1000], "m2": ids[1000:]})
+        version = store.resources(group)[0]
+        previous = store.state(group).target
+        m2 = store.join(group, "m2", info={}, ttl=10, static=False)
+        m3 = store.join(group, "m3", info={}, ttl=10, static=False)
+        chains: list[int] = []
+        for step in range(1, DELTA_CHAIN + 4):
+            new = {"m1": ids[: 1000 - step], "m2": ids[1000 - step :]}
+            if step % 4 == 1:
+                new["m3"] = new["m2"][:5]
+                new["m2"] = new["m2"][5:]
+            previous = store.publish(
+                session, epoch, new, phase=Phase.RUNNING, resources_version=version,
+                previous=previous,
+            )  # fmt: skip
+            chains.append(len(_pointer(raw, store, group).get("deltas", [])))
+            expected = {m: frozenset(rs) for m, rs in new.items()}
+            assert store.member_view(session).target == expected["m1"], step
+            if step % 3 == 0:
+                assert store.member_view(m2).target == expected["m2"], step
+            assert store.member_view(m3).target == expected.get("m3", frozenset()), step
+            with open_backend(zookeeper_backend_url) as reader:
+                target = reader.state(group).target
+            assert target is not None and target.assignment == expected, step
+        assert max(chains) == DELTA_CHAIN and 0 in chains[DELTA_CHAIN:], chains
+        # What is left: the current and the previous pointer's directories.
+        targets = _zk(store)._group(group).targets
+        pointer = _pointer(raw, store, group)
+        assert len(raw.get_children(targets)) <= 2 + len(pointer.get("deltas", [])) * 2
+
+
+def test_a_target_far_from_its_base_or_from_another_coordinator_is_written_whole(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    ids = [f"r{i:05d}" for i in range(8_000)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:4000], "m2": ids[4000:]})
+        version = store.resources(group)[0]
+        previous = store.state(group).target
+        # Changes since the base may reach half the base's ids (a moved id counts twice):
+        # 750 ids moved (1,500 changes), 1,500 (3,000), then 2,500 (5,000): a new base.
+        for moved, kind in ((750, "deltas"), (1500, "deltas"), (2500, "dir")):
+            new = {"m1": ids[: 4000 - moved], "m2": ids[4000 - moved :]}
+            previous = store.publish(
+                session, epoch, new, phase=Phase.RUNNING, resources_version=version,
+                previous=previous,
+            )  # fmt: skip
+            assert kind in _pointer(raw, store, group), (moved, _pointer(raw, store, group))
+        bases = {_pointer(raw, store, group)["dir"]}
+    # Another backend object elected after this one knows no base: it writes whole.
+    with open_backend(zookeeper_backend_url) as other:
+        session = other.join(group, "m3", info={}, ttl=10, static=False)
+        record = other.elect(session)
+        assert record is not None
+        previous = other.state(group).target
+        assert previous is not None
+        new = {"m3": ids[:10], "m2": ids[10:]}
+        other.publish(
+            session, record.epoch, new, phase=Phase.RUNNING, resources_version=version,
+            previous=previous,
+        )  # fmt: skip
+        pointer = _pointer(raw, other, group)
+        assert "dir" in pointer and pointer["dir"] not in bases
+        target = other.state(group).target
+        assert target is not None
+        assert target.assignment == {m: frozenset(rs) for m, rs in new.items()}
+
+
+def test_a_member_reads_only_the_changes_of_a_target_from_a_base_it_read(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    ids = [f"r{i:05d}" for i in range(6_000)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:3000], "m2": ids[3000:]})
+        version = store.resources(group)[0]
+        previous = store.state(group).target
+        paths = _zk(store)._group(group)
+        read: list[str] = []
+        _count_reads(store, session, paths=read)
+        assert store.member_view(session).target == frozenset(ids[:3000])
+        previous = store.publish(
+            session, epoch, {"m1": ids[:2900], "m2": ids[2900:]}, phase=Phase.RUNNING,
+            resources_version=version, previous=previous,
+        )  # fmt: skip
+        assert store.member_view(session).target == frozenset(ids[:2900])
+        assert store.member_view(session).target == frozenset(ids[:2900])
+        chunks = [p for p in read if p.startswith(paths.targets + "/") and "#" in p]
+        # The base's one chunk, then the delta's: the base is not read again, nor the delta.
+        assert len(chunks) == 2 and chunks[0].split("/")[-2] != chunks[1].split("/")[-2], read
 
 
 def test_a_claim_removed_behind_the_sessions_back_is_noticed_at_its_next_write(

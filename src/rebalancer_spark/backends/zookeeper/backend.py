@@ -307,10 +307,17 @@ class ZookeeperBackend(Backend):
                 why=f"its session {session.session_id} is not open in this backend object, so "
                 "it cannot be the coordinator",
             )
-        # The target's chunks live under one directory per generation (a reader sees one whole
-        # target or the previous one), so a change is written as the whole new target.
-        del change
-        return coordination.publish(zs, self.settings, epoch, assignment, phase, resources_version)
+        # A change from the caller's previous target goes out as a delta from this session's
+        # last base (coordination.publish checks that the pointer still names it).
+        return coordination.publish(
+            zs,
+            self.settings,
+            epoch,
+            assignment,
+            phase,
+            resources_version,
+            change,
+        )
 
     def _resign(self, session: Session, epoch: int) -> None:
         zs = self._sessions.get(session.session_id)

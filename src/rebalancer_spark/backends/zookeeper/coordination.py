@@ -6,20 +6,29 @@ E+1 (naming the winner), create the ephemeral ``coordinator``, touch ``changes``
 anyone else did either first; the loser reads the winner. The epoch is a persistent znode, so
 it only grows, across expiries and restarts of the ensemble.
 
-**Publication** writes the new generation's chunks under a fresh ``targets/<dir>`` (each
-request fenced), then switches the small ``target`` pointer (fenced, and checking that every
-chunk is still there), then removes older directories (fenced). No znode and no request comes
-near ZooKeeper's 1 MB limit however large the assignment: chunks are at most
-:data:`CHUNK_BYTES`, requests at most :data:`REQUEST_BYTES`.
+**Publication** writes the new generation under a fresh directory (each request fenced): a
+delta of the moved ids (one chunk per changed member) added to the chain behind the last base
+this session wrote, or, when that cannot be (:data:`DELTA_SHARE`), a new base of every
+member's part in chunks; then it switches the small ``target`` pointer (fenced, and checking
+that every chunk, the base and the chain are still there), then removes the directories that
+neither the new nor the previous pointer names (fenced). No znode and no request comes near
+ZooKeeper's 1 MB limit however large the assignment: chunks are at most :data:`CHUNK_BYTES`,
+requests at most :data:`REQUEST_BYTES`.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 
+from rebalancer_spark.backends.base import TargetChange
 from rebalancer_spark.backends.zookeeper.store.client import Settings
-from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.connection import (
+    PublishedBase,
+    SessionState,
+    ZkSession,
+)
 from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     coordinator_fence,
@@ -32,6 +41,7 @@ from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES, chun
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches
 from rebalancer_spark.backends.zookeeper.store.records import (
     TargetPointer,
+    change_items,
     coordinator_data,
     encode,
     read_coordinator,
@@ -40,7 +50,7 @@ from rebalancer_spark.backends.zookeeper.store.records import (
 )
 from rebalancer_spark.backends.zookeeper.store.tree import delete_dir
 from rebalancer_spark.core.errors import BackendUnavailable, FencedError, SessionExpired
-from rebalancer_spark.core.model import CoordinatorRecord, Phase, Target, validate_resource_id
+from rebalancer_spark.core.model import CoordinatorRecord, Phase, Target
 
 __all__ = ["elect", "publish", "resign"]
 
@@ -95,6 +105,21 @@ def elect(zs: ZkSession, settings: Settings) -> CoordinatorRecord | None:
     )
 
 
+DELTA_SHARE = 2
+"""A target goes out as a delta while the changes written by the deltas since the last base (a
+moved id counts twice: gained and lost) stay within ``1/DELTA_SHARE`` of the base's ids (or
+:data:`DELTA_MIN_IDS`), the chain is shorter than :data:`DELTA_CHAIN` and every member's
+changes fit one chunk; otherwise a new base is written whole. Whole writes are then a quarter
+of the ids moved apart (or a chain apart): the bytes per rebalance follow what moved, and a
+fresh reader applies a bounded chain."""
+
+DELTA_MIN_IDS = 1000
+"""Changes of this many ids may always go out as deltas, however small the base."""
+
+DELTA_CHAIN = 16
+"""The most deltas a pointer names."""
+
+
 def publish(
     zs: ZkSession,
     settings: Settings,
@@ -102,8 +127,11 @@ def publish(
     assignment: Mapping[str, Collection[str]],
     phase: Phase,
     resources_version: int,
+    change: TargetChange | None = None,
 ) -> Target:
-    """Publish a new target generation; see the module docstring."""
+    """Publish a new target generation: as a delta (``change``, from the generation this
+    session published last, which the pointer must still name), else whole; see the module
+    docstring."""
     p = zs.paths
     what = f"publishing a target of group {p.group!r}"
     fence = coordinator_fence(zs, settings, epoch, what)
@@ -111,34 +139,90 @@ def publish(
     old = None if found is None else read_target_pointer(found[0], p.target, group=p.group)
     generation = (old.generation if old else 0) + 1
     name = f"g{generation}-e{epoch}-{uuid.uuid4().hex[:8]}"
-    parts = {m: sorted({validate_resource_id(r) for r in rs}) for m, rs in assignment.items()}
-    writes: list[Op] = [Op("create", p.target_dir(name))]
-    counts: dict[str, int] = {}
-    for member, resources in sorted(parts.items()):
-        chunks = chunk_json(encode(r) for r in resources)
-        counts[member] = len(chunks)
-        writes += [
-            Op("create", p.target_chunk(name, member, k), chunk) for k, chunk in enumerate(chunks)
-        ]
+    parts = {m: frozenset(rs) for m, rs in assignment.items()}
+    base = zs.base
+    delta = None
+    if change is not None and base is not None and old is not None and _extends(base, old, change):
+        delta = _delta_chunks(change)
+    writes: list[Op] = []
+    if base is not None and change is not None and delta is not None:
+        deltas = base.deltas
+        if delta:  # no change at all (a new phase, say): the same chain
+            deltas += (name,)
+            writes.append(Op("create", p.target_dir(name)))
+            writes += [Op("create", p.target_chunk(name, m, 0), c) for m, c in delta.items()]
+        counts = {m: base.counts.get(m, 0) for m in parts}
+        pointer = TargetPointer(
+            generation, epoch, phase, resources_version, base.name, counts, deltas
+        )
+        published = replace(
+            base, generation=generation, deltas=deltas, changed=base.changed + change.size
+        )
+        # The base and the chain must still be there (nobody else removes them while the
+        # pointer version checked below still names them; checked all the same).
+        checks = [Op("check", p.target_dir(d)) for d in (base.name, *base.deltas)]
+    else:
+        writes.append(Op("create", p.target_dir(name)))
+        counts = {}
+        for member, ids in sorted(parts.items()):
+            chunks = chunk_json(encode(r) for r in sorted(ids))
+            counts[member] = len(chunks)
+            writes += [
+                Op("create", p.target_chunk(name, member, k), c) for k, c in enumerate(chunks)
+            ]
+        pointer = TargetPointer(generation, epoch, phase, resources_version, name, counts)
+        published = PublishedBase(generation, name, counts, sum(map(len, parts.values())))
+        checks = []
     limit = REQUEST_BYTES - sum(op.cost for op in fence)
     for batch in batches(writes, limit):
         fenced_transact(zs, settings, epoch, [*fence, *batch], what)
-    pointer = TargetPointer(generation, epoch, phase, resources_version, name, counts)
-    checks = [Op("check", op.path) for op in writes]
+    checks += [Op("check", op.path) for op in writes]
     switch = (
         Op("create", p.target, pointer.encode())
         if found is None
         else Op("set", p.target, pointer.encode(), version=found[1].version)
     )
+    zs.base = None  # unknown until the switch is answered
     fenced_transact(zs, settings, epoch, [*fence, *checks, switch, Op("set", p.changes)], what)
-    _collect_garbage(zs, settings, fence, keep={name, old.name if old else name})
+    zs.base = published
+    keep = {pointer.name, *pointer.deltas}
+    if old is not None:
+        keep |= {old.name, *old.deltas}
+    _collect_garbage(zs, settings, fence, keep=keep)
     return Target(
         generation=generation,
         coordinator_epoch=epoch,
-        assignment={m: frozenset(rs) for m, rs in parts.items()},
+        assignment=parts,
         phase=phase,
         resources_version=resources_version,
     )
+
+
+def _extends(base: PublishedBase, old: TargetPointer, change: TargetChange) -> bool:
+    """Whether ``change`` may go out as one more delta: the pointer still names the target this
+    session published last, which ``change`` starts from, and the chain has room."""
+    return (
+        old.generation == base.generation == change.base
+        and old.name == base.name
+        and old.deltas == base.deltas
+        and len(base.deltas) < DELTA_CHAIN
+        and base.changed + change.size <= max(DELTA_MIN_IDS, base.size // DELTA_SHARE)
+    )
+
+
+def _delta_chunks(change: TargetChange) -> dict[str, bytes] | None:
+    """Each changed member's one delta chunk, or None if a member's changes need more than
+    one (a move that large is written whole)."""
+    out: dict[str, bytes] = {}
+    empty: frozenset[str] = frozenset()
+    for member in sorted(change.added.keys() | change.removed.keys()):
+        items = change_items(change.added.get(member, empty), change.removed.get(member, empty))
+        chunks = chunk_json(items)
+        if len(chunks) > 1:
+            return None
+        if chunks:
+            out[member] = chunks[0]
+    return out
 
 
 def _collect_garbage(zs: ZkSession, settings: Settings, fence: list[Op], keep: set[str]) -> None:

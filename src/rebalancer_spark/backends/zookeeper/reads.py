@@ -23,6 +23,7 @@ from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.records import (
     ResourcesPointer,
     TargetPointer,
+    apply_changes,
     read_claim,
     read_coordinator,
     read_member,
@@ -83,44 +84,85 @@ def read_resources(
     return collect
 
 
+def _read_part(
+    reader: Reader,
+    paths: GroupPaths,
+    pointer: TargetPointer,
+    member: str,
+    start: tuple[int, frozenset[str]] | None = None,
+) -> Callable[[], frozenset[str]]:
+    """Issue the reads of ``member``'s part of ``pointer``'s target: its chunks in the base,
+    then, for each delta, the delta's directory and the member's chunk there (one chunk or
+    none: no change), all in one round. ``start`` = (k, part) resumes from the member's part
+    after the first k deltas, read before: only the later deltas are read."""
+    if start is None:
+        count = pointer.members.get(member, 0)
+        base = [
+            (path, reader.get(path, CHUNK_BYTES))
+            for k in range(count)
+            if (path := paths.target_chunk(pointer.name, member, k))
+        ]
+        skip, known = 0, None
+    else:
+        base, (skip, known) = [], start
+    deltas = [
+        (
+            path,
+            reader.stat(paths.target_dir(d)),
+            reader.get(path, CHUNK_BYTES),
+        )
+        for d in pointer.deltas[skip:]
+        if (path := paths.target_chunk(d, member, 0))
+    ]
+
+    def collect() -> frozenset[str]:
+        part = set(known or ())
+        for path, pending in base:
+            data, _ = _need(pending())
+            part.update(read_target_chunk(data, path))
+        for path, directory, chunk in deltas:
+            _need(directory())  # gone: the target moved on and its old deltas were removed
+            found = chunk()
+            if found is not None:
+                apply_changes(part, found[0], path)
+        return frozenset(part)
+
+    return collect
+
+
 def read_target_part(
     reader: Reader, paths: GroupPaths, pointer: TargetPointer, members: Iterable[str]
 ) -> Callable[[], dict[str, frozenset[str]]]:
-    """Issue the reads of the chunks of ``members``' parts of a target."""
-    chunks = [
-        (m, path, reader.get(path, CHUNK_BYTES))
-        for m in members
-        for k in range(pointer.members.get(m, 0))
-        if (path := paths.target_chunk(pointer.name, m, k))
-    ]
-
-    def collect() -> dict[str, frozenset[str]]:
-        parts: dict[str, set[str]] = {m: set() for m in members if m in pointer.members}
-        for m, path, pending in chunks:
-            data, _ = _need(pending())
-            parts[m].update(read_target_chunk(data, path))
-        return {m: frozenset(rs) for m, rs in parts.items()}
-
-    return collect
+    """Issue the reads of ``members``' parts of a target (those it names), in one round."""
+    pending = {m: _read_part(reader, paths, pointer, m) for m in members if m in pointer.members}
+    return lambda: {m: collect() for m, collect in pending.items()}
 
 
 def read_own_part(
     zs: ZkSession, reader: Reader, pointer: TargetPointer
 ) -> Callable[[], frozenset[str]]:
-    """Issue the reads of this session's member's part of ``pointer``'s target, unless the
-    session read that directory's part already (:attr:`ZkSession.part`): a member reads its
-    part once per target, not on each wake-up."""
+    """Issue the reads of this session's member's part of ``pointer``'s target, as far as the
+    session did not read it already (:attr:`ZkSession.parts`): directories are written once
+    under fresh names and never changed, so a member reads its part of a base once, and then
+    only its chunk of each delta added to the chain since."""
     member = zs.session.member_id
-    cached = zs.part
+    if member not in pointer.members:
+        return frozenset
+    cached = zs.parts
+    start = None
     if cached is not None and cached[0] == pointer.name:
-        part = cached[1]
-        return lambda: part
-    pending = read_target_part(reader, zs.paths, pointer, [member])
+        done = cached[1]
+        if pointer.deltas[: len(done)] == done:
+            if len(done) == len(pointer.deltas):
+                part = cached[2]
+                return lambda: part
+            start = (len(done), cached[2])
+    pending = _read_part(reader, zs.paths, pointer, member, start)
 
     def collect() -> frozenset[str]:
-        found = pending().get(member, frozenset())
-        zs.part = (pointer.name, found)
-        return found
+        part = pending()
+        zs.parts = (pointer.name, pointer.deltas, part)
+        return part
 
     return collect
 

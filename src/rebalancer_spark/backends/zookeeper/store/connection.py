@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -33,7 +34,7 @@ from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import SessionExpired
 
-__all__ = ["SessionState", "SessionTable", "ZkSession"]
+__all__ = ["PublishedBase", "SessionState", "SessionTable", "ZkSession"]
 
 _CLOSE_WAIT = 15.0
 """Longest wait for another thread's close of the same session to finish."""
@@ -43,6 +44,20 @@ class SessionState(StrEnum):
     LIVE = "live"
     SUSPENDED = "suspended"
     ENDED = "ended"
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedBase:
+    """The last target a coordinator session published: its generation, base directory (name,
+    chunk count of each member's part, number of ids), the delta chain written since, and the
+    ids those deltas changed in all."""
+
+    generation: int
+    name: str
+    counts: Mapping[str, int]
+    size: int
+    deltas: tuple[str, ...] = ()
+    changed: int = 0
 
 
 class ZkSession:
@@ -73,10 +88,14 @@ class ZkSession:
         self._attempted: set[str] = set()
         self._confirmed: dict[str, int] = {}
         self._claiming = 0
-        self.part: tuple[str, frozenset[str]] | None = None
-        """This member's part of the last target read: the target directory's name and the
-        ids. A directory's chunks are written once under a fresh name and never changed, so
-        the part is read again only when the pointer names another directory."""
+        self.parts: tuple[str, tuple[str, ...], frozenset[str]] | None = None
+        """This member's part of the last target it read: the base directory's name, the
+        deltas applied, and the ids. Directories are written once under fresh names and never
+        changed, so only deltas added to the chain since are read (:func:`..reads
+        .read_own_part`)."""
+        self.base: PublishedBase | None = None
+        """The base and delta chain of the last target this session published as coordinator,
+        from which the next one may go out as a delta (:func:`..coordination.publish`)."""
         client.add_listener(self._on_state)
 
     # -- state ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ names the znode, never a ``KeyError`` deep inside a member's loop.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,8 @@ __all__ = [
     "LAYOUT",
     "ResourcesPointer",
     "TargetPointer",
+    "apply_changes",
+    "change_items",
     "decode",
     "encode",
     "read_claim",
@@ -236,27 +238,40 @@ def read_resource_chunk(data: bytes, path: str) -> list[Resource]:
 
 @dataclass(frozen=True, slots=True)
 class TargetPointer:
-    """The current target generation: everything but the per-member chunks."""
+    """The current target generation: everything but the per-member chunks.
+
+    A target is a *base* directory of per-member chunks, written whole, followed by a chain of
+    *delta* directories, oldest first: each holds, for every member whose part changed from the
+    generation before, one chunk of its changes (``+id`` gained, ``-id`` lost); a member
+    without a chunk there had no change. A pointer with deltas names its base under ``base``
+    instead of ``dir``, so a reader that knows no deltas refuses it instead of reading the base
+    alone."""
 
     generation: int
     epoch: int
     phase: Phase
     resources_version: int
     name: str
+    """The base directory."""
     members: Mapping[str, int]
-    """Member id -> number of chunks of its part (0 for a member given nothing)."""
+    """Member id -> number of chunks of its part in the base (0 for a member that had nothing
+    there); exactly the members of this generation."""
+    deltas: tuple[str, ...] = ()
+    """The delta directories to apply to the base, oldest first."""
 
     def encode(self) -> bytes:
-        return encode(
-            {
-                "generation": self.generation,
-                "epoch": self.epoch,
-                "phase": self.phase.value,
-                "resources_version": self.resources_version,
-                "dir": self.name,
-                "members": dict(self.members),
-            }
-        )
+        obj: dict[str, object] = {
+            "generation": self.generation,
+            "epoch": self.epoch,
+            "phase": self.phase.value,
+            "resources_version": self.resources_version,
+            "members": dict(self.members),
+        }
+        if self.deltas:
+            obj |= {"base": self.name, "deltas": list(self.deltas)}
+        else:
+            obj["dir"] = self.name
+        return encode(obj)
 
 
 def read_target_pointer(data: bytes, path: str, *, group: str) -> TargetPointer:
@@ -267,13 +282,19 @@ def read_target_pointer(data: bytes, path: str, *, group: str) -> TargetPointer:
     phase = parse_phase(
         group, _get(obj, "phase", str, path), store=f"znode {path}", next_step=_NEXT_STEP
     )
+    deltas = obj.get("deltas")
+    if deltas is not None and not (
+        isinstance(deltas, list) and deltas and all(isinstance(d, str) for d in deltas)
+    ):
+        raise _corrupt(path, "a delta chain that is not a list of directory names")
     return TargetPointer(
         generation=_get(obj, "generation", int, path),
         epoch=_get(obj, "epoch", int, path),
         phase=phase,
         resources_version=_get(obj, "resources_version", int, path),
-        name=_get(obj, "dir", str, path),
+        name=_get(obj, "dir" if deltas is None else "base", str, path),
         members=members,
+        deltas=() if deltas is None else tuple(deltas),
     )
 
 
@@ -282,3 +303,23 @@ def read_target_chunk(data: bytes, path: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
         raise _corrupt(path, "a target chunk that is not a list of resource ids")
     return value
+
+
+def change_items(gained: Iterable[str], lost: Iterable[str]) -> Iterator[bytes]:
+    """The encoded items of a delta chunk: ``+id`` for each id gained, ``-id`` for each lost."""
+    for r in sorted(gained):
+        yield encode("+" + r)
+    for r in sorted(lost):
+        yield encode("-" + r)
+
+
+def apply_changes(part: set[str], data: bytes, path: str) -> None:
+    """Apply the delta chunk ``data`` to a member's ``part`` of the base, in place."""
+    for item in read_target_chunk(data, path):
+        sign, r = item[:1], item[1:]
+        if sign == "+" and r:
+            part.add(r)
+        elif sign == "-" and r:
+            part.discard(r)
+        else:
+            raise _corrupt(path, f"the change {item!r}, not '+id' or '-id'")
