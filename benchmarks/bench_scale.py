@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.servers: t
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tests.servers.redis import RedisServer
-from tests.servers.zookeeper import ZkServer, free_ports
+from tests.servers.zookeeper import SERVER_JVM, ZkServer, free_ports
 
 import bench_rebalance as br
 from rebalancer_spark.core import audit
@@ -421,7 +421,7 @@ class Servers:
         if backend == "zookeeper":
             if self.zk is None:
                 (port,) = free_ports(1)
-                self.zk = ZkServer(self.workdir / "zookeeper", port)
+                self.zk = ZkServer(self.workdir / "zookeeper", port, jvm=SERVER_JVM)
                 self.zk.write_config()
                 self.zk.start()
                 self.zk.wait_serving()

@@ -67,6 +67,12 @@ def four_letter(port: int, command: str, timeout: float = 2.0) -> str:
         return ""
 
 
+SERVER_JVM = ("-Xms1g", "-Xmx2g")
+"""JVM options of a server for benchmarks: a production-sized heap (100,000 resources with their
+claims, epochs and progress are some 300,000 znodes) and the JVM's default compilers and
+collector."""
+
+
 @dataclass
 class ZkServer:
     """One ZooKeeper server process in its own directory."""
@@ -77,6 +83,9 @@ class ZkServer:
     peers: list[tuple[int, int, int]] = field(default_factory=list)
     """(myid, quorum port, election port) of every server of an ensemble; empty if standalone."""
     proc: subprocess.Popen[bytes] | None = None
+    jvm: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+    """JVM options: by default a small heap and the quick-starting compiler, for tests;
+    :data:`SERVER_JVM` for benchmarks."""
 
     @property
     def log(self) -> Path:
@@ -108,9 +117,7 @@ class ZkServer:
         classpath = ":".join(str(p) for p in [ZOOKEEPER_JAR, CONF_DIR, *LOG_JARS] if p.exists())
         cmd = [
             "java",
-            "-Xmx256m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
+            *self.jvm,
             "-Dzookeeper.root.logger=INFO,CONSOLE",
             f"-Dzookeeper.log.dir={self.workdir}",
             "-Dzookeeper.jmx.log4j.disable=true",
