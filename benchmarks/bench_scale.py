@@ -14,11 +14,11 @@ leave (SIGTERM: drain) and a crash (``kill -9``), each to the next stable assign
 
 Members: up to 16, each a process of ``rebalancer_spark.testing.member_process`` (the first
 through ``benchmarks/member_host.py one``, which hands it the resource list from a file: 100,000
-ids do not fit in one command-line argument); beyond 16, all but one are threads of one
-``member_host.py threads`` process, and the member that leaves or crashes and the one that joins
-are processes. The table says which (``p``/``t``). Members commit no progress (as in
-``bench_peers.py``): the store operations counted are the rebalance's own, lease renewals and
-pings included.
+ids do not fit in one command-line argument); beyond 16, all but one are threads of
+``member_host.py threads`` processes of at most 25 threads each, and the member that leaves or
+crashes and the one that joins are processes. The table says which (``p``/``t``). Members
+commit no progress (as in ``bench_peers.py``): the store operations counted are the
+rebalance's own, lease renewals and pings included.
 
 *Stable* is read from the members' own trails, not from the store (its reads would be counted
 and, at 100,000 resources, would load the machine): every resource owned by exactly one of the
@@ -83,7 +83,11 @@ from store_counters import (
 
 BACKENDS = ("sqlite", "zookeeper", "redis")
 PROCESS_LIMIT = 16
-"""Up to this many members, each is a process; beyond it, threads of one host process."""
+"""Up to this many members, each is a process; beyond it, threads of host processes."""
+
+HOST_THREADS = 25
+"""The most member threads one host process runs: 99 threads of one process (one interpreter
+lock, 200 connections) left ZooKeeper renewals unanswered for 10 s at 100,000 resources."""
 QUIET = 3600.0
 """Seconds between progress commits of a member: none during a run."""
 HOST = Path(__file__).resolve().parent / "member_host.py"
@@ -203,15 +207,18 @@ class Run:
         self.live.append(member_id)
         return member_id
 
-    def spawn_threads(self, count: int) -> br.MemberProc:
+    def spawn_threads(self, count: int, *, first: bool) -> br.MemberProc:
+        """A host process of ``count`` member threads; the first host declares the resources."""
         ids = [self.group.next_member_id() for _ in range(count)]
+        name = f"host-{ids[0]}"
         cmd = [
             sys.executable, str(HOST), "threads", "--group", self.group.group,
             "--backend", self.url, "--members", ",".join(ids), "--log-dir", str(self.workdir),
-            "--resources-file", str(self.resources_file),
             "--option", f"session_timeout={self.ttl:g}",
         ]  # fmt: skip
-        host = self.group.launch("host", cmd, self.workdir / "host.jsonl")
+        if first:
+            cmd += ["--resources-file", str(self.resources_file)]
+        host = self.group.launch(name, cmd, self.workdir / f"{name}.jsonl")
         for member_id in ids:
             self.proc[member_id] = host
             self.trails[member_id] = TrailFile(self.workdir / f"{member_id}.jsonl")
@@ -348,8 +355,11 @@ class Run:
         size0 = self.counters.size(self.group.group) if self.counters else {}
         started = time.time()
         if self.cell.threads:
-            self.await_ready(self.spawn_threads(self.cell.threads))
-            procs = [self.proc[self.spawn()] for _ in range(n - self.cell.threads)]
+            sizes = [HOST_THREADS] * (self.cell.threads // HOST_THREADS)
+            sizes += [self.cell.threads % HOST_THREADS] if self.cell.threads % HOST_THREADS else []
+            self.await_ready(self.spawn_threads(sizes[0], first=True))
+            procs = [self.spawn_threads(size, first=False) for size in sizes[1:]]
+            procs += [self.proc[self.spawn()] for _ in range(n - self.cell.threads)]
         else:
             self.await_ready(self.proc[self.spawn(first=True)])
             procs = [self.proc[self.spawn()] for _ in range(n - 1)]
@@ -517,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table([c for c in cells if c.backend == backend], args.session_timeout))
     print(
         f"\n{args.repeats} repeats, session timeout {args.session_timeout:g} s, cell limit "
-        f"{args.cell_limit:g} s; members: p = processes, Nt = threads of one process; "
+        f"{args.cell_limit:g} s; members: p = processes, Nt = threads of host processes "
+        f"of at most {HOST_THREADS} each; "
         f"store ops = ZooKeeper packets received / Redis commands (Lua's inner calls included), "
         f"bytes in/out at the server, pages = SQLite pages and log frames changed; servers "
         f"started here: ZooKeeper 3.8 standalone (tickTime 500 ms), redis-server without "
