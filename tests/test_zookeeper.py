@@ -751,6 +751,43 @@ def test_a_chain_of_deltas_is_read_right_until_a_new_base_replaces_it(
         assert len(raw.get_children(targets)) <= 2 + len(pointer.get("deltas", [])) * 2
 
 
+def test_a_delta_being_removed_under_a_reader_makes_it_read_again_not_miss_a_change(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # A reader that read the pointer a moment before the coordinator moved on finds the delta
+    # directory marked for removal and its chunks going: it reads again (Changed) instead of
+    # taking a chunk already removed for "no change".
+    from rebalancer_spark.backends.zookeeper.reads import Changed, read_target_part
+    from rebalancer_spark.backends.zookeeper.store.multiread import Reader
+    from rebalancer_spark.backends.zookeeper.store.records import read_target_pointer
+    from rebalancer_spark.backends.zookeeper.store.tree import REMOVING
+
+    ids = [f"r{i:03d}" for i in range(200)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:100], "m2": ids[100:]})
+        version = store.resources(group)[0]
+        previous = store.state(group).target
+        store.publish(
+            session, epoch, {"m1": ids[:90], "m2": ids[90:]}, phase=Phase.RUNNING,
+            resources_version=version, previous=previous,
+        )  # fmt: skip
+        zk = _zk(store)
+        paths = zk._group(group)
+        data, _ = raw.get(paths.target)
+        pointer = read_target_pointer(data, paths.target, group=group)
+        (delta,) = pointer.deltas
+
+        def read() -> dict[str, frozenset[str]]:
+            reader = Reader(zk._client, zk.settings, "test", RuntimeError("expired"))
+            return read_target_part(reader, paths, pointer, ["m1"])()
+
+        assert read() == {"m1": frozenset(ids[:90])}
+        raw.set(paths.target_dir(delta), REMOVING)  # what delete_dir does first
+        raw.delete(paths.target_chunk(delta, "m1", 0))
+        with pytest.raises(Changed):
+            read()
+
+
 def test_a_target_far_from_its_base_or_from_another_coordinator_is_written_whole(
     zookeeper_backend_url: str, group: str, raw: Any
 ) -> None:

@@ -105,12 +105,11 @@ def _read_part(
         skip, known = 0, None
     else:
         base, (skip, known) = [], start
+    # The chunk first, then its directory: found untouched (version 0) after the chunk's read,
+    # the directory was not being removed then (tree.delete_dir marks it first), so a chunk
+    # missing there was never written: the member had no change.
     deltas = [
-        (
-            path,
-            reader.stat(paths.target_dir(d)),
-            reader.get(path, CHUNK_BYTES),
-        )
+        (path, reader.get(path, CHUNK_BYTES), reader.stat(paths.target_dir(d)))
         for d in pointer.deltas[skip:]
         if (path := paths.target_chunk(d, member, 0))
     ]
@@ -120,8 +119,9 @@ def _read_part(
         for path, pending in base:
             data, _ = _need(pending())
             part.update(read_target_chunk(data, path))
-        for path, directory, chunk in deltas:
-            _need(directory())  # gone: the target moved on and its old deltas were removed
+        for path, chunk, directory in deltas:
+            if _need(directory()).version != 0:  # being removed: the target moved on
+                raise Changed
             found = chunk()
             if found is not None:
                 apply_changes(part, found[0], path)

@@ -33,11 +33,14 @@ from rebalancer_spark.backends.zookeeper.store.records import (
 )
 from rebalancer_spark.core.errors import CorruptStateError
 
-__all__ = ["delete_dir", "group_exists", "prepare_group", "prepare_root"]
+__all__ = ["REMOVING", "delete_dir", "group_exists", "prepare_group", "prepare_root"]
 
 log = logging.getLogger("rebalancer_spark.backends.zookeeper")
 
 _LAYOUT = encode({"layout": LAYOUT})
+
+REMOVING = b"removing"
+"""The data :func:`delete_dir` sets on a directory before it removes the chunks in it."""
 
 
 def _reader(client: Any, settings: Settings, what: str) -> Reader:
@@ -149,13 +152,18 @@ def delete_dir(
     expired: Exception | None = None,
 ) -> None:
     """Delete a chunk directory this library wrote (its children, then itself), each request
-    carrying ``fence``. Failures are logged, never raised: this is only clean-up."""
+    carrying ``fence``. The directory's data is set first: a reader that finds the directory
+    at version 0 *after* reading a chunk in it (requests of one connection are served in
+    order) knows the chunk read was not yet being removed, so a missing chunk means none was
+    written (the delta of a member without changes). Failures are logged, never raised: this
+    is only clean-up."""
     what = f"removing the old chunks {path}"
     gone = expired or _gone(settings)
     try:
         names = _children(client, settings, path, what)
         if names is None:
             return
+        transact(client, [*fence, Op("set", path, REMOVING)], settings, what, gone)
         ops = [Op("delete", f"{path}/{n}") for n in names]
         limit = REQUEST_BYTES - sum(op.cost for op in fence)
         for batch in batches(ops, limit):
