@@ -92,8 +92,8 @@ def _read_part(
     start: tuple[int, frozenset[str]] | None = None,
 ) -> Callable[[], frozenset[str]]:
     """Issue the reads of ``member``'s part of ``pointer``'s target: its chunks in the base,
-    then, for each delta, the delta's directory and the member's chunk there (one chunk or
-    none: no change), all in one round. ``start`` = (k, part) resumes from the member's part
+    then, for each delta, the member's chunk there (one chunk or none: no change) and the
+    delta's directory, all in one round. ``start`` = (k, part) resumes from the member's part
     after the first k deltas, read before: only the later deltas are read."""
     if start is None:
         count = pointer.members.get(member, 0)
@@ -147,7 +147,7 @@ def read_own_part(
     only its chunk of each delta added to the chain since."""
     member = zs.session.member_id
     if member not in pointer.members:
-        return frozenset
+        return frozenset  # given nothing: called, an empty part
     cached = zs.parts
     start = None
     if cached is not None and cached[0] == pointer.name:
