@@ -13,6 +13,7 @@ from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant, Phase
 from rebalancer_spark.core.urls import parse_backend_url
+from tests.support.helpers import wait_for
 
 _OPENED: list[SqliteBackend] = []
 
@@ -99,6 +100,45 @@ def test_opening_and_reading_need_no_write_lock(sqlite_path: Path) -> None:
         paused.execute("ROLLBACK")
         paused.close()
         store.close()
+
+
+def test_a_member_process_started_while_the_file_is_locked_joins_once_it_is_free(
+    sqlite_path: Path, tmp_path: Path
+) -> None:
+    # A process paused inside a write (a Spark driver under SIGSTOP, say) holds the file's
+    # lock: a member process started meanwhile tries its join again instead of exiting.
+    import sqlite3
+    import subprocess
+
+    from rebalancer_spark.testing import member_process
+
+    store, _ = _pair(sqlite_path, ManualClock())
+    store.join("g", "other", info={}, ttl=30.0, static=False)  # the schema exists
+    store.close()
+    paused = sqlite3.connect(sqlite_path, isolation_level=None)
+    paused.execute("BEGIN IMMEDIATE")
+    err = tmp_path / "m1.stderr"
+    cmd = member_process.command(
+        "g", f"sqlite://{sqlite_path}?busy_timeout=0.2", "m1", tmp_path / "m1.jsonl",
+        resources=["a"],
+    )  # fmt: skip
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        try:
+            wait_for(lambda: "trying again" in err.read_text(), timeout=30, what="a retry")
+            assert proc.poll() is None, err.read_text()
+        finally:
+            paused.execute("ROLLBACK")
+            paused.close()
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready", err.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == 0, err.read_text()
 
 
 def _lead_and_give(store: SqliteBackend, session: Session, owner: str) -> int:
