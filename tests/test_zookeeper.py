@@ -49,6 +49,7 @@ from rebalancer_spark.core.model import (
     GroupState,
     Phase,
     Resource,
+    Target,
     grant_epochs,
     validate_resource_id,
 )
@@ -93,9 +94,10 @@ def _walk(client: Any, path: str) -> Iterator[str]:
         yield from _walk(client, f"{path.rstrip('/')}/{child}")
 
 
-def _lead_and_publish(
+def _lead(
     store: Backend, group: str, assignment: dict[str, list[str]]
-) -> tuple[Session, int, int]:
+) -> tuple[Session, int, Target]:
+    """Join as the first member named, lead, declare the resources, publish ``assignment``."""
     session = store.join(group, next(iter(assignment)), info={}, ttl=10, static=False)
     record = store.elect(session)
     assert record is not None
@@ -105,7 +107,29 @@ def _lead_and_publish(
     target = store.publish(
         session, record.epoch, assignment, phase=Phase.RUNNING, resources_version=version
     )
-    return session, record.epoch, target.generation
+    return session, record.epoch, target
+
+
+def _lead_and_publish(
+    store: Backend, group: str, assignment: dict[str, list[str]]
+) -> tuple[Session, int, int]:
+    session, epoch, target = _lead(store, group, assignment)
+    return session, epoch, target.generation
+
+
+def _republish(
+    store: Backend,
+    session: Session,
+    epoch: int,
+    assignment: dict[str, list[str]],
+    previous: Target | None,
+) -> Target:
+    """Publish ``assignment`` over the same resources as a change from ``previous``."""
+    version = store.resources(session.group)[0]
+    return store.publish(
+        session, epoch, assignment, phase=Phase.RUNNING, resources_version=version,
+        previous=previous,
+    )  # fmt: skip
 
 
 # -- sessions: negotiated timeouts, expiry, connection loss --------------------------------------
@@ -683,16 +707,12 @@ def test_a_target_that_moves_few_ids_goes_out_as_a_delta_from_its_base(
     ids = [f"r{i:05d}" for i in range(10_000)]
     four = {f"m{k}": ids[k - 1 :: 4] for k in range(1, 5)}
     with open_backend(zookeeper_backend_url) as store:
-        session, epoch, _ = _lead_and_publish(store, group, four)
-        first = store.state(group).target
-        assert first is not None and "deltas" not in _pointer(raw, store, group)
+        session, epoch, first = _lead(store, group, four)
+        assert "deltas" not in _pointer(raw, store, group)
         base = _pointer(raw, store, group)["dir"]
         five = {m: rs[: len(rs) * 4 // 5] for m, rs in four.items()}
         five["m5"] = [r for rs in four.values() for r in rs[len(rs) * 4 // 5 :]]
-        version = store.resources(group)[0]
-        store.publish(
-            session, epoch, five, phase=Phase.RUNNING, resources_version=version, previous=first
-        )
+        _republish(store, session, epoch, five, first)
         pointer = _pointer(raw, store, group)
         assert pointer["base"] == base and "dir" not in pointer and len(pointer["deltas"]) == 1
         paths = _zk(store)._group(group)
@@ -720,9 +740,7 @@ def test_a_chain_of_deltas_is_read_right_until_a_new_base_replaces_it(
     # generation, one that read every third, and a fresh reader all see each target exactly.
     ids = [f"r{i:04d}" for i in range(2_000)]
     with open_backend(zookeeper_backend_url) as store:
-        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:1000], "m2": ids[1000:]})
-        version = store.resources(group)[0]
-        previous = store.state(group).target
+        session, epoch, previous = _lead(store, group, {"m1": ids[:1000], "m2": ids[1000:]})
         m2 = store.join(group, "m2", info={}, ttl=10, static=False)
         m3 = store.join(group, "m3", info={}, ttl=10, static=False)
         chains: list[int] = []
@@ -731,10 +749,7 @@ def test_a_chain_of_deltas_is_read_right_until_a_new_base_replaces_it(
             if step % 4 == 1:
                 new["m3"] = new["m2"][:5]
                 new["m2"] = new["m2"][5:]
-            previous = store.publish(
-                session, epoch, new, phase=Phase.RUNNING, resources_version=version,
-                previous=previous,
-            )  # fmt: skip
+            previous = _republish(store, session, epoch, new, previous)
             chains.append(len(_pointer(raw, store, group).get("deltas", [])))
             expected = {m: frozenset(rs) for m, rs in new.items()}
             assert store.member_view(session).target == expected["m1"], step
@@ -764,13 +779,8 @@ def test_a_delta_being_removed_under_a_reader_makes_it_read_again_not_miss_a_cha
 
     ids = [f"r{i:03d}" for i in range(200)]
     with open_backend(zookeeper_backend_url) as store:
-        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:100], "m2": ids[100:]})
-        version = store.resources(group)[0]
-        previous = store.state(group).target
-        store.publish(
-            session, epoch, {"m1": ids[:90], "m2": ids[90:]}, phase=Phase.RUNNING,
-            resources_version=version, previous=previous,
-        )  # fmt: skip
+        session, epoch, first = _lead(store, group, {"m1": ids[:100], "m2": ids[100:]})
+        _republish(store, session, epoch, {"m1": ids[:90], "m2": ids[90:]}, first)
         zk = _zk(store)
         paths = zk._group(group)
         data, _ = raw.get(paths.target)
@@ -793,17 +803,12 @@ def test_a_target_far_from_its_base_or_from_another_coordinator_is_written_whole
 ) -> None:
     ids = [f"r{i:05d}" for i in range(8_000)]
     with open_backend(zookeeper_backend_url) as store:
-        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:4000], "m2": ids[4000:]})
-        version = store.resources(group)[0]
-        previous = store.state(group).target
+        session, epoch, previous = _lead(store, group, {"m1": ids[:4000], "m2": ids[4000:]})
         # Changes since the base may reach half the base's ids (a moved id counts twice):
         # 750 ids moved (1,500 changes), 1,500 (3,000), then 2,500 (5,000): a new base.
         for moved, kind in ((750, "deltas"), (1500, "deltas"), (2500, "dir")):
             new = {"m1": ids[: 4000 - moved], "m2": ids[4000 - moved :]}
-            previous = store.publish(
-                session, epoch, new, phase=Phase.RUNNING, resources_version=version,
-                previous=previous,
-            )  # fmt: skip
+            previous = _republish(store, session, epoch, new, previous)
             assert kind in _pointer(raw, store, group), (moved, _pointer(raw, store, group))
         bases = {_pointer(raw, store, group)["dir"]}
     # Another backend object elected after this one knows no base: it writes whole.
@@ -811,13 +816,10 @@ def test_a_target_far_from_its_base_or_from_another_coordinator_is_written_whole
         session = other.join(group, "m3", info={}, ttl=10, static=False)
         record = other.elect(session)
         assert record is not None
-        previous = other.state(group).target
-        assert previous is not None
+        kept = other.state(group).target  # the new coordinator's copy, read from the store
+        assert kept is not None
         new = {"m3": ids[:10], "m2": ids[10:]}
-        other.publish(
-            session, record.epoch, new, phase=Phase.RUNNING, resources_version=version,
-            previous=previous,
-        )  # fmt: skip
+        _republish(other, session, record.epoch, new, kept)
         pointer = _pointer(raw, other, group)
         assert "dir" in pointer and pointer["dir"] not in bases
         target = other.state(group).target
@@ -830,17 +832,12 @@ def test_a_member_reads_only_the_changes_of_a_target_from_a_base_it_read(
 ) -> None:
     ids = [f"r{i:05d}" for i in range(6_000)]
     with open_backend(zookeeper_backend_url) as store:
-        session, epoch, _ = _lead_and_publish(store, group, {"m1": ids[:3000], "m2": ids[3000:]})
-        version = store.resources(group)[0]
-        previous = store.state(group).target
+        session, epoch, previous = _lead(store, group, {"m1": ids[:3000], "m2": ids[3000:]})
         paths = _zk(store)._group(group)
         read: list[str] = []
         _count_reads(store, session, paths=read)
         assert store.member_view(session).target == frozenset(ids[:3000])
-        previous = store.publish(
-            session, epoch, {"m1": ids[:2900], "m2": ids[2900:]}, phase=Phase.RUNNING,
-            resources_version=version, previous=previous,
-        )  # fmt: skip
+        _republish(store, session, epoch, {"m1": ids[:2900], "m2": ids[2900:]}, previous)
         assert store.member_view(session).target == frozenset(ids[:2900])
         assert store.member_view(session).target == frozenset(ids[:2900])
         chunks = [p for p in read if p.startswith(paths.targets + "/") and "#" in p]
