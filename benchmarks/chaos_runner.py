@@ -187,8 +187,7 @@ class CountedChaos(Chaos):
             # The schedule's own time between faults: the workload, not synchronisation.
             time.sleep(min(max(min(wake) - time.monotonic(), 0.0), 0.5))
         self.heal_store()
-        for victim in sorted(self.member_faults, key=lambda v: self.member_faults[v][0].kind):
-            self.heal_member(victim, final=True)
+        self.heal_members()
 
 
 @dataclass

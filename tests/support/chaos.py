@@ -437,6 +437,11 @@ class Chaos:
             # The schedule's own virtual time between faults: the workload, not synchronisation.
             time.sleep(max(min(wake) - time.monotonic(), 0.0))
         self.heal_store()
+        self.heal_members()
+
+    def heal_members(self) -> None:
+        """Undo every member fault at the end of a run: paused members first, since a member
+        paused inside a SQLite write holds the file's lock, which a restart would wait on."""
         paused_first = sorted(
             self.member_faults, key=lambda v: self.member_faults[v][0].kind != "sigstop"
         )
