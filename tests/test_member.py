@@ -514,6 +514,37 @@ class LateClaims(FlakyStore):
         return granted
 
 
+def test_acquired_events_are_dated_when_their_grant_came_back_not_when_each_was_sent(
+    grp: Group,
+) -> None:
+    # Ownership of a batch of grants begins for all of them when the store answers: a sink
+    # that takes its time must not date the later ones later (the audit's gap between two
+    # owners would grow with the size of the batch).
+    events: list[OwnershipEvent] = []
+    lock = threading.Lock()
+
+    def slow_sink(event: OwnershipEvent) -> None:
+        time.sleep(0.02)
+        with lock:
+            events.append(event)
+
+    def acquired() -> list[OwnershipEvent]:
+        with lock:
+            return [e for e in events if e.kind is EventKind.ACQUIRED]
+
+    member = Member(grp.config(member_id="a"), resources=RESOURCES, event_sinks=[slow_sink])
+    member.start()
+    try:
+        wait_for(lambda: len(acquired()) == len(RESOURCES), timeout=10, what="12 acquired events")
+        found = acquired()
+        assert len({e.at for e in found}) < len(found)  # grants that came back together
+        assert all(e.at <= e.observed_at for e in found)
+        late = [e for e in found if e.observed_at - e.at >= 0.015]
+        assert len(late) >= len(RESOURCES) - 3, [(e.at, e.observed_at) for e in found]
+    finally:
+        member.stop(drain=False)
+
+
 def test_claims_answered_after_the_lease_lapsed_are_never_held(grp: Group) -> None:
     late = LateClaims(open_backend(grp.url))
     rec = Recorder()

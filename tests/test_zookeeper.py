@@ -885,6 +885,38 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         assert sum(reads) <= 2 + 1 + 600 + 600, reads
 
 
+def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_their_claims(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # While the holder's session znode exists so do its claims (ephemerals of one session):
+    # a joining member that asks before the releases land reads each record and the holder's
+    # session, not 600 claims and records again; once the holder is gone, its claims are
+    # read and granted.
+    moved = [f"r{i:04d}" for i in range(600)]
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
+        assert len(store.claim(old, moved, generation)) == 600
+        new = other.join(group, "m2", info={}, ttl=10, static=False)
+        version = store.resources(group)[0]
+        target = store.publish(
+            old, epoch, {"m2": moved}, phase=Phase.RUNNING, resources_version=version
+        )
+        read: list[str] = []
+        reads = _count_reads(other, new, paths=read)
+        assert other.claim(new, moved, target.generation) == {}
+        paths = _zk(other)._group(group)
+        assert not [p for p in read if p.startswith(paths.claims + "/")]
+        assert read.count(paths.session(old.session_id)) == 1
+        # The pointer and session, the target's part and 600 records, the holder's session.
+        assert sum(reads) <= 2 + 1 + 600 + 1, reads
+        store.leave(old)  # its session ends: its claims go with it, unreleased
+        read.clear()
+        grants = other.claim(new, moved, target.generation)
+        assert grant_epochs(grants) == dict.fromkeys(moved, 2)
+        assert all(g.freed is Freed.EXPIRED and g.prev_member_id == "m1" for g in grants.values())
+        assert len([p for p in read if p.startswith(paths.claims + "/")]) == 600
+
+
 def test_requests_of_a_claim_go_out_together_and_one_refused_resource_spares_the_rest(
     zookeeper_backend_url: str, group: str, raw: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

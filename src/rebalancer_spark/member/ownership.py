@@ -152,7 +152,9 @@ class Ownership:
     def emit_acquired(
         self, session: Session, o: OwnedResource, reason: str, *, at: float | None = None
     ) -> None:
-        """The ``acquired`` event of ``o``, carrying its grant's link of the epoch chain."""
+        """The ``acquired`` event of ``o``, carrying its grant's link of the epoch chain; ``at``
+        is when the store's grant came back (``o.acquired_at``) unless given: a batch of
+        thousands of grants all began then, however long their events take to send."""
         g = o.grant
         self.emit(
             EventKind.ACQUIRED,
@@ -160,7 +162,7 @@ class Ownership:
             o.resource,
             o.epoch,
             reason,
-            at=at,
+            at=o.acquired_at if at is None else at,
             generation=o.generation,
             coordinator_epoch=o.coordinator_epoch,
             chain=g,
@@ -272,12 +274,14 @@ class Ownership:
         """Send one ownership event to every sink (``at``: when it happened, default now);
         ``chain`` is the grant of an ``acquired`` event."""
         now = self._clock.wall()
+        at = now if at is None else min(at, now)
         freed_at = None if chain is None else chain.freed_at
         if freed_at is not None:
             # The store's time of the predecessor's end, on the store's clock (Redis ends
             # leases by its host's wall clock): it came before this grant's answer, so never
-            # later than now on this member's clock, whatever step the store's clock took.
-            freed_at = min(freed_at, now)
+            # later than the grant on this member's clock, whatever step the store's clock
+            # took.
+            freed_at = min(freed_at, at)
         event = OwnershipEvent(
             kind=kind,
             group=self._group,
@@ -285,7 +289,7 @@ class Ownership:
             member_id=self._member_id,
             session_id=session.session_id,
             epoch=epoch,
-            at=now if at is None else at,
+            at=at,
             observed_at=now,
             reason=reason,
             info=self._info,

@@ -21,10 +21,11 @@ from typing import Any
 from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progresses
 from rebalancer_spark.backends.zookeeper.reads import Changed, read_own_part
 from rebalancer_spark.backends.zookeeper.store.chain import (
+    EpochRecord,
     grant_data,
     held_grant,
     next_grant,
-    released,
+    read_record,
     released_data,
 )
 from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
@@ -191,13 +192,27 @@ Record = tuple[bytes, Any] | None
 """A znode's data and stat as read, or None: no such znode."""
 
 
+def _epoch_record(found: Record, path: str) -> EpochRecord | None:
+    return None if found is None else read_record(found[0], found[1], path)
+
+
 def _read_for_claims(
     zs: ZkSession, settings: Settings, ptr: TargetPointer, resources: Collection[str]
-) -> tuple[list[str], dict[str, Record], dict[str, Record]] | None:
-    """The resources asked for that the target gives this member, with their claim znodes
-    and epoch records as read (None: the target moved on while being read)."""
+) -> tuple[list[str], dict[str, Record], dict[str, EpochRecord | None]] | None:
+    """The resources asked for that the target gives this member and that may be free, with
+    their claim znodes and epoch records as read (None: the target moved on while being
+    read); a resource held by another live session is left out.
+
+    Each wanted resource's epoch record is read; it says who holds the resource (see
+    :attr:`.EpochRecord.holder`). A released one is free with no more reads. For one held by
+    another session, that session's znode is read, once per holder: while it exists, so does
+    the claim (a resource it releases meanwhile is missed until the next attempt, which the
+    release's write to ``changes`` wakes). The claims of the rest (holders gone, records that
+    name no session, this session's own) are read, each with its record again, in one
+    multiRead (a consistent cut: the holder may have released in between). A refused grant
+    costs nothing but the attempt: every claim is fenced on the record's version."""
     what = "claiming resources"
-    p = zs.paths
+    p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
     part = read_own_part(zs, reader, ptr)
     asked = list(dict.fromkeys(resources))
@@ -206,22 +221,28 @@ def _read_for_claims(
         mine = part()
     except Changed:
         return None
-    epochs = {r: read() for r, read in reads.items()}  # every read answered, wanted or not
+    found = {r: read() for r, read in reads.items()}  # every read answered, wanted or not
     wanted = [r for r in asked if r in mine]
-    # A claim znode can exist only beside a record that names a holder and no release (a
-    # release deletes it in the multi-op that writes "released"): only those claims are
-    # read, each with its record again, in one multiRead (a consistent cut: the holder may
-    # have released in between).
-    maybe = [r for r in wanted if (e := epochs[r]) and not released(e[0], p.resource_epoch(r))]
+    epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted}
+    unsure = {r: e for r in wanted if (e := epochs[r]) is not None and not e.released}
+    holders = {h for e in unsure.values() if (h := e.holder) is not None and h != own}
+    if holders:
+        check = session_reader(zs, settings, what)
+        alive = {h: check.stat(p.session(h)) for h in sorted(holders)}
+        live = {h for h, read in alive.items() if read() is not None}
+        taken = {r for r, e in unsure.items() if e.holder in live}
+        unsure = {r: e for r, e in unsure.items() if r not in taken}
+        wanted = [r for r in wanted if r not in taken]
     held: dict[str, Record] = dict.fromkeys(wanted)
-    if maybe:
+    if unsure:
         again = session_reader(zs, settings, what)
         pending = {
             r: (again.get(p.claim(r), RECORD_HINT), again.get(p.resource_epoch(r), RECORD_HINT))
-            for r in maybe
+            for r in unsure
         }
         for r, (claim_read, epoch_read) in pending.items():
-            held[r], epochs[r] = claim_read(), epoch_read()
+            held[r] = claim_read()
+            epochs[r] = _epoch_record(epoch_read(), p.resource_epoch(r))
     return wanted, held, epochs
 
 
@@ -229,7 +250,7 @@ def _plan_claims(
     zs: ZkSession,
     wanted: list[str],
     held: Mapping[str, Record],
-    epochs: Mapping[str, Record],
+    epochs: Mapping[str, EpochRecord | None],
 ) -> tuple[dict[str, Grant], dict[str, Grant], list[tuple[str, list[Op]]]]:
     """For each wanted resource (given to this member), from its claim znode and its epoch
     record as read: the grant it holds already, or the grant a claim would make with its
@@ -244,17 +265,15 @@ def _plan_claims(
         if current is not None:
             c = read_claim(r, current[0], p.claim(r))
             if c.session_id == s.session_id and seen is not None:
-                granted[r] = held_grant(seen[0], seen[1].mtime, path)
+                granted[r] = held_grant(seen)
             continue
-        grant = next_grant(
-            None if seen is None else seen[0], 0 if seen is None else seen[1].mtime, path
-        )
+        grant = next_grant(seen)
         grants[r] = grant
         record = grant_data(s.member_id, s.session_id, grant)
         raise_epoch = (
             Op("create", path, record, tag=r)
             if seen is None
-            else Op("set", path, record, seen[1].version, tag=r)
+            else Op("set", path, record, seen.version, tag=r)
         )
         create = Op(
             "create",

@@ -19,13 +19,60 @@ round trip:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rebalancer_spark.backends.zookeeper.store.records import decode, encode
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant
 
-__all__ = ["grant_data", "held_grant", "next_grant", "released", "released_data"]
+__all__ = ["EpochRecord", "grant_data", "held_grant", "next_grant", "read_record", "released_data"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EpochRecord:
+    """An ``epochs/<id>`` record as read, parsed once: its fields, the znode's ``version``
+    (what a claim's ``set`` is fenced on) and ``mtime`` in milliseconds."""
+
+    epoch: int
+    member: str | None
+    session: str | None
+    released: bool
+    prev: Any
+    """The ``prev`` field as stored; :data:`NO_PREV` when the record has none (an older
+    version's record)."""
+    version: int
+    mtime_ms: int
+
+    @property
+    def holder(self) -> str | None:
+        """The session the record says holds the resource now (None: released, or unknown).
+        Its claim znode exists exactly while that session lives: the claim is an ephemeral
+        of the same session as ``sessions/<id>``, and only a release (which rewrites this
+        record) or the session's end deletes it."""
+        return None if self.released else self.session
+
+
+NO_PREV = object()
+
+
+def read_record(data: bytes, stat: Any, path: str) -> EpochRecord:
+    """The record in ``data`` of the znode at ``path`` whose ``stat`` was read with it."""
+    value = decode(data, path)
+    if not isinstance(value, dict) or not isinstance(value.get("epoch"), int):
+        raise CorruptStateError(
+            f"znode {path} holds {value!r}, not a resource epoch record; it was not written by "
+            "this version of rebalancer-spark: inspect it with zkCli, then remove the group"
+        )
+    return EpochRecord(
+        value["epoch"],
+        _text(value.get("member")),
+        _text(value.get("session")),
+        value.get("released") is True,
+        value.get("prev", NO_PREV),
+        stat.version,
+        stat.mtime,
+    )
 
 
 def grant_data(member_id: str, session_id: str, grant: Grant) -> bytes:
@@ -48,48 +95,27 @@ def released_data(member_id: str, session_id: str, epoch: int) -> bytes:
     return encode({"epoch": epoch, "member": member_id, "session": session_id, "released": True})
 
 
-def _record(data: bytes, path: str) -> dict[str, Any]:
-    value = decode(data, path)
-    if not isinstance(value, dict) or not isinstance(value.get("epoch"), int):
-        raise CorruptStateError(
-            f"znode {path} holds {value!r}, not a resource epoch record; it was not written by "
-            "this version of rebalancer-spark: inspect it with zkCli, then remove the group"
-        )
-    return value
-
-
-def released(data: bytes, path: str) -> bool:
-    """Whether the record ``data`` says its holder released the resource (so no claim znode
-    exists: the release deleted it in the same multi-op)."""
-    return _record(data, path).get("released") is True
-
-
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def next_grant(data: bytes | None, mtime_ms: int, path: str) -> Grant:
-    """The grant that follows the record ``data`` (None: no znode) last written at
-    ``mtime_ms``, the claim znode being gone. An expiry's ``freed_at`` is left None: the
-    caller fills in the grant's own store time."""
-    if data is None:
+def next_grant(record: EpochRecord | None) -> Grant:
+    """The grant that follows ``record`` (None: no znode), the claim znode being gone. An
+    expiry's ``freed_at`` is left None: the caller fills in the grant's own store time."""
+    if record is None:
         return Grant(1)
-    record = _record(data, path)
-    epoch: int = record["epoch"]
-    member, session = _text(record.get("member")), _text(record.get("session"))
+    epoch, member, session = record.epoch, record.member, record.session
     if member is None or session is None:
         return Grant(epoch + 1, None, None, None, epoch, None)
-    if record.get("released") is True:
-        return Grant(epoch + 1, Freed.RELEASED, member, session, epoch, mtime_ms / 1000)
+    if record.released:
+        return Grant(epoch + 1, Freed.RELEASED, member, session, epoch, record.mtime_ms / 1000)
     return Grant(epoch + 1, Freed.EXPIRED, member, session, epoch, None)
 
 
-def held_grant(data: bytes, mtime_ms: int, path: str) -> Grant:
-    """The grant recorded in ``data`` for its current holder (written at ``mtime_ms``)."""
-    record = _record(data, path)
-    epoch: int = record["epoch"]
-    prev = record.get("prev")
-    if "prev" not in record:
+def held_grant(record: EpochRecord) -> Grant:
+    """The grant ``record`` names for its current holder."""
+    epoch, prev = record.epoch, record.prev
+    if prev is NO_PREV:
         return Grant(epoch, None, None, None, epoch - 1, None)
     if not isinstance(prev, dict):
         return Grant(epoch)
@@ -104,5 +130,5 @@ def held_grant(data: bytes, mtime_ms: int, path: str) -> Grant:
         _text(prev.get("member")),
         _text(prev.get("session")),
         epoch - 1,
-        float(at) if isinstance(at, int | float) else mtime_ms / 1000,
+        float(at) if isinstance(at, int | float) else record.mtime_ms / 1000,
     )

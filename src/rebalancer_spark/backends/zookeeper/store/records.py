@@ -48,9 +48,12 @@ LAYOUT = 1
 """The version of the znode layout this library writes and reads."""
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
 def encode(value: Any) -> bytes:
     """Compact, sorted JSON in UTF-8."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 _NEXT_STEP = "inspect it with zkCli, then remove the group (or use another chroot)"
