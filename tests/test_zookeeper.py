@@ -27,6 +27,7 @@ from kazoo.security import make_digest_acl_credential
 
 from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
+from rebalancer_spark.backends.base import Interest
 from rebalancer_spark.backends.zookeeper import ZookeeperBackend
 from rebalancer_spark.backends.zookeeper.coordination import DELTA_CHAIN
 from rebalancer_spark.backends.zookeeper.store.layout import (
@@ -885,13 +886,93 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         assert sum(reads) <= 2 + 1 + 600 + 600, reads
 
 
+def _quiet(watch: Any) -> None:
+    """Let the wake-ups of changes made so far pass (one change may fire two of the znodes
+    a watch follows, and the watch registered when it was created covered everything)."""
+    for _ in range(20):
+        if not watch.wait(0.3):
+            return
+    raise AssertionError("the watch kept waking with nothing changing")
+
+
+def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # In a group of 100 members every claim and acknowledgement woke 200 watches, each of
+    # which read the store: a member's watch follows the target, control, membership and the
+    # holders of what it asked for (any release of such a holder wakes it); a follower's the
+    # coordinator and membership.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, epoch, target = _lead(store, group, {"m1": ["x", "z"], "m4": ["y"]})
+        s4 = store.join(group, "m4", info={}, ttl=10, static=False)
+        store.claim(s1, ["x", "z"], target.generation)
+        store.claim(s4, ["y"], target.generation)
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        s3 = other.join(group, "m3", info={}, ttl=10, static=False)
+        member, follower, witness = other.watch(group), other.watch(group), other.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m2")
+            follower.focus(Interest.SUCCESSION)
+            moved = {"m1": ["z"], "m2": ["x"], "m3": ["y"], "m4": []}
+            target = _republish(store, s1, epoch, moved, target)
+            assert member.wait(5), "a new target"
+            assert witness.wait(5)
+            for watch in (member, follower, witness):
+                _quiet(watch)
+            assert other.claim(s2, ["x"], target.generation) == {}  # m1 holds it still
+            changes: dict[str, Callable[[], object]] = {
+                "an acknowledgement": lambda: other.acknowledge(s3, target.generation),
+                "a release meant for m3": lambda: store.release(s4, {"y": 1}),
+                "m3's claim": lambda: other.claim(s3, ["y"], target.generation),
+            }
+            for change, make in changes.items():
+                make()
+                assert witness.wait(5), change  # the change is out
+                assert member.wait(0.3) is False, change
+                assert follower.wait(0.01) is False, change
+            store.release(s1, {"x": 1})
+            assert member.wait(5), "the release of what m2 asked for"
+            assert follower.wait(0.3) is False, "a release"
+            store.leave(s1)
+            assert follower.wait(5), "the coordinator left"
+            member.focus(Interest.ALL)
+            assert member.wait(5), "a wider interest reports what it may have missed"
+        finally:
+            for watch in (member, follower, witness):
+                watch.close()
+
+
+def test_a_member_watch_wakes_when_the_holder_of_what_it_asked_for_ends(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, epoch, target = _lead(store, group, {"m1": ["x"]})
+        store.claim(s1, ["x"], target.generation)
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        member = other.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m2")
+            target = _republish(store, s1, epoch, {"m1": [], "m2": ["x"]}, target)
+            assert member.wait(5), "a new target"
+            _quiet(member)
+            assert other.claim(s2, ["x"], target.generation) == {}
+            assert member.wait(0.3) is False
+            store.leave(s1)  # its session ends, unreleased
+            assert member.wait(5), "the holder's session ended"
+            grants = other.claim(s2, ["x"], target.generation)
+            assert grants["x"].freed is Freed.EXPIRED
+        finally:
+            member.close()
+
+
 def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_their_claims(
     zookeeper_backend_url: str, group: str
 ) -> None:
     # While the holder's session znode exists so do its claims (ephemerals of one session):
-    # a joining member that asks before the releases land reads each record and the holder's
-    # session, not 600 claims and records again; once the holder is gone, its claims are
-    # read and granted.
+    # a joining member that asks before the releases land reads each record, then the
+    # holder's session with the records again (a consistent cut: its version is what the
+    # member's watch follows), not 600 claims; once the holder is gone, its claims are read
+    # and granted.
     moved = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
@@ -907,8 +988,9 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
         paths = _zk(other)._group(group)
         assert not [p for p in read if p.startswith(paths.claims + "/")]
         assert read.count(paths.session(old.session_id)) == 1
-        # The pointer and session, the target's part and 600 records, the holder's session.
-        assert sum(reads) <= 2 + 1 + 600 + 1, reads
+        # The pointer and session, the target's part and 600 records, the holder's session
+        # and the records again.
+        assert sum(reads) <= 2 + 1 + 600 + 1 + 600, reads
         store.leave(old)  # its session ends: its claims go with it, unreleased
         read.clear()
         grants = other.claim(new, moved, target.generation)

@@ -408,12 +408,13 @@ def test_watch_wakes_when_a_lease_runs_out_while_others_keep_writing(
 def test_a_focused_watch_still_wakes_for_what_its_interest_covers(
     open_store: Callable[[], Backend], group: str
 ) -> None:
-    """Focusing may hold back changes the interest does not cover (Redis does), never one it
-    covers: a member's watch wakes for the release of a resource its target gives it and for a
-    new target; a follower's watch for the coordinator leaving."""
+    """Focusing may hold back changes the interest does not cover (Redis and ZooKeeper do),
+    never one it covers: a member's watch wakes for a new target and for the release of a
+    resource its target gives it that it asked for; a follower's watch for the coordinator
+    leaving."""
     a, b = open_store(), open_store()
     s1 = _join(a, group, "m1")
-    _join(b, group, "m2")
+    s2 = _join(b, group, "m2")
     e = _lead(a, s1)
     g1 = a.publish(s1, e, {"m1": ["x", "y"], "m2": []}, phase=Phase.RUNNING, resources_version=0)
     a.claim(s1, ["x", "y"], g1.generation)
@@ -422,8 +423,9 @@ def test_a_focused_watch_still_wakes_for_what_its_interest_covers(
         member.focus(Interest.MEMBER, "m2")
         follower.focus(Interest.SUCCESSION)
         assert member.wait(0.05) is False and follower.wait(0.05) is False
-        a.publish(s1, e, {"m1": ["y"], "m2": ["x"]}, phase=Phase.RUNNING, resources_version=0)
+        g2 = a.publish(s1, e, {"m1": ["y"], "m2": ["x"]}, phase=Phase.RUNNING, resources_version=0)
         assert member.wait(5), "a new target"
+        assert b.claim(s2, ["x"], g2.generation) == {}  # m1 holds it still
         a.release(s1, {"x": 1})
         assert member.wait(5), "the release of a resource its target gives it"
         a.leave(s1)

@@ -134,7 +134,8 @@ class Interest(StrEnum):
     """Every change: the coordinator, and operators' tools (the default)."""
     MEMBER = "member"
     """What a member's reconciler acts on: a new target, control, membership and lease
-    events, and releases of resources that the target gives this member."""
+    events, and releases of resources that the target gives this member (on ZooKeeper,
+    those its last claim found held: the reconciler claims on every new target)."""
     SUCCESSION = "succession"
     """What a member that does not coordinate watches for: the coordinator going away
     (membership and lease events, resignations, elections)."""
@@ -151,9 +152,11 @@ class Watch(abc.ABC):
     def focus(self, interest: Interest, member_id: str | None = None) -> None:
         """From now on, wake only for the changes ``interest`` covers (for
         :attr:`Interest.MEMBER`: the releases of resources that the target gives
-        ``member_id``). A backend that cannot tell changes apart wakes for all (SQLite,
-        ZooKeeper); one that can (Redis) holds the others back and reports them at the next
-        wait once the interest covers them again, so widening never loses a change."""
+        ``member_id``, once its claim found them held). A backend that cannot tell changes
+        apart wakes for all (SQLite). Redis holds the others back and reports them at the
+        next wait once the interest covers them again; ZooKeeper watches only the znodes of
+        the interest and wakes once when it widens. Either way widening never loses a
+        change."""
         self.interest, self.member_id = interest, member_id
 
     @abc.abstractmethod

@@ -24,6 +24,7 @@ from typing import ClassVar
 from rebalancer_spark.backends.base import (
     Backend,
     Capability,
+    Interest,
     Session,
     TargetChange,
     expired,
@@ -344,7 +345,22 @@ class ZookeeperBackend(Backend):
         return update_control(self._client, self.settings, paths, expected_version, control)
 
     def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
-        return ownership.claim(self._hosted(session), self.settings, resources, generation)
+        zs = self._hosted(session)
+        grants, waiting = ownership.claim(zs, self.settings, resources, generation)
+        if waiting:
+            # The member's own watches follow what keeps the rest from it (see .watch).
+            with self._lock:
+                watches = [
+                    w
+                    for w in self._watches
+                    if not w.closed
+                    and w.interest is Interest.MEMBER
+                    and w.member_id == session.member_id
+                    and w.paths == zs.paths
+                ]
+            for watch in watches:
+                watch.follow(waiting)
+        return grants
 
     def _release(self, session: Session, claims: dict[str, int]) -> None:
         zs = self._sessions.get(session.session_id)

@@ -134,9 +134,10 @@ def member_view(zs: ZkSession, settings: Settings) -> MemberView:
 
 def claim(
     zs: ZkSession, settings: Settings, resources: Collection[str], generation: int
-) -> dict[str, Grant]:
+) -> tuple[dict[str, Grant], dict[str, int]]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
-    each grant with the progress it hands over (:func:`_hand_over`)."""
+    each grant with the progress it hands over (:func:`_hand_over`). Also the znodes to
+    follow (path -> version read) for those held by others: see :func:`_read_for_claims`."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -146,18 +147,17 @@ def claim(
         raise session_gone(zs)
     found = pointer()
     if found is None:
-        return {}
+        return {}, {}
     ptr = read_target_pointer(found[0], p.target, group=p.group)
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
-        return {}
+        return {}, {}
     read = _read_for_claims(zs, settings, ptr, resources)
     if read is None:
-        return {}
-    wanted, held, epochs = read
-    granted, grants, units = _plan_claims(zs, wanted, held, epochs)
+        return {}, {}
+    granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
     if not units:
         zs.confirm({r: g.epoch for r, g in granted.items()})
-        return _hand_over(zs, settings, granted, {})
+        return _hand_over(zs, settings, granted, {}), read.waiting
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
     zs.begin_claim({r for r, _ in units})
@@ -185,7 +185,12 @@ def claim(
                 raise session_gone(zs)
     finally:
         zs.end_claim(refused, confirmed)  # none confirmed if a request got no answer
-    return _hand_over(zs, settings, granted, handed)
+    # A refused grant's record moved on from the version planned on: following it at that
+    # version wakes the member at once to try again.
+    waiting = read.waiting | {
+        p.resource_epoch(r): -1 if (e := read.epochs.get(r)) is None else e.version for r in refused
+    }
+    return _hand_over(zs, settings, granted, handed), waiting
 
 
 Record = tuple[bytes, Any] | None
@@ -196,20 +201,34 @@ def _epoch_record(found: Record, path: str) -> EpochRecord | None:
     return None if found is None else read_record(found[0], found[1], path)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ForClaims:
+    """What a claim read: the resources to plan (given to this member by the target, not
+    held by another live session), with their claim znodes and epoch records, and the znodes
+    to follow for the rest (path -> version at the read)."""
+
+    wanted: list[str]
+    held: dict[str, Record]
+    epochs: dict[str, EpochRecord | None]
+    waiting: dict[str, int]
+
+
 def _read_for_claims(
     zs: ZkSession, settings: Settings, ptr: TargetPointer, resources: Collection[str]
-) -> tuple[list[str], dict[str, Record], dict[str, EpochRecord | None]] | None:
-    """The resources asked for that the target gives this member and that may be free, with
-    their claim znodes and epoch records as read (None: the target moved on while being
-    read); a resource held by another live session is left out.
+) -> _ForClaims | None:
+    """What :class:`_ForClaims` says, for the resources asked for (None: the target moved on
+    while being read).
 
     Each wanted resource's epoch record is read; it says who holds the resource (see
-    :attr:`.EpochRecord.holder`). A released one is free with no more reads. For one held by
-    another session, that session's znode is read, once per holder: while it exists, so does
-    the claim (a resource it releases meanwhile is missed until the next attempt, which the
-    release's write to ``changes`` wakes). The claims of the rest (holders gone, records that
-    name no session, this session's own) are read, each with its record again, in one
-    multiRead (a consistent cut: the holder may have released in between). A refused grant
+    :attr:`.EpochRecord.holder`). A released one is free with no more reads. For those held
+    by other sessions, one multiRead (a consistent cut) reads each holder's session znode and
+    their records again: a resource whose holder's session znode exists at the cut is held
+    (so is its claim), and that znode, at its version at the cut, is to be followed: every
+    release sets it and the session's end deletes it, so a release made after the cut is
+    either seen by the watch's registration (another version) or fires it. The claims of the
+    rest (holders gone, records that name no session, this session's own) are read, each with
+    its record again, in one multiRead (a consistent cut: the holder may have released in
+    between); a claim of another session found there is followed itself. A refused grant
     costs nothing but the attempt: every claim is fenced on the record's version."""
     what = "claiming resources"
     p, own = zs.paths, zs.session.session_id
@@ -225,25 +244,38 @@ def _read_for_claims(
     wanted = [r for r in asked if r in mine]
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted}
     unsure = {r: e for r in wanted if (e := epochs[r]) is not None and not e.released}
-    holders = {h for e in unsure.values() if (h := e.holder) is not None and h != own}
-    if holders:
-        check = session_reader(zs, settings, what)
-        alive = {h: check.stat(p.session(h)) for h in sorted(holders)}
-        live = {h for h, read in alive.items() if read() is not None}
-        taken = {r for r, e in unsure.items() if e.holder in live}
-        unsure = {r: e for r, e in unsure.items() if r not in taken}
+    others = {r: h for r, e in unsure.items() if (h := e.holder) is not None and h != own}
+    waiting: dict[str, int] = {}
+    taken: set[str] = set()
+    if others:
+        cut = session_reader(zs, settings, what)
+        alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
+        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
+        stats = {h: read() for h, read in alive.items()}
+        for r, read in again.items():
+            e = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
+            holder = None if e is None else e.holder
+            stat = None if holder is None else stats.get(holder)
+            if e is None or e.released:
+                del unsure[r]  # released since the first read: free now
+            elif holder is not None and stat is not None:
+                taken.add(r)  # still held by a live session: follow that session
+                waiting[p.session(holder)] = stat.version
         wanted = [r for r in wanted if r not in taken]
+        unsure = {r: e for r, e in unsure.items() if r not in taken}
     held: dict[str, Record] = dict.fromkeys(wanted)
     if unsure:
-        again = session_reader(zs, settings, what)
+        again_ = session_reader(zs, settings, what)
         pending = {
-            r: (again.get(p.claim(r), RECORD_HINT), again.get(p.resource_epoch(r), RECORD_HINT))
+            r: (again_.get(p.claim(r), RECORD_HINT), again_.get(p.resource_epoch(r), RECORD_HINT))
             for r in unsure
         }
         for r, (claim_read, epoch_read) in pending.items():
-            held[r] = claim_read()
+            current = held[r] = claim_read()
             epochs[r] = _epoch_record(epoch_read(), p.resource_epoch(r))
-    return wanted, held, epochs
+            if current is not None and read_claim(r, current[0], p.claim(r)).session_id != own:
+                waiting[p.claim(r)] = current[1].version
+    return _ForClaims(wanted, held, epochs, waiting)
 
 
 def _plan_claims(
@@ -415,7 +447,10 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
                     ],
                 )
             )
-    released, refused, _ = _apply(zs, settings, units, [], [Op("set", p.changes)], what)
+    # Setting this session's own znode wakes the members whose claims found these resources
+    # held by it (they follow it: see the watch's module).
+    tail = [Op("set", p.changes), Op("set", p.session(s.session_id))]
+    released, refused, _ = _apply(zs, settings, units, [], tail, what)
     zs.forget(gone | set(released))
     for r in refused:
         zs.doubt(r)  # a claim trusted without a read was not as this session holds it

@@ -2,9 +2,21 @@
 
 Every write of this library that changes a group also sets the group's ``changes`` znode in
 the same multi-op, and ZooKeeper itself changes the children of ``members/`` when it deletes
-the ephemeral znodes of an ended session (which makes no ``changes`` write). A
-:class:`ZookeeperWatch` keeps one data watch on ``changes`` and one child watch on
-``members/``.
+the ephemeral znodes of an ended session (which makes no ``changes`` write). Which znodes a
+:class:`ZookeeperWatch` watches follows its :attr:`~.Watch.interest`, so that in a group of
+100 members a claim or an acknowledgement wakes the coordinator, not 200 threads that would
+each read the store for nothing:
+
+* :attr:`Interest.ALL`: a data watch on ``changes`` and a child watch on ``members/``;
+* :attr:`Interest.SUCCESSION`: the ``coordinator`` znode (an ephemeral that an election
+  creates and a resignation or the coordinator's end deletes) and ``members/``;
+* :attr:`Interest.MEMBER`: the ``target`` pointer (a publication), ``control``,
+  ``members/`` (joins, leaves, ended sessions), and the znodes :meth:`ZookeeperWatch.follow`
+  names: after a claim found resources held by another live session, that session's
+  znode (``sessions/<id>``), which every release sets in its multi-op and which goes with the
+  session; after a claim found a claim of a session that does not say which, that claim.
+  So a member wakes for the releases of resources its target gives it once it asked for
+  them, which is what the reconciler does on every new target.
 
 Watches fire once, so each firing re-arms both, and the waiter is woken only once the server
 has *answered* both re-arming requests: from then on both watches are registered on the
@@ -21,11 +33,12 @@ that is answered.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from kazoo.protocol.states import KazooState
 
-from rebalancer_spark.backends.base import Watch
+from rebalancer_spark.backends.base import Interest, Watch
 from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 
 __all__ = ["ZookeeperWatch"]
@@ -40,6 +53,7 @@ class ZookeeperWatch(Watch):
         self._paths = paths
         self._event = threading.Event()
         self._closed = False
+        self._timeout = timeout
         client.add_listener(self._on_state)
         armed = self._arm(wake=False)
         # A change made after watch() returned must wake the next wait: return once both
@@ -48,19 +62,65 @@ class ZookeeperWatch(Watch):
         if not (client.connected and armed.wait(timeout)):
             self._event.set()
 
+    @property
+    def paths(self) -> GroupPaths:
+        return self._paths
+
+    def focus(self, interest: Interest, member_id: str | None = None) -> None:
+        """Watch the znodes of ``interest`` from now on. Narrowing from :attr:`Interest.ALL`
+        returns once the new watches are registered (the old ones covered everything until
+        then); any other change wakes the waiter once they are (what the old interest did not
+        watch for is not known: the wake-up stands for it)."""
+        if (interest, member_id) == (self.interest, self.member_id):
+            return
+        narrowing = self.interest is Interest.ALL
+        super().focus(interest, member_id)
+        armed = self._arm(wake=not narrowing)
+        if narrowing and not (self._client.connected and armed.wait(self._timeout)):
+            self._event.set()
+
+    def follow(self, znodes: Mapping[str, int]) -> None:
+        """Also wake for the next change of each znode named, which was at the version given
+        when read (the claim's consistent cut): if it is gone or at another version by the
+        time the watch is registered, wake at once."""
+        if self._closed:
+            return
+        for path, version in znodes.items():
+            pending = self._client.exists_async(path, watch=self._fired)
+
+            def on_answer(result: Any, version: int = version) -> None:  # kazoo's thread
+                try:
+                    stat = result.get_nowait()
+                except Exception:
+                    stat = None  # the connection listener re-arms what it must
+                if stat is None or stat.version != version:
+                    self._event.set()
+
+            pending.rawlink(on_answer)
+
+    def _watched(self) -> list[Any]:
+        """Send the watch requests of the current interest; their pending answers."""
+        p, client = self._paths, self._client
+        nodes = {
+            Interest.ALL: [p.changes],
+            Interest.SUCCESSION: [p.coordinator],
+            Interest.MEMBER: [p.target, p.control],
+        }[self.interest]
+        return [
+            *(client.exists_async(path, watch=self._fired) for path in nodes),
+            client.get_children_async(p.members, watch=self._fired),
+        ]
+
     def _arm(self, wake: bool = True) -> threading.Event:
         """Ask ZooKeeper to notify the next change, without blocking. The event returned is
-        set once the server answered both requests (so both watches are registered, or the
+        set once the server answered every request (so the watches are registered, or the
         requests failed, which the connection listener handles); with ``wake`` the waiter is
         woken then, not before."""
         answered = threading.Event()
         if self._closed:
             answered.set()
             return answered
-        pending = [
-            self._client.exists_async(self._paths.changes, watch=self._fired),
-            self._client.get_children_async(self._paths.members, watch=self._fired),
-        ]
+        pending = self._watched()
         lock = threading.Lock()
         left = [len(pending)]
 
@@ -79,7 +139,8 @@ class ZookeeperWatch(Watch):
 
     def _fired(self, event: Any) -> None:
         """A watch fired (or the connection dropped): re-arm; the waiter wakes once the
-        server has answered the re-arm."""
+        server has answered the re-arm. (A followed znode is not watched again: the wake-up
+        makes the member claim again, which follows what is still held.)"""
         if self._closed:
             return
         self._arm()
