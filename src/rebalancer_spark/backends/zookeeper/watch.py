@@ -18,16 +18,16 @@ each read the store for nothing:
   So a member wakes for the releases of resources its target gives it once it asked for
   them, which is what the reconciler does on every new target.
 
-Watches fire once, so each firing re-arms both, and the waiter is woken only once the server
-has *answered* both re-arming requests: from then on both watches are registered on the
-server, and every change the waiter's next read does not see fires them again. (Waking the
-waiter at once would let a change land between its read and the re-arm's arrival, seen by
-neither.) Reads through another connection must also not lag behind the server the watches
-are on: :func:`.ownership.member_view` syncs the session's connection first. :meth:`Backend
-.watch` likewise returns only once the first arm is answered. A dropped connection wakes the
-waiter at once (kazoo fires every watch when it disconnects); when the connection, or a new
-session of the shared client, is back the watches are re-armed, and the waiter woken once
-that is answered.
+Watches fire once, so each firing re-arms those of the current interest, and the waiter is
+woken only once the server has *answered* the re-arming requests: from then on the watches are
+registered on the server, and every change the waiter's next read does not see fires them
+again. (Waking the waiter at once would let a change land between its read and the re-arm's
+arrival, seen by neither.) Reads through another connection must also not lag behind the server
+the watches are on: :func:`.ownership.member_view` syncs the session's connection first.
+:meth:`Backend .watch` likewise returns only once the first arm is answered. A dropped
+connection wakes the waiter at once (kazoo fires every watch when it disconnects); when the
+connection, or a new session of the shared client, is back the watches are re-armed, and the
+waiter woken once that is answered.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ZookeeperWatch(Watch):
         self._timeout = timeout
         client.add_listener(self._on_state)
         armed = self._arm(wake=False)
-        # A change made after watch() returned must wake the next wait: return once both
+        # A change made after watch() returned must wake the next wait: return once the
         # watches are registered. If the connection is down (the listener arms again when it
         # is back) or the server does not answer in time, wake the first wait instead.
         if not (client.connected and armed.wait(timeout)):
