@@ -24,7 +24,7 @@ registered on the server, and every change the waiter's next read does not see f
 again. (Waking the waiter at once would let a change land between its read and the re-arm's
 arrival, seen by neither.) Reads through another connection must also not lag behind the server
 the watches are on: :func:`.ownership.member_view` syncs the session's connection first.
-:meth:`Backend .watch` likewise returns only once the first arm is answered. A dropped
+:meth:`Backend.watch` likewise returns only once the first arm is answered. A dropped
 connection wakes the waiter at once (kazoo fires every watch when it disconnects); when the
 connection, or a new session of the shared client, is back the watches are re-armed, and the
 waiter woken once that is answered.
