@@ -965,6 +965,37 @@ def test_a_member_watch_wakes_when_the_holder_of_what_it_asked_for_ends(
             member.close()
 
 
+def test_a_grant_refused_by_its_record_wakes_the_member_to_try_again(
+    zookeeper_backend_url: str, group: str, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A member's watch follows no record: a grant refused because the record moved on
+    # between the read and the request (another write to it) must wake it at once, or the
+    # resource waits for an unrelated change.
+    from rebalancer_spark.backends.zookeeper import ownership
+
+    with open_backend(zookeeper_backend_url) as store:
+        s1, _, target = _lead(store, group, {"m1": ["x"]})
+        member = store.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m1")
+            _quiet(member)
+            record = _zk(store)._group(group).resource_epoch("x")
+            plan = ownership._plan_claims
+
+            def plan_then_touch(*args: Any) -> Any:
+                planned = plan(*args)
+                raw.ensure_path(record)
+                raw.set(record, raw.get(record)[0])  # the record moves on
+                return planned
+
+            monkeypatch.setattr(ownership, "_plan_claims", plan_then_touch)
+            assert store.claim(s1, ["x"], target.generation) == {}
+            monkeypatch.setattr(ownership, "_plan_claims", plan)
+            assert member.wait(5), "the refused grant"
+        finally:
+            member.close()
+
+
 def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_their_claims(
     zookeeper_backend_url: str, group: str
 ) -> None:

@@ -52,6 +52,8 @@ from rebalancer_spark.core.protocols import MemberHead, MemberView
 __all__ = ["claim", "member_head", "member_view", "release"]
 
 _ATTEMPTS = 10
+AGAIN = ""
+"""The key among :func:`claim`'s znodes to follow that stands for "try again at once"."""
 
 
 def _units(units: list[tuple[str, list[Op]]], fixed: int) -> list[list[tuple[str, list[Op]]]]:
@@ -164,6 +166,7 @@ def claim(
     refused: set[str] = set()
     confirmed: dict[str, int] = {}
     handed: dict[str, Progress | None] = {}
+    stopped: Op | None = None
     try:
 
         def follow(tags: list[str]) -> Prefetch:
@@ -185,11 +188,12 @@ def claim(
                 raise session_gone(zs)
     finally:
         zs.end_claim(refused, confirmed)  # none confirmed if a request got no answer
-    # A refused grant's record moved on from the version planned on: following it at that
-    # version wakes the member at once to try again.
-    waiting = read.waiting | {
-        p.resource_epoch(r): -1 if (e := read.epochs.get(r)) is None else e.version for r in refused
-    }
+    waiting = dict(read.waiting)
+    if refused and stopped is None:
+        # A grant refused by its own record (another claim, a lift, a release since the
+        # read): the member tries again at once. (A refused frame means a new target, which
+        # wakes it anyway, or the end of its session.)
+        waiting[AGAIN] = 0
     return _hand_over(zs, settings, granted, handed), waiting
 
 
