@@ -965,6 +965,35 @@ def test_a_member_watch_wakes_when_the_holder_of_what_it_asked_for_ends(
             member.close()
 
 
+def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # A joining member asks for 600 resources held by m1 and m3. m1 releases its 300: the
+    # next attempt reads m1's records again and grants them; m3's session znode has not
+    # moved, so m3's 300 records are not read at all.
+    a_ids = [f"a{i:03d}" for i in range(300)]
+    c_ids = [f"c{i:03d}" for i in range(300)]
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, epoch, target = _lead(store, group, {"m1": a_ids, "m3": c_ids})
+        s3 = store.join(group, "m3", info={}, ttl=10, static=False)
+        store.claim(s1, a_ids, target.generation)
+        store.claim(s3, c_ids, target.generation)
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
+        target = _republish(store, s1, epoch, moved, target)
+        assert other.claim(s2, a_ids + c_ids, target.generation) == {}
+        store.release(s1, dict.fromkeys(a_ids, 1))
+        read: list[str] = []
+        _count_reads(other, s2, paths=read)
+        grants = other.claim(s2, a_ids + c_ids, target.generation)
+        assert sorted(grants) == a_ids
+        paths = _zk(other)._group(group)
+        records = {p for p in read if p.startswith(paths.epochs + "/")}
+        assert records == {paths.resource_epoch(r) for r in a_ids}, len(records)
+        store.release(s3, dict.fromkeys(c_ids, 1))
+        assert sorted(other.claim(s2, c_ids, target.generation)) == c_ids
+
+
 def test_a_grant_refused_by_its_record_wakes_the_member_to_try_again(
     zookeeper_backend_url: str, group: str, raw: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -223,63 +223,94 @@ def _read_for_claims(
     """What :class:`_ForClaims` says, for the resources asked for (None: the target moved on
     while being read).
 
-    Each wanted resource's epoch record is read; it says who holds the resource (see
-    :attr:`.EpochRecord.holder`). A released one is free with no more reads. For those held
-    by other sessions, one multiRead (a consistent cut) reads each holder's session znode and
-    their records again: a resource whose holder's session znode exists at the cut is held
-    (so is its claim), and that znode, at its version at the cut, is to be followed: every
-    release sets it and the session's end deletes it, so a release made after the cut is
-    either seen by the watch's registration (another version) or fires it. The claims of the
-    rest (holders gone, records that name no session, this session's own) are read, each with
-    its record again, in one multiRead (a consistent cut: the holder may have released in
-    between); a claim of another session found there is followed itself. A refused grant
-    costs nothing but the attempt: every claim is fenced on the record's version."""
+    A resource's epoch record says who holds it (see :attr:`.EpochRecord.holder`); a
+    released one is free with no more reads. For those held by other sessions, one multiRead
+    (a consistent cut) reads each holder's session znode and their records again: a resource
+    whose holder's session znode exists at the cut is held (so is its claim), and that znode,
+    at its version at the cut, is to be followed: every release sets it and the session's end
+    deletes it, so a release made after the cut is either seen by the watch's registration
+    (another version) or fires it. The claims of the rest (holders gone, records that name no
+    session, this session's own) are read, each with its record again, in one multiRead (a
+    consistent cut: the holder may have released in between); a claim of another session found
+    there is followed itself. A refused grant costs nothing but the attempt: every claim is
+    fenced on the record's version.
+
+    A resource the last claim found held (:attr:`.ZkSession.held_by_others`) is not read
+    again while its holder's session znode, read in the first multiRead, is at the same
+    version: that holder released nothing since. So after the first attempt a claim reads the
+    records of what its holders' releases may have freed, not all it waits for."""
     what = "claiming resources"
     p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
     part = read_own_part(zs, reader, ptr)
     asked = list(dict.fromkeys(resources))
-    reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in asked}
+    known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
+    before = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
+    reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in asked if r not in known}
     try:
         mine = part()
     except Changed:
         return None
-    found = {r: read() for r, read in reads.items()}  # every read answered, wanted or not
+    versions = {h: None if (st := read()) is None else st.version for h, read in before.items()}
+    still = {r: hv for r, hv in known.items() if r in mine and versions[hv[0]] == hv[1]}
+    # Every read answered, wanted or not; a known resource whose holder moved is read below.
+    found = {r: read() for r, read in reads.items()}
     wanted = [r for r in asked if r in mine]
-    epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted}
-    unsure = {r: e for r in wanted if (e := epochs[r]) is not None and not e.released}
+    epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
+    unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
     others = {r: h for r, e in unsure.items() if (h := e.holder) is not None and h != own}
-    waiting: dict[str, int] = {}
-    taken: set[str] = set()
-    if others:
+    recheck = [r for r in wanted if r in known and r not in still]
+    waiting = {p.session(h): v for h, v in still.values()}
+    held_by_others = dict(still)
+    taken: set[str] = set(still)
+    if others or recheck:
         cut = session_reader(zs, settings, what)
-        alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
-        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
+        holders = set(others.values()) | {known[r][0] for r in recheck}
+        alive = {h: cut.stat(p.session(h)) for h in sorted(holders)}
+        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in [*others, *recheck]}
         stats = {h: read() for h, read in alive.items()}
         for r, read in again.items():
             e = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
             holder = None if e is None else e.holder
             stat = None if holder is None else stats.get(holder)
             if e is None or e.released:
-                del unsure[r]  # released since the first read: free now
+                unsure.pop(r, None)  # released since it was read: free now
             elif holder is not None and stat is not None:
                 taken.add(r)  # still held by a live session: follow that session
                 waiting[p.session(holder)] = stat.version
-        wanted = [r for r in wanted if r not in taken]
-        unsure = {r: e for r, e in unsure.items() if r not in taken}
+                held_by_others[r] = (holder, stat.version)
+            else:
+                unsure[r] = e  # its holder changed or is gone: its claim is read below
+    zs.held_by_others = held_by_others
+    wanted = [r for r in wanted if r not in taken]
+    unsure = {r: e for r, e in unsure.items() if r not in taken}
     held: dict[str, Record] = dict.fromkeys(wanted)
     if unsure:
-        again_ = session_reader(zs, settings, what)
-        pending = {
-            r: (again_.get(p.claim(r), RECORD_HINT), again_.get(p.resource_epoch(r), RECORD_HINT))
-            for r in unsure
-        }
-        for r, (claim_read, epoch_read) in pending.items():
-            current = held[r] = claim_read()
-            epochs[r] = _epoch_record(epoch_read(), p.resource_epoch(r))
-            if current is not None and read_claim(r, current[0], p.claim(r)).session_id != own:
-                waiting[p.claim(r)] = current[1].version
+        _read_claims(zs, settings, unsure, held, epochs, waiting)
     return _ForClaims(wanted, held, epochs, waiting)
+
+
+def _read_claims(
+    zs: ZkSession,
+    settings: Settings,
+    unsure: Collection[str],
+    held: dict[str, Record],
+    epochs: dict[str, EpochRecord | None],
+    waiting: dict[str, int],
+) -> None:
+    """Read the claims of ``unsure`` resources, each with its record again, into ``held``
+    and ``epochs``; another session's claim found is to be followed (``waiting``)."""
+    p, own = zs.paths, zs.session.session_id
+    reader = session_reader(zs, settings, "claiming resources")
+    pending = {
+        r: (reader.get(p.claim(r), RECORD_HINT), reader.get(p.resource_epoch(r), RECORD_HINT))
+        for r in unsure
+    }
+    for r, (claim_read, epoch_read) in pending.items():
+        current = held[r] = claim_read()
+        epochs[r] = _epoch_record(epoch_read(), p.resource_epoch(r))
+        if current is not None and read_claim(r, current[0], p.claim(r)).session_id != own:
+            waiting[p.claim(r)] = current[1].version
 
 
 def _plan_claims(

@@ -93,6 +93,11 @@ class ZkSession:
         deltas applied, and the ids. Directories are written once under fresh names and never
         changed, so only deltas added to the chain since are read (:func:`..reads
         .read_own_part`)."""
+        self.held_by_others: dict[str, tuple[str, int]] = {}
+        """Resources the last claim found held by another live session: the holder's session
+        id and its session znode's version then. While that znode is still at that version
+        the holder has released nothing, so a claim need not read those records again
+        (:func:`..ownership._read_for_claims`). Used by the claiming thread only."""
         self.base: PublishedBase | None = None
         """The base and delta chain of the last target this session published as coordinator,
         from which the next one may go out as a delta (:func:`..coordination.publish`)."""
