@@ -41,6 +41,11 @@ local O, E, C, b = P .. 'owner', P .. 'epochs', P .. 'chain', base()
 local me = redis.call('HGET', P .. 'sessions', sid) or ''
 local out, granted, top = {}, false, 0
 local now = now_ms()
+local live = {}  -- holder session -> alive: read once per holder, not once per resource
+local function holder_alive(h)
+  if live[h] == nil then live[h] = alive(h) end
+  return live[h]
+end
 local function link_out(l)
   out[#out + 1] = l.pm or ''; out[#out + 1] = l.ps or ''; out[#out + 1] = l.pe or ''
   -- the predecessor's end as an age (ms before this answer), not a time on Redis' clock: the
@@ -58,7 +63,7 @@ for i = 3, #ARGV do
       out[#out + 1] = r; out[#out + 1] = redis.call('HGET', E, r)
       out[#out + 1] = 'held'; out[#out + 1] = redis.call('HGET', P .. 'progress', r) or ''
       link_out(l)
-    elseif not holder or not alive(holder) then
+    elseif not holder or not holder_alive(holder) then
       local stored = redis.call('HGET', E, r)
       local last = math.max(num(stored), b)
       local e = int(last + 1)
@@ -102,7 +107,10 @@ return out
 # RELEASE -- release claims this session holds at exactly the given epochs; each keeps in
 # P..'chain' that it was released, and when (Redis TIME, ms). The message names the members
 # whose target holds a released resource ('release m3 m7'): only they (and the coordinator)
-# wake for it. Finding them costs at most one SISMEMBER per target member and resource.
+# wake for it. Finding them costs one SISMEMBER per resource and member named so far, then
+# one per other target member until its receiver is found: a join's releases, all for the
+# member that joined, cost about one each (at 100 members the scan of every member cost
+# about 50 per resource).
 # KEYS[1] meta
 # ARGV    session id, resource 1, epoch 1, ..., resource n, epoch n
 # Returns 1
@@ -120,10 +128,17 @@ for i = 2, #ARGV, 2 do
     redis.call('SREM', P .. 'held:' .. sid, r)
     changed = true
     targeted = targeted or redis.call('SMEMBERS', P .. 'tmembers')
-    for _, m in ipairs(targeted) do
-      if redis.call('SISMEMBER', P .. 't:' .. m, r) == 1 then
-        if not to[m] then to[m] = true; names[#names + 1] = m end
-        break
+    -- the members named so far first: a join's releases all go to the member that joined
+    local found = false
+    for _, m in ipairs(names) do
+      if redis.call('SISMEMBER', P .. 't:' .. m, r) == 1 then found = true; break end
+    end
+    if not found then
+      for _, m in ipairs(targeted) do
+        if not to[m] and redis.call('SISMEMBER', P .. 't:' .. m, r) == 1 then
+          to[m] = true; names[#names + 1] = m
+          break
+        end
       end
     end
   end
