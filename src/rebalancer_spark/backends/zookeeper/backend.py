@@ -347,7 +347,7 @@ class ZookeeperBackend(Backend):
     def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
         zs = self._hosted(session)
         grants, waiting = ownership.claim(zs, self.settings, resources, generation)
-        if waiting:
+        if waiting.znodes or waiting.again:
             # The member's own watches follow what keeps the rest from it (see .watch).
             with self._lock:
                 watches = [
@@ -359,7 +359,7 @@ class ZookeeperBackend(Backend):
                     and w.paths == zs.paths
                 ]
             for watch in watches:
-                watch.follow(waiting)
+                watch.follow(waiting.znodes, again=waiting.again)
         return grants
 
     def _release(self, session: Session, claims: dict[str, int]) -> None:

@@ -49,11 +49,19 @@ from rebalancer_spark.backends.zookeeper.store.records import (
 from rebalancer_spark.core.model import Claim, Freed, Grant, Phase, Progress
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 
-__all__ = ["claim", "member_head", "member_view", "release"]
+__all__ = ["Waiting", "claim", "member_head", "member_view", "release"]
 
 _ATTEMPTS = 10
-AGAIN = ""
-"""The key among :func:`claim`'s znodes to follow that stands for "try again at once"."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Waiting:
+    """What keeps the rest of a claim from its member: the znodes to follow (path -> version
+    read; see :func:`_read_for_claims`), and whether to try again at once (a grant refused by
+    its own record)."""
+
+    znodes: dict[str, int]
+    again: bool = False
 
 
 def _units(units: list[tuple[str, list[Op]]], fixed: int) -> list[list[tuple[str, list[Op]]]]:
@@ -136,10 +144,10 @@ def member_view(zs: ZkSession, settings: Settings) -> MemberView:
 
 def claim(
     zs: ZkSession, settings: Settings, resources: Collection[str], generation: int
-) -> tuple[dict[str, Grant], dict[str, int]]:
+) -> tuple[dict[str, Grant], Waiting]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
-    each grant with the progress it hands over (:func:`_hand_over`). Also the znodes to
-    follow (path -> version read) for those held by others: see :func:`_read_for_claims`."""
+    each grant with the progress it hands over (:func:`_hand_over`). Also what to wait for
+    about the rest."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -149,17 +157,17 @@ def claim(
         raise session_gone(zs)
     found = pointer()
     if found is None:
-        return {}, {}
+        return {}, Waiting({})
     ptr = read_target_pointer(found[0], p.target, group=p.group)
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
-        return {}, {}
+        return {}, Waiting({})
     read = _read_for_claims(zs, settings, ptr, resources)
     if read is None:
-        return {}, {}
+        return {}, Waiting({})
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
     if not units:
         zs.confirm({r: g.epoch for r, g in granted.items()})
-        return _hand_over(zs, settings, granted, {}), read.waiting
+        return _hand_over(zs, settings, granted, {}), Waiting(read.waiting)
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
     zs.begin_claim({r for r, _ in units})
@@ -188,12 +196,10 @@ def claim(
                 raise session_gone(zs)
     finally:
         zs.end_claim(refused, confirmed)  # none confirmed if a request got no answer
-    waiting = dict(read.waiting)
-    if refused and stopped is None:
-        # A grant refused by its own record (another claim, a lift, a release since the
-        # read): the member tries again at once. (A refused frame means a new target, which
-        # wakes it anyway, or the end of its session.)
-        waiting[AGAIN] = 0
+    # A grant refused by its own record (another claim, a lift, a release since the read):
+    # the member tries again at once. (A refused frame means a new target, which wakes it
+    # anyway, or the end of its session.)
+    waiting = Waiting(read.waiting, again=bool(refused) and stopped is None)
     return _hand_over(zs, settings, granted, handed), waiting
 
 

@@ -39,7 +39,6 @@ from typing import Any
 from kazoo.protocol.states import KazooState
 
 from rebalancer_spark.backends.base import Interest, Watch
-from rebalancer_spark.backends.zookeeper.ownership import AGAIN
 from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 
 __all__ = ["ZookeeperWatch"]
@@ -80,17 +79,15 @@ class ZookeeperWatch(Watch):
         if narrowing and not (self._client.connected and armed.wait(self._timeout)):
             self._event.set()
 
-    def follow(self, znodes: Mapping[str, int]) -> None:
+    def follow(self, znodes: Mapping[str, int], *, again: bool = False) -> None:
         """Also wake for the next change of each znode named, which was at the version given
         when read (the claim's consistent cut): if it is gone or at another version by the
-        time the watch is registered, wake at once. :data:`.ownership.AGAIN` wakes at once."""
+        time the watch is registered, wake at once. ``again`` wakes at once."""
         if self._closed:
             return
-        if AGAIN in znodes:
+        if again:
             self._event.set()
         for path, version in znodes.items():
-            if path == AGAIN:
-                continue
             pending = self._client.exists_async(path, watch=self._fired)
 
             def on_answer(result: Any, version: int = version) -> None:  # kazoo's thread
