@@ -444,6 +444,25 @@ def test_a_chroot_holding_someone_elses_tree_is_refused_and_left_alone(
     assert raw.get(f"{chroot}/app/config")[0] == b"their data"
 
 
+def test_a_join_caught_in_a_recursive_delete_of_its_group_is_retried_not_a_crash(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    """A recursive delete of the chroot (the store losing its state) takes ``sessions/`` before
+    ``members/``: a join in between finds a parent gone under its session znode. That is the
+    group going away, to retry once the delete is over, not an error that kills the member."""
+    base = f"{parse_backend_url(zookeeper_backend_url).path}/groups/{group}"
+    with open_backend(zookeeper_backend_url) as store:
+        store.leave(store.join(group, "m0", info={}, ttl=6.0, static=False))
+        raw.delete(f"{base}/sessions")  # the delete is half way through the group
+        with pytest.raises(BackendUnavailable, match="its znodes are gone"):
+            store.join(group, "m1", info={}, ttl=6.0, static=False)
+        assert raw.get_children(f"{base}/members") == []
+        raw.delete(base, recursive=True)  # the delete is over
+        session = store.join(group, "m1", info={}, ttl=6.0, static=False)
+        assert set(store.state(group).members) == {"m1"}
+        store.leave(session)
+
+
 @pytest.mark.parametrize("where", ["target", "members/m1", "claims/a", "resources", "epoch"])
 def test_unreadable_data_is_a_clear_error_naming_the_znode_and_nothing_is_deleted(
     zookeeper_backend_url: str, group: str, raw: Any, where: str

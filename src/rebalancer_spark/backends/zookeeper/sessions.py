@@ -107,12 +107,14 @@ def join(
         session_transact(zs, settings, ops, f"joining group {paths.group!r}")
     except BaseException as exc:
         zs.close("its join failed")
+        if isinstance(exc, Refused) and isinstance(exc.error, NoNodeError):
+            # A parent of any of the join's znodes is gone: the group was deleted, or is being
+            # deleted (a recursive delete takes ``sessions/`` before ``members/``).
+            raise GroupGone(
+                f"joining group {paths.group!r}: its znodes are gone (the chroot was "
+                "deleted?); the join prepares the group again and retries"
+            ) from None
         if isinstance(exc, Refused) and exc.op.path == paths.member(member_id):
-            if isinstance(exc.error, NoNodeError):  # not in use: the group's znodes are gone
-                raise GroupGone(
-                    f"joining group {paths.group!r}: its znodes are gone (the chroot was "
-                    "deleted?); the join prepares the group again and retries"
-                ) from None
             raise _in_use(client, settings, paths, member_id) from None
         raise
     return zs
