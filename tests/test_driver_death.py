@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -283,18 +284,29 @@ def assert_every_file_landed_once(output: Path, landing: Path) -> None:
     assert not several, f"files in several batches: {several}"
 
 
-def _check_audit(workdir: Path) -> None:
-    """The audit verifies, and the victim's resources ended in ``lost`` events saying why (its
-    audit log was flushed before it exited; its stdout may be gone with its JVM)."""
+def _check_audit(workdir: Path, since: float, *, drained: bool) -> None:
+    """The audit verifies, and the victim's two resources ended after ``since`` (wall clock) in
+    events saying why: ``lost`` as "abandoned: …" by the watchdog, or, when ``drained`` may
+    be, ``released`` by a stop. (SIGTERM to spark-submit: the JVM's shutdown also ends the
+    Python driver with SIGTERM, so the job may stop as if asked to, draining, before its
+    watchdog sees the SparkContext gone; see ``jobs.stop_spark``.) Its audit log was flushed
+    before it exited; its stdout may be gone with its JVM."""
     verdict = verify_table(str(workdir / "audit"), group=GROUP)
     assert verdict.ok, verdict.report()
-    abandoned = [
+    ended = [
         e
         for e in load_events(str(workdir / "audit"), group=GROUP)
-        if e["member_id"] == "job-1" and e["kind"] == "lost"
+        if e["member_id"] == "job-1"
+        and cast(float, e["at"]) >= since
+        and e["kind"] in ("lost", "released")
     ]
-    assert len(abandoned) == 2, abandoned
-    assert all(str(e["reason"]).startswith("abandoned: ") for e in abandoned), abandoned
+    assert len(ended) == 2 and len({e["resource"] for e in ended}) == 2, ended
+    abandoned = all(
+        e["kind"] == "lost" and str(e["reason"]).startswith("abandoned: ") for e in ended
+    )
+    released = all(e["kind"] == "released" for e in ended)
+    assert abandoned or (drained and released), ended
+    print(f"the victim's resources ended {'abandoned' if abandoned else 'released'}")
 
 
 def _children() -> set[int]:
@@ -370,6 +382,7 @@ def test_a_spark_submit_driver_whose_jvm_dies_stops_owning_and_exits(
     driver = run.driver_pid("job-1")
     assert _parent_of(driver) == victim.proc.pid, "the JVM should be the driver's parent"
     with _subreaper():
+        since = time.time()
         os.kill(victim.proc.pid, sig)  # the JVM only: its Python driver lives on
         killed_at = time.monotonic()
         victim.proc.wait(60)
@@ -377,7 +390,7 @@ def test_a_spark_submit_driver_whose_jvm_dies_stops_owning_and_exits(
             "job-1", "job-2", killed_at, _orphan_exit_code(driver)
         )
     _check_death(f"spark-submit JVM killed with {sig.name}", victim, code, exited, taken)
-    _check_exactly_once(run)
+    _check_exactly_once(run, since, drained=sig is signal.SIGTERM)
 
 
 @pytest.mark.timeout(600)
@@ -387,6 +400,7 @@ def test_a_python_driver_whose_jvm_child_dies_stops_owning_and_exits(run: _Run) 
     run.wait_split()
     del run.jobs["job-1"]
     try:
+        since = time.time()
         os.kill(_jvm_child_of(victim.proc.pid), signal.SIGKILL)
         killed_at = time.monotonic()
         code, exited, taken = run.watch_death("job-1", "job-2", killed_at, victim.proc.poll)
@@ -395,7 +409,7 @@ def test_a_python_driver_whose_jvm_child_dies_stops_owning_and_exits(run: _Run) 
             os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait(60)
     _check_death("python driver's JVM child killed with SIGKILL", victim, code, exited, taken)
-    _check_exactly_once(run)
+    _check_exactly_once(run, since)
 
 
 @pytest.mark.timeout(600)
@@ -413,6 +427,7 @@ def test_a_driver_whose_user_code_stops_the_spark_context_stops_owning_and_exits
     run.wait_split()
     del run.jobs["job-1"]
     try:
+        since = time.time()
         marker.touch()
         told_at = time.monotonic()
         # spark-submit's JVM outlives the SparkContext and ends with its driver's exit code.
@@ -422,7 +437,7 @@ def test_a_driver_whose_user_code_stops_the_spark_context_stops_owning_and_exits
             os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait(60)
     _check_death(f"SparkContext stopped by user code ({how})", victim, code, exited, taken)
-    _check_exactly_once(run)
+    _check_exactly_once(run, since)
 
 
 def _check_death(case: str, victim: _Job, code: int, exited: float, taken: float) -> None:
@@ -437,9 +452,9 @@ def _check_death(case: str, victim: _Job, code: int, exited: float, taken: float
     assert exited <= SESSION_TIMEOUT + 1, f"exited only after {exited:.2f} s"
 
 
-def _check_exactly_once(run: _Run) -> None:
+def _check_exactly_once(run: _Run, since: float, *, drained: bool = False) -> None:
     """Files written after the death land too, every file once, and the audit verifies."""
     _write_new_files(run.landing)
     assert run.finish("job-2") == 0
     assert_every_file_landed_once(run.workdir / "output", run.landing)
-    _check_audit(run.workdir)
+    _check_audit(run.workdir, since, drained=drained)
