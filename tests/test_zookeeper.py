@@ -689,6 +689,50 @@ def test_a_members_view_reads_no_claim_its_own_requests_created(
         assert sum(reads) <= 4, reads
 
 
+def test_a_release_of_claims_its_own_requests_made_reads_nothing_first(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # The claim's answer told the session each epoch record's version (it wrote them), and
+    # only this session rewrites them while it holds them: the release is fenced on those
+    # versions, with no read round before it.
+    mine = [f"r{i:04d}" for i in range(600)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": mine})
+        assert len(store.claim(session, mine, generation)) == 600
+        read: list[str] = []
+        _count_reads(store, session, paths=read)
+        store.release(session, dict.fromkeys(mine, 1))
+        assert read == [], read[:5]
+        assert store.state(group).claims == {}
+        # Claimed again (versions 1 -> 2), released again: the versions follow.
+        assert len(store.claim(session, mine, generation)) == 600
+        read.clear()
+        store.release(session, dict.fromkeys(mine, 2))
+        assert read == [] and store.state(group).claims == {}
+
+
+def test_a_release_fenced_on_a_record_rewritten_behind_its_back_reads_it_and_releases(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # Someone rewrote two records (as a lift of the epochs does) while the session held
+    # them: the release trusted the versions its claim wrote, is refused on those two, reads
+    # them and releases them too; nothing stays claimed.
+    mine = [f"r{i:03d}" for i in range(50)]
+    with open_backend(zookeeper_backend_url) as store:
+        session, _, generation = _lead_and_publish(store, group, {"m1": mine})
+        assert len(store.claim(session, mine, generation)) == 50
+        paths = _zk(store)._group(group)
+        for r in ("r007", "r031"):
+            data, _ = raw.get(paths.resource_epoch(r))
+            raw.set(paths.resource_epoch(r), data)  # same content, next version
+        read: list[str] = []
+        _count_reads(store, session, paths=read)
+        store.release(session, dict.fromkeys(mine, 1))
+        assert store.state(group).claims == {}
+        records = {p for p in read if p.startswith(paths.epochs + "/")}
+        assert records == {paths.resource_epoch("r007"), paths.resource_epoch("r031")}
+
+
 def test_a_member_reads_its_part_of_a_target_once(zookeeper_backend_url: str, group: str) -> None:
     # A target directory's chunks never change once written: views and claims of the same
     # target reuse the part read first, and a new target's part is read once again.

@@ -29,7 +29,7 @@ from rebalancer_spark.backends.zookeeper.store.chain import (
     released_data,
 )
 from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
-from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.connection import Held, SessionState, ZkSession
 from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     require_live,
@@ -166,13 +166,13 @@ def claim(
         return {}, Waiting({})
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
     if not units:
-        zs.confirm({r: g.epoch for r, g in granted.items()})
+        zs.confirm(_held(granted, read.epochs, written=False))
         return _hand_over(zs, settings, granted, {}), Waiting(read.waiting)
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
     zs.begin_claim({r for r, _ in units})
     refused: set[str] = set()
-    confirmed: dict[str, int] = {}
+    confirmed: dict[str, Held] = {}
     handed: dict[str, Progress | None] = {}
     stopped: Op | None = None
     try:
@@ -189,7 +189,10 @@ def claim(
                 # ZooKeeper keeps no time of a session's end: the grant's own time bounds it.
                 grant = dataclasses.replace(grant, freed_at=at)
             granted[r] = grant
-        confirmed = {r: g.epoch for r, g in granted.items()}
+        confirmed = {
+            **_held({r: g for r, g in granted.items() if r not in grants}, read.epochs, False),
+            **_held({r: granted[r] for r in applied}, read.epochs, written=True),
+        }
         if stopped is not None:  # the session or the target moved on: nothing more to grant
             refused = {r for r, _ in units} - set(applied)
             if stopped.path == p.session(s.session_id):
@@ -201,6 +204,21 @@ def claim(
     # anyway, or the end of its session.)
     waiting = Waiting(read.waiting, again=bool(refused) and stopped is None)
     return _hand_over(zs, settings, granted, handed), waiting
+
+
+def _held(
+    granted: Mapping[str, Grant], epochs: Mapping[str, EpochRecord | None], written: bool
+) -> dict[str, Held]:
+    """What the session now holds for sure, with each epoch record's version: as read, or,
+    once this session's claim rewrote it (``written``), the next one (0: created)."""
+    out: dict[str, Held] = {}
+    for r, g in granted.items():
+        seen = epochs.get(r)
+        if seen is None:
+            out[r] = Held(g.epoch, 0 if written else None)
+        else:
+            out[r] = Held(g.epoch, seen.version + 1 if written else seen.version)
+    return out
 
 
 Record = tuple[bytes, Any] | None
@@ -438,24 +456,30 @@ def _store_time(results: list[Any]) -> float | None:
 
 
 def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> None:
-    """Release the given claims if this session holds them at those epochs."""
+    """Release the given claims if this session holds them at those epochs.
+
+    A claim this session's own request created (or a read confirmed) is trusted: nobody else
+    deletes it while the session lives. If the session also knows its epoch record's version
+    (what its claim wrote), the release is written without any read first, fenced on that
+    version; a release refused there is read and tried again (someone rewrote the record: a
+    lift of the epochs after the store lost its state, or a release whose answer was lost)."""
     if not claims or zs.state is SessionState.ENDED:
         return
     what = "releasing resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
-    reader = session_reader(zs, settings, what)
-    # A claim this session's own request created is read only for its epoch record's
-    # version: nobody else deletes it while the session lives.
     confirmed, _ = zs.held()
+    known = zs.record_versions(claims)
+    units = [(r, _release_ops(zs, r, claims[r], version)) for r, version in known.items()]
+    reader = session_reader(zs, settings, what)
     reads = {
         r: (
             None if confirmed.get(r) == epoch else reader.get(p.claim(r), RECORD_HINT),
             reader.stat(p.resource_epoch(r), RECORD_HINT),
         )
         for r, epoch in claims.items()
+        if r not in known
     }
-    units: list[tuple[str, list[Op]]] = []
     gone: set[str] = set()
     for r, (held, seen) in reads.items():
         stat = seen()
@@ -473,25 +497,30 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
         if c.session_id != s.session_id:
             gone.add(r)
         elif c.epoch == claims[r]:
-            units.append(
-                (
-                    r,
-                    [
-                        Op(
-                            "set",
-                            p.resource_epoch(r),
-                            released_data(s.member_id, s.session_id, c.epoch),
-                            stat.version,
-                            tag=r,
-                        ),
-                        Op("delete", p.claim(r), tag=r),
-                    ],
-                )
-            )
+            units.append((r, _release_ops(zs, r, c.epoch, stat.version)))
     # Setting this session's own znode wakes the members whose claims found these resources
     # held by it (they follow it: see the watch's module).
     tail = [Op("set", p.changes), Op("set", p.session(s.session_id))]
-    released, refused, _ = _apply(zs, settings, units, [], tail, what)
+    try:
+        released, refused, _ = _apply(zs, settings, units, [], tail, what)
+    except BaseException:
+        for r in known:  # a request without an answer may have applied: read them next time
+            zs.doubt(r)
+        raise
     zs.forget(gone | set(released))
     for r in refused:
         zs.doubt(r)  # a claim trusted without a read was not as this session holds it
+    again = {r: claims[r] for r in refused if r in known}
+    if again:
+        release(zs, settings, again)  # doubted now: read this time
+
+
+def _release_ops(zs: ZkSession, resource: str, epoch: int, version: int) -> list[Op]:
+    """Mark ``resource``'s epoch record released (fenced on its ``version``) and delete this
+    session's claim."""
+    p, s = zs.paths, zs.session
+    record = released_data(s.member_id, s.session_id, epoch)
+    return [
+        Op("set", p.resource_epoch(resource), record, version, tag=resource),
+        Op("delete", p.claim(resource), tag=resource),
+    ]

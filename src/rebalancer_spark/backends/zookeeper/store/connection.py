@@ -34,7 +34,7 @@ from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import SessionExpired
 
-__all__ = ["PublishedBase", "SessionState", "SessionTable", "ZkSession"]
+__all__ = ["Held", "PublishedBase", "SessionState", "SessionTable", "ZkSession"]
 
 _CLOSE_WAIT = 15.0
 """Longest wait for another thread's close of the same session to finish."""
@@ -58,6 +58,15 @@ class PublishedBase:
     size: int
     deltas: tuple[str, ...] = ()
     changed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A claim this session holds for sure: its epoch, and the version of its
+    ``epochs/<id>`` record as this session last wrote or read it (None: unknown)."""
+
+    epoch: int
+    record_version: int | None = None
 
 
 class ZkSession:
@@ -86,7 +95,7 @@ class ZkSession:
         self._close_started = False
         self._closed = threading.Event()
         self._attempted: set[str] = set()
-        self._confirmed: dict[str, int] = {}
+        self._confirmed: dict[str, Held] = {}
         self._claiming = 0
         self.parts: tuple[str, tuple[str, ...], frozenset[str]] | None = None
         """This member's part of the last target it read: the base directory's name, the
@@ -183,16 +192,16 @@ class ZkSession:
             self._attempted |= resources
             self._claiming += 1
 
-    def end_claim(self, refused: set[str], confirmed: Mapping[str, int]) -> None:
-        """The claim is over: ``refused`` were not created; ``confirmed`` (resource ->
-        epoch) are held, as the answer of the request that created them (or a read) said."""
+    def end_claim(self, refused: set[str], confirmed: Mapping[str, Held]) -> None:
+        """The claim is over: ``refused`` were not created; ``confirmed`` are held, as the
+        answer of the request that created them (or a read) said."""
         with self._lock:
             self._attempted -= refused
             self._claiming -= 1
         self.confirm(confirmed)
 
-    def confirm(self, held: Mapping[str, int]) -> None:
-        """Note claims read or answered as this session's (resource -> epoch)."""
+    def confirm(self, held: Mapping[str, Held]) -> None:
+        """Note claims read or answered as this session's."""
         with self._lock:
             self._attempted |= held.keys()
             self._confirmed.update(held)
@@ -217,7 +226,22 @@ class ZkSession:
         deletes its claims (a release) until it ends, so a confirmed claim stays held as
         long as the session lives; the caller checks that it does."""
         with self._lock:
-            return dict(self._confirmed), self._attempted - self._confirmed.keys()
+            confirmed = {r: h.epoch for r, h in self._confirmed.items()}
+            return confirmed, self._attempted - self._confirmed.keys()
+
+    def record_versions(self, claims: Mapping[str, int]) -> dict[str, int]:
+        """Of ``claims`` (resource -> epoch), those held for sure at that epoch whose epoch
+        record this session last wrote or read at a known version: that version. Only this
+        session rewrites the record while it holds the claim, so a write fenced on it needs
+        no read first; if the record moved anyway, the write is refused, not wrong."""
+        with self._lock:
+            return {
+                r: h.record_version
+                for r, epoch in claims.items()
+                if (h := self._confirmed.get(r)) is not None
+                and h.epoch == epoch
+                and h.record_version is not None
+            }
 
     # -- closing ----------------------------------------------------------------------------
 
