@@ -32,8 +32,8 @@ URL options: ``poll`` (seconds between change checks, default 0.02) and ``busy_t
 The modules: :mod:`.backend` (:class:`SqliteBackend`: transactions and the protected methods
 behind the shared front of :mod:`rebalancer_spark.backends.base`), :mod:`.url` (the URL grammar
 and options, whether the file exists), :mod:`.connection` (opening the file, error
-translation), :mod:`.readers` (the read connections), :mod:`.schema` (tables, schema version,
-boot id), :mod:`.groups` (a group's row, change counter and resource set),
+translation), :mod:`.readers` (the read connections), :mod:`.schema` (tables, schema version, boot id), :mod:`.groups` (a group's row,
+change counter and resource set),
 :mod:`.sessions` (joins and leases), :mod:`.coordinator` (election and targets),
 :mod:`.ownership` (claims and commits), :mod:`.reads` (snapshots) and :mod:`.watch`.
 """
