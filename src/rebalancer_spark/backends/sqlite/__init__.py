@@ -7,8 +7,7 @@ implementation of the contract in :mod:`rebalancer_spark.backends.base`.
 How it keeps the contract:
 
 * **Atomic checks.** Every write is one ``BEGIN IMMEDIATE`` transaction that re-reads what it
-  depends on (coordinator epoch, claim epoch, lease) before changing anything. Reads are
-  snapshots on a connection per reading thread (:mod:`.readers`), beside the writes.
+  depends on (coordinator epoch, claim epoch, lease) before changing anything.
 * **Leases.** A lease deadline is ``CLOCK_BOOTTIME`` + ttl, a clock every process of the host
   shares and that never jumps. The boot id is kept in the file, per host: after a reboot every
   session of the host's previous boot is dead. The file is one host's store: a session records
@@ -32,7 +31,7 @@ URL options: ``poll`` (seconds between change checks, default 0.02) and ``busy_t
 The modules: :mod:`.backend` (:class:`SqliteBackend`: transactions and the protected methods
 behind the shared front of :mod:`rebalancer_spark.backends.base`), :mod:`.url` (the URL grammar
 and options, whether the file exists), :mod:`.connection` (opening the file, error
-translation), :mod:`.readers` (the read connections), :mod:`.schema` (tables, schema version, boot id), :mod:`.groups` (a group's row,
+translation), :mod:`.schema` (tables, schema version, boot id), :mod:`.groups` (a group's row,
 change counter and resource set),
 :mod:`.sessions` (joins and leases), :mod:`.coordinator` (election and targets),
 :mod:`.ownership` (claims and commits), :mod:`.reads` (snapshots) and :mod:`.watch`.
