@@ -102,48 +102,6 @@ def test_opening_and_reading_need_no_write_lock(sqlite_path: Path) -> None:
         store.close()
 
 
-def test_reads_of_a_backend_object_never_wait_for_its_own_writes(sqlite_path: Path) -> None:
-    # A member's threads share one backend object: its coordinator's read of the group must
-    # not queue behind its reconciler's claim waiting for another process's write lock.
-    import sqlite3
-    import threading
-
-    from rebalancer_spark.core.model import Resource
-
-    url = parse_backend_url(f"sqlite://{sqlite_path}?busy_timeout=60")
-    store = SqliteBackend(url)
-    _OPENED.append(store)
-    store.join("g", "m", info={}, ttl=120.0, static=False)
-    paused = sqlite3.connect(sqlite_path, isolation_level=None)
-    paused.execute("BEGIN IMMEDIATE")  # another process inside a write
-    written: list[int] = []
-    writer = threading.Thread(
-        target=lambda: written.append(store.update_resources("g", replace=[Resource("a")]))
-    )
-    read: list[set[str]] = []
-    reader = threading.Thread(target=lambda: read.append(set(store.state("g").members)))
-    try:
-        writer.start()
-
-        def writing() -> bool:  # the writer holds the object's write connection, waiting
-            if store._lock.acquire(blocking=False):
-                store._lock.release()
-                return False
-            return True
-
-        wait_for(writing, timeout=30, what="the write to wait for the file's lock")
-        reader.start()
-        reader.join(30)
-        assert read == [{"m"}], "the read waited for the write of its own backend object"
-        assert written == []
-    finally:
-        paused.execute("ROLLBACK")
-        paused.close()
-        writer.join(60)
-        reader.join(60)
-    assert len(written) == 1 and store.resources("g")[1].keys() == {"a"}
-
-
 def test_a_member_process_started_while_the_file_is_locked_joins_once_it_is_free(
     sqlite_path: Path, tmp_path: Path
 ) -> None:

@@ -1,11 +1,9 @@
-""":class:`SqliteBackend`: one transaction per call of the Backend contract.
+""":class:`SqliteBackend`: one connection, one transaction per call of the Backend contract.
 
 Each method opens a transaction with :meth:`SqliteBackend._transaction` (``BEGIN IMMEDIATE``
-on the object's one write connection for writes; a plain ``BEGIN`` on the calling thread's own
-read connection for reads, which so never wait for this object's writes: see
-:mod:`.store.readers`) and hands the connection to the function that does the work, in
-:mod:`.sessions`, :mod:`.coordinator`, :mod:`.groups`, :mod:`.ownership` or :mod:`.reads`.
-The design is in the package docstring (:mod:`rebalancer_spark.backends.sqlite`).
+for writes, a plain ``BEGIN`` for reads) and hands the connection to the function that does
+the work, in :mod:`.sessions`, :mod:`.coordinator`, :mod:`.groups`, :mod:`.ownership` or
+:mod:`.reads`. The design is in the package docstring (:mod:`rebalancer_spark.backends.sqlite`).
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from rebalancer_spark.backends.sqlite.store.connection import (
     positive,
     translate,
 )
-from rebalancer_spark.backends.sqlite.store.readers import Readers
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
@@ -76,7 +73,6 @@ class SqliteBackend(Backend):
         self._lock = threading.RLock()
         self._conn = open_database(self.path, self.busy_timeout)
         self._file = _file_id(self.path)
-        self._readers = Readers(self.path, self.busy_timeout)
         self._closed = False
         self._initialise()
 
@@ -92,12 +88,7 @@ class SqliteBackend(Backend):
     @contextlib.contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         """One transaction started with ``begin`` (:data:`_WRITE` or :data:`_READ`): committed
-        if the block ends normally, rolled back otherwise; SQLite errors are translated. A
-        read runs on this thread's read connection, beside any write of this object."""
-        if begin == _READ:
-            with self._readers.transaction() as db:
-                yield db
-            return
+        if the block ends normally, rolled back otherwise; SQLite errors are translated."""
         with self._lock:
             self._check_open()
             conn = self._conn
@@ -125,7 +116,6 @@ class SqliteBackend(Backend):
             if not self._closed:
                 self._closed = True
                 self._conn.close()
-        self._readers.close()
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -162,7 +152,6 @@ class SqliteBackend(Backend):
                 self._conn.close()
                 self._conn = open_database(self.path, self.busy_timeout)
                 self._file = _file_id(self.path)
-                self._readers.reopen()
         self._initialise()
         raise expired(
             session,
