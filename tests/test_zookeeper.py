@@ -673,6 +673,13 @@ def _count_reads(store: Backend, session: Session, paths: list[str] | None = Non
     return counts
 
 
+def _lead_and_claim(store: Backend, group: str, ids: list[str]) -> tuple[Session, int]:
+    """Lead, give ``ids`` to the leader, claim them all; the session and the generation."""
+    session, _, generation = _lead_and_publish(store, group, {"m1": ids})
+    assert len(store.claim(session, ids, generation)) == len(ids)
+    return session, generation
+
+
 def test_a_members_view_reads_no_claim_its_own_requests_created(
     zookeeper_backend_url: str, group: str
 ) -> None:
@@ -680,8 +687,7 @@ def test_a_members_view_reads_no_claim_its_own_requests_created(
     # requests that created them, so its reads do not grow with what the member owns.
     mine = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store:
-        session, _, generation = _lead_and_publish(store, group, {"m1": mine})
-        assert len(store.claim(session, mine, generation)) == 600
+        session, _ = _lead_and_claim(store, group, mine)
         reads = _count_reads(store, session)
         view = store.member_view(session)
         assert view.owned == dict.fromkeys(mine, 1) and view.target == frozenset(mine)
@@ -697,8 +703,7 @@ def test_a_release_of_claims_its_own_requests_made_reads_nothing_first(
     # versions, with no read round before it.
     mine = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store:
-        session, _, generation = _lead_and_publish(store, group, {"m1": mine})
-        assert len(store.claim(session, mine, generation)) == 600
+        session, generation = _lead_and_claim(store, group, mine)
         read: list[str] = []
         _count_reads(store, session, paths=read)
         store.release(session, dict.fromkeys(mine, 1))
@@ -719,8 +724,7 @@ def test_a_release_fenced_on_a_record_rewritten_behind_its_back_reads_it_and_rel
     # them and releases them too; nothing stays claimed.
     mine = [f"r{i:03d}" for i in range(50)]
     with open_backend(zookeeper_backend_url) as store:
-        session, _, generation = _lead_and_publish(store, group, {"m1": mine})
-        assert len(store.claim(session, mine, generation)) == 50
+        session, _ = _lead_and_claim(store, group, mine)
         paths = _zk(store)._group(group)
         for r in ("r007", "r031"):
             data, _ = raw.get(paths.resource_epoch(r))
