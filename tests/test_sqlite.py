@@ -102,6 +102,48 @@ def test_opening_and_reading_need_no_write_lock(sqlite_path: Path) -> None:
         store.close()
 
 
+def test_a_write_waits_for_the_lock_in_short_steps_and_takes_it_once_free(
+    sqlite_path: Path,
+) -> None:
+    # SQLite's own busy handler sleeps up to 100 ms between tries whether or not the lock came
+    # free; the backend tries again after 0.2 ms, doubling up to WRITE_POLL_MAX, and keeps the
+    # connection's busy timeout for its reads.
+    import sqlite3
+
+    from rebalancer_spark.backends.sqlite.store.connection import (
+        WRITE_POLL_MAX,
+        begin_write,
+        connect,
+    )
+
+    store, _ = _pair(sqlite_path, ManualClock())  # the schema, in WAL mode
+    store.close()
+    holder = sqlite3.connect(sqlite_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    conn = connect(str(sqlite_path), 5.0)
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 12:
+            holder.execute("COMMIT")
+
+    try:
+        begin_write(conn, 5.0, sleep=sleep)
+        assert conn.in_transaction
+        assert len(pauses) == 12  # taken at the first try after the holder's commit
+        assert pauses[0] == pytest.approx(0.0002)
+        assert pauses[1] == pytest.approx(0.0004)
+        assert max(pauses) == pytest.approx(WRITE_POLL_MAX)
+        conn.execute("ROLLBACK")
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    finally:
+        conn.close()
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+
+
 def test_a_member_process_started_while_the_file_is_locked_joins_once_it_is_free(
     sqlite_path: Path, tmp_path: Path
 ) -> None:

@@ -26,7 +26,8 @@ How it keeps the contract:
   wake nobody.
 
 URL options: ``poll`` (seconds between change checks, default 0.02) and ``busy_timeout``
-(seconds to wait for the write lock, default 10).
+(seconds to wait for the write lock, default 10; it is tried again every 0.2 to 2 ms,
+:func:`.store.connection.begin_write`).
 
 The modules: :mod:`.backend` (:class:`SqliteBackend`: transactions and the protected methods
 behind the shared front of :mod:`rebalancer_spark.backends.base`), :mod:`.url` (the URL grammar

@@ -1,7 +1,8 @@
 """:class:`SqliteBackend`: one connection, one transaction per call of the Backend contract.
 
 Each method opens a transaction with :meth:`SqliteBackend._transaction` (``BEGIN IMMEDIATE``
-for writes, a plain ``BEGIN`` for reads) and hands the connection to the function that does
+for writes, its lock waited for by :func:`.connection.begin_write`; a plain ``BEGIN`` for
+reads) and hands the connection to the function that does
 the work, in :mod:`.sessions`, :mod:`.coordinator`, :mod:`.groups`, :mod:`.ownership` or
 :mod:`.reads`. The design is in the package docstring (:mod:`rebalancer_spark.backends.sqlite`).
 """
@@ -28,6 +29,7 @@ from rebalancer_spark.backends.sqlite.host import host_id
 from rebalancer_spark.backends.sqlite.store import groups, schema
 from rebalancer_spark.backends.sqlite.store.connection import (
     OPTIONS,
+    begin_write,
     open_database,
     positive,
     translate,
@@ -93,7 +95,10 @@ class SqliteBackend(Backend):
             self._check_open()
             conn = self._conn
             try:
-                conn.execute(begin)
+                if begin == _WRITE:
+                    begin_write(conn, self.busy_timeout)
+                else:
+                    conn.execute(begin)
                 yield conn
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Collection, Mapping
-from dataclasses import replace
 
 from rebalancer_spark.backends.base import Session, fenced_commit
 from rebalancer_spark.backends.records import parse_count
@@ -31,11 +30,11 @@ from rebalancer_spark.core.model import Freed, Grant, Phase
 __all__ = ["acknowledge", "claim", "commit", "release"]
 
 
+_FREED = {f.value: f for f in Freed}
+
+
 def _freed(value: object) -> Freed | None:
-    try:
-        return None if value is None else Freed(str(value))
-    except ValueError:
-        return None
+    return _FREED.get(value) if isinstance(value, str) else None
 
 
 def claim(
@@ -50,13 +49,12 @@ def claim(
     progress it hands over."""
     group = session.group
     wanted = set(resources)
-    granted: dict[str, Grant] = {}
     require_alive(db, session, clock)
     current, phase = db.execute(
         "SELECT generation, phase FROM groups WHERE name=?", (group,)
     ).fetchone()
     if current != generation or phase != Phase.RUNNING.value:
-        return granted
+        return {}
     now = clock.monotonic()
     rows = db.execute(
         "SELECT t.resource_id, o.member_id, o.session_id, o.epoch, o.prev_member, "
@@ -70,7 +68,8 @@ def claim(
         "AND (o.session_id IS NULL OR o.session_id=? OR m.expires IS NULL OR m.expires<=?)",
         (group, session.member_id, session.session_id, now),
     ).fetchall()
-    grants: list[tuple[object, ...]] = []
+    # (resource, epoch, freed, prev member, prev session, prev epoch, freed at, new grant?)
+    found: list[tuple[str, int, Freed | None, str | None, str | None, int, float | None, bool]] = []
     for rid, member, holder, stored, p_member, p_session, freed, freed_at, expires in rows:
         if rid not in wanted:
             continue
@@ -78,36 +77,43 @@ def claim(
             0 if stored is None else parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")
         )
         if holder == session.session_id:
-            granted[rid] = Grant(epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at)
-            continue
-        if holder is not None and expires is not None and expires > now:
+            found.append(
+                (rid, epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at, False)
+            )
+        elif holder is not None and expires is not None and expires > now:
             continue  # a live holder
-        if stored is None:
-            grant = Grant(1)
+        elif stored is None:
+            found.append((rid, 1, Freed.NEW, None, None, 0, None, True))
         elif holder is not None:
             # Its session expired; the row was not freed yet (nobody ended it): end it now.
             at = wall_time(clock, expires) if expires is not None else clock.wall()
-            grant = Grant(epoch + 1, Freed.EXPIRED, member, holder, epoch, at)
+            found.append((rid, epoch + 1, Freed.EXPIRED, member, holder, epoch, at, True))
         else:
-            grant = Grant(epoch + 1, _freed(freed), p_member, p_session, epoch, freed_at)
-        granted[rid] = grant
-        grants.append(
-            (
-                group,
-                rid,
-                session.member_id,
-                session.session_id,
-                grant.epoch,
-                grant.prev_member_id,
-                grant.prev_session_id,
-                None if grant.freed is None else grant.freed.value,
-                grant.freed_at,
+            found.append(
+                (rid, epoch + 1, _freed(freed), p_member, p_session, epoch, freed_at, True)
             )
-        )
-    if granted:
-        # Handed over with the grant, read in the same transaction.
-        handed = progress(db, group, list(granted))
-        granted = {r: replace(g, progress=handed.get(r)) for r, g in granted.items()}
+    if not found:
+        return {}
+    # Handed over with the grant, read in the same transaction.
+    handed = progress(db, group, [f[0] for f in found])
+    granted: dict[str, Grant] = {}
+    grants: list[tuple[object, ...]] = []
+    for rid, epoch, freed, p_member, p_session, p_epoch, freed_at, new in found:
+        granted[rid] = Grant(epoch, freed, p_member, p_session, p_epoch, freed_at, handed.get(rid))
+        if new:
+            grants.append(
+                (
+                    group,
+                    rid,
+                    session.member_id,
+                    session.session_id,
+                    epoch,
+                    p_member,
+                    p_session,
+                    None if freed is None else freed.value,
+                    freed_at,
+                )
+            )
     if grants:
         db.executemany(
             "INSERT OR REPLACE INTO ownership(grp, resource_id, member_id, session_id, epoch, "
@@ -123,15 +129,13 @@ def release(
 ) -> None:
     """:meth:`Backend.release`: drop each claim still held by ``session`` at its epoch, the
     row keeping who released it and when."""
-    changed = 0
     now = clock.wall()
-    for rid, epoch in claims.items():
-        changed += db.execute(
-            "UPDATE ownership SET prev_member=member_id, prev_session=session_id, "
-            "freed='released', freed_at=?, member_id=NULL, session_id=NULL "
-            "WHERE grp=? AND resource_id=? AND session_id=? AND epoch=?",
-            (now, session.group, rid, session.session_id, epoch),
-        ).rowcount
+    changed = db.executemany(
+        "UPDATE ownership SET prev_member=member_id, prev_session=session_id, "
+        "freed='released', freed_at=?, member_id=NULL, session_id=NULL "
+        "WHERE grp=? AND resource_id=? AND session_id=? AND epoch=?",
+        [(now, session.group, rid, session.session_id, epoch) for rid, epoch in claims.items()],
+    ).rowcount
     if changed:
         bump(db, session.group)
 
