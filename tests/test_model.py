@@ -442,3 +442,15 @@ def test_owner_of_inverts_the_assignment() -> None:
     target = Target(1, 1, {"a": frozenset({"r1", "r2"}), "b": frozenset({"r3"})})
     assert target.owner_of() == SETTLED_CLAIMS
     assert target.phase is Phase.RUNNING
+
+
+def test_a_grant_with_progress_keeps_every_other_field() -> None:
+    import dataclasses
+
+    from rebalancer_spark.core.model import Freed, Grant, Progress
+
+    grant = Grant(7, Freed.RELEASED, "m1", "s1", 6, 12.5, None)
+    handed = Progress("r", {"offset": 3}, 6, "m1")
+    others = [f for f in dataclasses.fields(Grant) if f.name != "progress"]
+    assert all(f.default != getattr(grant, f.name) for f in others)  # none left at its default
+    assert grant.with_progress(handed) == dataclasses.replace(grant, progress=handed)

@@ -47,6 +47,7 @@ from rebalancer_spark.core.errors import (
 )
 from rebalancer_spark.core.model import (
     Freed,
+    Grant,
     GroupState,
     Phase,
     Resource,
@@ -310,6 +311,56 @@ def test_any_resource_ids_round_trip_through_zookeeper(
     with open_backend(zookeeper_backend_url) as store:
         store.update_resources("hypothesis", replace=[Resource(i) for i in ids])
         assert set(store.state("hypothesis").resources) == set(ids)
+
+
+_texts = st.text(max_size=40)
+_floats = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _texts,
+    _texts,
+    st.integers(min_value=0, max_value=2**63),
+    st.sampled_from([None, *Freed]),
+    st.none() | _texts,
+    st.none() | _texts,
+    st.none() | _floats,
+)
+def test_the_records_written_per_resource_are_what_the_general_encoder_writes(
+    member: str,
+    session: str,
+    epoch: int,
+    freed: Freed | None,
+    prev_member: str | None,
+    prev_session: str | None,
+    freed_at: float | None,
+) -> None:
+    # A claim and a release write these from templates, once per resource: the bytes must be
+    # those of encode() (compact, sorted JSON), which every reader and older files expect.
+    from rebalancer_spark.backends.zookeeper.store.chain import grant_data, released_data
+    from rebalancer_spark.backends.zookeeper.store.records import claim_data, encode
+
+    assert claim_data(member, session, epoch) == encode(
+        {"member": member, "session": session, "epoch": epoch}
+    )
+    assert released_data(member, session, epoch) == encode(
+        {"epoch": epoch, "member": member, "session": session, "released": True}
+    )
+    grant = Grant(epoch, freed, prev_member, prev_session, epoch - 1, freed_at)
+    prev = (
+        None
+        if freed is None or freed is Freed.NEW
+        else {
+            "member": prev_member,
+            "session": prev_session,
+            "freed": freed.value,
+            "at": freed_at if freed is Freed.RELEASED else None,
+        }
+    )
+    assert grant_data(member, session, grant) == encode(
+        {"epoch": epoch, "member": member, "session": session, "prev": prev}
+    )
 
 
 # -- the 1 MB limit ------------------------------------------------------------------------------

@@ -267,6 +267,19 @@ class Grant:
     step as the grant (None if it has none), so the new owner resumes from it without asking
     the store again."""
 
+    def with_progress(self, progress: Progress | None) -> Grant:
+        """This grant handing over ``progress``: ``dataclasses.replace(self, progress=...)``
+        at a fraction of its cost (a claim makes one per resource)."""
+        return Grant(
+            self.epoch,
+            self.freed,
+            self.prev_member_id,
+            self.prev_session_id,
+            self.prev_epoch,
+            self.freed_at,
+            progress,
+        )
+
 
 def grant_epochs(grants: Mapping[str, Grant]) -> dict[str, int]:
     """Each granted resource's epoch: ``claim``'s answer without the chain."""

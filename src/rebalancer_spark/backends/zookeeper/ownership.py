@@ -391,7 +391,7 @@ def _hand_over(
     if missing:
         read = read_progresses(zs.client, settings, zs.paths, missing)
         handed = {**handed, **{r: read.get(r) for r in missing}}
-    return {r: dataclasses.replace(g, progress=handed.get(r)) for r, g in granted.items()}
+    return {r: g.with_progress(handed.get(r)) for r, g in granted.items()}
 
 
 def _apply(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rebalancer_spark.backends.zookeeper.store.records import decode, encode
+from rebalancer_spark.backends.zookeeper.store.records import decode, json_scalar
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant
 
@@ -78,21 +78,33 @@ def read_record(data: bytes, stat: Any, path: str) -> EpochRecord:
 def grant_data(member_id: str, session_id: str, grant: Grant) -> bytes:
     """The ``epochs/<id>`` record of ``grant`` to ``member_id``/``session_id``. The
     predecessor's end time is kept for a release (``at``); for an expiry it is the grant's own
-    ``mtime`` (None here)."""
-    prev = None
+    ``mtime`` (None here).
+
+    What ``encode`` writes of ``{"epoch": ..., "member": ..., "session": ..., "prev": {"member":
+    ..., "session": ..., "freed": ..., "at": ...} or None}``, byte for byte, from a template
+    (:func:`.records.json_scalar`): a claim writes one per resource."""
+    prev = "null"
     if grant.freed is not None and grant.freed is not Freed.NEW:
-        prev = {
-            "member": grant.prev_member_id,
-            "session": grant.prev_session_id,
-            "freed": grant.freed.value,
-            "at": grant.freed_at if grant.freed is Freed.RELEASED else None,
-        }
-    return encode({"epoch": grant.epoch, "member": member_id, "session": session_id, "prev": prev})
+        at = grant.freed_at if grant.freed is Freed.RELEASED else None
+        prev = (
+            f'{{"at":{json_scalar(at)},"freed":{json_scalar(grant.freed.value)},'
+            f'"member":{json_scalar(grant.prev_member_id)},'
+            f'"session":{json_scalar(grant.prev_session_id)}}}'
+        )
+    return (
+        f'{{"epoch":{json_scalar(grant.epoch)},"member":{json_scalar(member_id)},'
+        f'"prev":{prev},"session":{json_scalar(session_id)}}}'
+    ).encode()
 
 
 def released_data(member_id: str, session_id: str, epoch: int) -> bytes:
-    """The ``epochs/<id>`` record once ``session_id`` released the resource at ``epoch``."""
-    return encode({"epoch": epoch, "member": member_id, "session": session_id, "released": True})
+    """The ``epochs/<id>`` record once ``session_id`` released the resource at ``epoch``:
+    ``{"epoch": ..., "member": ..., "session": ..., "released": true}`` as ``encode`` writes
+    it, from a template."""
+    return (
+        f'{{"epoch":{json_scalar(epoch)},"member":{json_scalar(member_id)},'
+        f'"released":true,"session":{json_scalar(session_id)}}}'
+    ).encode()
 
 
 def _text(value: object) -> str | None:

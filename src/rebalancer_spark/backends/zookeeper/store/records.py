@@ -7,7 +7,9 @@ names the znode, never a ``KeyError`` deep inside a member's loop.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ __all__ = [
     "change_items",
     "decode",
     "encode",
+    "json_scalar",
     "read_claim",
     "read_coordinator",
     "read_epoch",
@@ -54,6 +57,29 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=
 def encode(value: Any) -> bytes:
     """Compact, sorted JSON in UTF-8."""
     return _ENCODER.encode(value).encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_text(text: str) -> str:
+    return _ENCODER.encode(text)
+
+
+def json_scalar(value: str | int | float | None) -> str:
+    """``value`` as :func:`encode` writes it, for the records written once per resource in a
+    claim or a release (:func:`claim_data`, ``chain.grant_data``, ``chain.released_data``):
+    those fill a fixed template with it, at a tenth of the cost of encoding a dict. Texts
+    (member and session ids, repeated across a batch) are encoded once and kept."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, str):
+        return _json_text(value)
+    if math.isfinite(value):
+        return float.__repr__(value)
+    return _ENCODER.encode(value)
 
 
 _NEXT_STEP = "inspect it with zkCli, then remove the group (or use another chroot)"
@@ -158,7 +184,12 @@ def read_epoch(data: bytes, version: int, path: str) -> CoordinatorRecord:
 
 
 def claim_data(member_id: str, session_id: str, epoch: int) -> bytes:
-    return encode({"member": member_id, "session": session_id, "epoch": epoch})
+    """``encode({"member": member_id, "session": session_id, "epoch": epoch})``, byte for
+    byte, from a template (:func:`json_scalar`)."""
+    return (
+        f'{{"epoch":{json_scalar(epoch)},"member":{json_scalar(member_id)},'
+        f'"session":{json_scalar(session_id)}}}'
+    ).encode()
 
 
 def read_claim(resource: str, data: bytes, path: str) -> Claim:
