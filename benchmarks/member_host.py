@@ -75,9 +75,7 @@ def threads(argv: Sequence[str]) -> int:
                 default_backend=default_backend_url(),
             )
             trail = trails[member_id] = Trail(stream)
-            member = Member(
-                config, resources=resources if k == 0 else None, event_sinks=[trail.event]
-            )
+            member = Member(config, resources=resources if k == 0 else None, event_sinks=[trail])
             members.append(member)
         # The first member brings the resource list; the rest join STARTING_AT_ONCE at a time
         # (99 connections opened in the same instant time out on two loaded cores).

@@ -520,29 +520,81 @@ def test_acquired_events_are_dated_when_their_grant_came_back_not_when_each_was_
     # Ownership of a batch of grants begins for all of them when the store answers: a sink
     # that takes its time must not date the later ones later (the audit's gap between two
     # owners would grow with the size of the batch).
-    events: list[OwnershipEvent] = []
+    events: list[tuple[OwnershipEvent, float]] = []  # with when the sink got it
     lock = threading.Lock()
 
     def slow_sink(event: OwnershipEvent) -> None:
         time.sleep(0.02)
         with lock:
-            events.append(event)
+            events.append((event, time.time()))
 
-    def acquired() -> list[OwnershipEvent]:
+    def acquired() -> list[tuple[OwnershipEvent, float]]:
         with lock:
-            return [e for e in events if e.kind is EventKind.ACQUIRED]
+            return [(e, t) for e, t in events if e.kind is EventKind.ACQUIRED]
 
     member = Member(grp.config(member_id="a"), resources=RESOURCES, event_sinks=[slow_sink])
     member.start()
     try:
         wait_for(lambda: len(acquired()) == len(RESOURCES), timeout=10, what="12 acquired events")
         found = acquired()
-        assert len({e.at for e in found}) < len(found)  # grants that came back together
-        assert all(e.at <= e.observed_at for e in found)
-        late = [e for e in found if e.observed_at - e.at >= 0.015]
-        assert len(late) >= len(RESOURCES) - 3, [(e.at, e.observed_at) for e in found]
+        assert len({e.at for e, _ in found}) < len(found)  # grants that came back together
+        assert all(e.at <= e.observed_at <= got for e, got in found)
+        late = [e for e, got in found if got - e.at >= 0.015]
+        assert len(late) >= len(RESOURCES) - 3, [(e.at, got) for e, got in found]
     finally:
         member.stop(drain=False)
+
+
+def test_a_sink_that_takes_events_together_gets_each_change_in_one_call_in_order(
+    grp: Group,
+) -> None:
+    # A sink with emit_many (the audit log, the metrics, the member logs) gets the events of
+    # one change (a grant of many resources, a revocation) in one call, in order; a plain
+    # sink beside it still gets them one by one, and one that raises stops neither.
+    calls: list[list[OwnershipEvent]] = []
+    single: list[OwnershipEvent] = []
+    lock = threading.Lock()
+
+    class Batches:
+        def __call__(self, event: OwnershipEvent) -> None:  # the coordinator's events
+            with lock:
+                calls.append([event])
+
+        def emit_many(self, events: Sequence[OwnershipEvent]) -> None:
+            with lock:
+                calls.append(list(events))
+
+    def broken(event: OwnershipEvent) -> None:
+        raise RuntimeError("a broken sink")
+
+    def plain(event: OwnershipEvent) -> None:
+        with lock:
+            single.append(event)
+
+    member = Member(
+        grp.config(member_id="a"), resources=RESOURCES, event_sinks=[broken, Batches(), plain]
+    )
+    member.start()
+    try:
+        wait_for(
+            lambda: sum(e.kind is EventKind.ACQUIRED for e in single) == len(RESOURCES),
+            timeout=10,
+            what="12 acquired events",
+        )
+    finally:
+        member.stop()  # drains: the revocation of all twelve is one change
+    with lock:
+        batches = [c for c in calls if c]
+        flat = [e for c in batches for e in c]
+        assert flat == single  # the same events, in the same order
+    acquired = [c for c in batches if c[0].kind is EventKind.ACQUIRED]
+    released = [c for c in batches if c[0].kind is EventKind.RELEASED]
+    assert all(e.kind is not EventKind.REBALANCE for c in batches if len(c) > 1 for e in c)
+    assert sum(map(len, acquired)) == len(RESOURCES)
+    assert len(acquired) < len(RESOURCES)  # grants that came back together came together
+    assert [len(c) for c in released] == [len(RESOURCES)]
+    assert all(len({e.kind for e in c}) == 1 for c in batches)
+    assert [e.resource for e in released[0]] == sorted(RESOURCES)
 
 
 def test_claims_answered_after_the_lease_lapsed_are_never_held(grp: Group) -> None:

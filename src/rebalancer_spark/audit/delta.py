@@ -258,23 +258,33 @@ class DeltaAuditLog:
     def __call__(self, event: OwnershipEvent) -> None:
         """Enqueue ``event`` as its session's next row (``seq``); never blocks on I/O, never
         raises (a bad event is logged and takes no number)."""
+        self.emit_many((event,))
+
+    def emit_many(self, events: Sequence[OwnershipEvent]) -> None:
+        """Enqueue ``events`` in order, under one hold of the lock (see :meth:`__call__`)."""
         with self._cond:
             if self._stopping:
-                log.warning("audit log %s is closed; event dropped: %r", _shown(self._path), event)
+                for event in events:
+                    log.warning(
+                        "audit log %s is closed; event dropped: %r", _shown(self._path), event
+                    )
                 return
-            # A row of no session (a stuck resource or a lag sample noted while the member
-            # had none: the store was away) belongs to no session's trail: no number, or the
-            # rows of every process would share session "" and repeat each other's numbers.
-            seq = self._seqs.get(event.session_id, 0) + 1 if event.session_id else None
-            try:
-                row = _row(event, seq)
-            except Exception as exc:
-                log.error("audit event dropped, it cannot be stored: %s (%r)", exc, event)
-                return
-            if seq is not None:
-                self._seqs[event.session_id] = seq
-            self._accepted += 1
-            self._pending.append((time.monotonic(), self._accepted, row))
+            now = time.monotonic()
+            for event in events:
+                # A row of no session (a stuck resource or a lag sample noted while the member
+                # had none: the store was away) belongs to no session's trail: no number, or
+                # the rows of every process would share session "" and repeat each other's
+                # numbers.
+                seq = self._seqs.get(event.session_id, 0) + 1 if event.session_id else None
+                try:
+                    row = _row(event, seq)
+                except Exception as exc:
+                    log.error("audit event dropped, it cannot be stored: %s (%r)", exc, event)
+                    continue
+                if seq is not None:
+                    self._seqs[event.session_id] = seq
+                self._accepted += 1
+                self._pending.append((now, self._accepted, row))
             self._cond.notify_all()
 
     def flush(self, timeout: float = 30.0) -> bool:

@@ -102,4 +102,10 @@ class OwnershipEvent:
 
 
 EventSink = Callable[[OwnershipEvent], None]
-"""Receives events on the member's thread: return quickly, never raise."""
+"""Receives events on the member's thread: return quickly, never raise.
+
+A sink may also have a method ``emit_many(events)``: the member then hands it the events of one
+change of ownership (a revocation, a grant, a loss: up to thousands of resources), in order, in
+one call, instead of one call each. The Delta audit log, the metrics and the test suite's member
+logs have one: a leave of 6,250 resources takes their lock, or writes their file, once instead
+of 6,250 times before its claims are released."""

@@ -50,7 +50,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rebalancer_spark.core.errors import ConfigurationError
@@ -229,6 +230,11 @@ class MemberMetrics:
     def __call__(self, event: OwnershipEvent) -> None:
         """The event sink: counts ownership events."""
         self._event_children[event.kind].inc()
+
+    def emit_many(self, events: Sequence[OwnershipEvent]) -> None:
+        """The events of one change: counted per kind, one increment each."""
+        for kind, count in Counter(e.kind for e in events).items():
+            self._event_children[kind].inc(count)
 
     def refused_write(self) -> None:
         """A commit was refused: the member no longer owned the resource at that epoch."""

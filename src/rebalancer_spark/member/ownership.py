@@ -141,8 +141,7 @@ class Ownership:
                 self._held[o.resource] = o
             self._version += 1
             self._changed.notify_all()
-        for o in owned:
-            self.emit_acquired(session, o, "granted by the target")
+        self._send([self._acquired(session, o, "granted by the target") for o in owned])
         if self._call(self._on_assigned, owned, "on_assigned"):
             return []
         given_up = self.forget([o.resource for o in owned])
@@ -155,8 +154,12 @@ class Ownership:
         """The ``acquired`` event of ``o``, carrying its grant's link of the epoch chain; ``at``
         is when the store's grant came back (``o.acquired_at``) unless given: a batch of
         thousands of grants all began then, however long their events take to send."""
-        g = o.grant
-        self.emit(
+        self._send([self._acquired(session, o, reason, at=at)])
+
+    def _acquired(
+        self, session: Session, o: OwnedResource, reason: str, *, at: float | None = None
+    ) -> OwnershipEvent:
+        return self._event(
             EventKind.ACQUIRED,
             session,
             o.resource,
@@ -165,7 +168,7 @@ class Ownership:
             at=o.acquired_at if at is None else at,
             generation=o.generation,
             coordinator_epoch=o.coordinator_epoch,
-            chain=g,
+            chain=o.grant,
         )
 
     def release(
@@ -200,17 +203,21 @@ class Ownership:
             kind, reason, at = EventKind.LOST, self._overran("on_revoked"), now
         else:
             kind, reason, at = EventKind.RELEASED, why, now
-        for o in owned:
-            self.emit(
-                kind,
-                session,
-                o.resource,
-                o.epoch,
-                reason,
-                at=at,
-                generation=generation,
-                coordinator_epoch=coordinator_epoch,
-            )
+        self._send(
+            [
+                self._event(
+                    kind,
+                    session,
+                    o.resource,
+                    o.epoch,
+                    reason,
+                    at=at,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
+                )
+                for o in owned
+            ]
+        )
         with self._changed:
             for o in owned:
                 self._held.pop(o.resource, None)
@@ -243,17 +250,21 @@ class Ownership:
         of the latest target the member saw."""
         generation, coordinator_epoch = target if target is not None else (None, None)
         if session is not None:
-            for o in owned:
-                self.emit(
-                    kind,
-                    session,
-                    o.resource,
-                    o.epoch,
-                    why,
-                    at=at,
-                    generation=generation,
-                    coordinator_epoch=coordinator_epoch,
-                )
+            self._send(
+                [
+                    self._event(
+                        kind,
+                        session,
+                        o.resource,
+                        o.epoch,
+                        why,
+                        at=at,
+                        generation=generation,
+                        coordinator_epoch=coordinator_epoch,
+                    )
+                    for o in owned
+                ]
+            )
         self._call(self._on_lost, owned, "on_lost")
 
     # -- callbacks and events ------------------------------------------------------------------
@@ -273,6 +284,35 @@ class Ownership:
     ) -> None:
         """Send one ownership event to every sink (``at``: when it happened, default now);
         ``chain`` is the grant of an ``acquired`` event."""
+        self._send(
+            [
+                self._event(
+                    kind,
+                    session,
+                    resource,
+                    epoch,
+                    reason,
+                    at=at,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
+                    chain=chain,
+                )
+            ]
+        )
+
+    def _event(
+        self,
+        kind: EventKind,
+        session: Session,
+        resource: str,
+        epoch: int,
+        reason: str,
+        *,
+        at: float | None = None,
+        generation: int | None = None,
+        coordinator_epoch: int | None = None,
+        chain: Grant | None = None,
+    ) -> OwnershipEvent:
         now = self._clock.wall()
         at = now if at is None else min(at, now)
         freed_at = None if chain is None else chain.freed_at
@@ -282,7 +322,7 @@ class Ownership:
             # later than the grant on this member's clock, whatever step the store's clock
             # took.
             freed_at = min(freed_at, at)
-        event = OwnershipEvent(
+        return OwnershipEvent(
             kind=kind,
             group=self._group,
             resource=resource,
@@ -301,11 +341,26 @@ class Ownership:
             freed=None if chain is None or chain.freed is None else chain.freed.value,
             freed_at=freed_at,
         )
+
+    def _send(self, events: Sequence[OwnershipEvent]) -> None:
+        """Send the events of one change to every sink: in one call of its ``emit_many`` where
+        it has one (see :data:`~rebalancer_spark.core.events.EventSink`), else one call per
+        event. A sink that raises is logged and the others carry on."""
+        if not events:
+            return
         for sink in self._sinks:
-            try:
-                sink(event)
-            except Exception:
-                log.exception("event sink failed for %s", event)
+            many = getattr(sink, "emit_many", None)
+            if many is not None:
+                try:
+                    many(events)
+                except Exception:
+                    log.exception("event sink failed for %d events from %s", len(events), events[0])
+                continue
+            for event in events:
+                try:
+                    sink(event)
+                except Exception:
+                    log.exception("event sink failed for %s", event)
 
     def _call(self, callback: Callback | None, owned: Sequence[OwnedResource], name: str) -> bool:
         """Run ``callback(owned)`` on a thread of its own; return whether it ended (returned

@@ -80,7 +80,8 @@ def command(
 
 
 class Trail:
-    """Appends JSON lines to a file, flushing each, from any thread."""
+    """Appends JSON lines to a file, flushing each write, from any thread; as an event sink,
+    one line per event (the events of one change in one write)."""
 
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
@@ -92,28 +93,39 @@ class Trail:
             self._stream.write(line + "\n")
             self._stream.flush()
 
-    def event(self, event: OwnershipEvent) -> None:
-        self.write(
-            {
-                "kind": event.kind.value,
-                "group": event.group,
-                "resource": event.resource,
-                "member_id": event.member_id,
-                "session_id": event.session_id,
-                "epoch": event.epoch,
-                "at": event.at,
-                "observed_at": event.observed_at,
-                "reason": event.reason,
-                # The grant's link of the epoch chain: the trail's intervals end a killed
-                # owner's ownership where the store says, as the audit table's do.
-                "generation": event.generation,
-                "prev_member_id": event.prev_member_id,
-                "prev_session_id": event.prev_session_id,
-                "prev_epoch": event.prev_epoch,
-                "freed": event.freed,
-                "freed_at": event.freed_at,
-            }
-        )
+    def __call__(self, event: OwnershipEvent) -> None:
+        """The event sink: one line per event."""
+        self.emit_many((event,))
+
+    def emit_many(self, events: Sequence[OwnershipEvent]) -> None:
+        """The events of one change, written and flushed together (before the member goes
+        on: a release's lines are in the file before its claims are freed)."""
+        text = "".join(json.dumps(_line(e), sort_keys=True) + "\n" for e in events)
+        with self._lock:
+            self._stream.write(text)
+            self._stream.flush()
+
+
+def _line(event: OwnershipEvent) -> dict[str, Any]:
+    return {
+        "kind": event.kind.value,
+        "group": event.group,
+        "resource": event.resource,
+        "member_id": event.member_id,
+        "session_id": event.session_id,
+        "epoch": event.epoch,
+        "at": event.at,
+        "observed_at": event.observed_at,
+        "reason": event.reason,
+        # The grant's link of the epoch chain: the trail's intervals end a killed owner's
+        # ownership where the store says, as the audit table's do.
+        "generation": event.generation,
+        "prev_member_id": event.prev_member_id,
+        "prev_session_id": event.prev_session_id,
+        "prev_epoch": event.prev_epoch,
+        "freed": event.freed,
+        "freed_at": event.freed_at,
+    }
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -205,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trail = Trail(stream)
         work = _Counters(trail)
         resources = None if args.resources is None else args.resources.split(",")
-        sinks: list[EventSink] = [trail.event]
+        sinks: list[EventSink] = [trail]
         audit = None
         if args.audit is not None:
             from rebalancer_spark.audit import DeltaAuditLog
