@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
 from rebalancer_spark.core.errors import CorruptStateError
@@ -113,71 +113,55 @@ def unescape(name: str, path: str) -> str:
     return resource
 
 
+_CHILDREN = (
+    ("changes", "changes"),
+    ("members", "members"),
+    ("sessions", "sessions"),
+    ("coordinator", "coordinator"),
+    ("epoch", "epoch"),
+    ("control", "control"),
+    ("resources", "resources"),
+    ("resource_sets", "resource-sets"),
+    ("target", "target"),
+    ("targets", "targets"),
+    ("claims", "claims"),
+    ("epochs", "epochs"),
+    ("progresses", "progress"),
+)
+"""The :class:`GroupPaths` attributes that name a child of the group's znode, and its name."""
+
+
 @dataclass(frozen=True, slots=True)
 class GroupPaths:
     """The paths of one group under a chroot (``root`` is ``""`` for the ZooKeeper root)."""
 
     root: str
     group: str
+    # The group's znode and its children's paths, built once: a claim or a release builds
+    # several paths per resource.
+    base: str = field(init=False, repr=False, compare=False)
+    changes: str = field(init=False, repr=False, compare=False)
+    members: str = field(init=False, repr=False, compare=False)
+    sessions: str = field(init=False, repr=False, compare=False)
+    coordinator: str = field(init=False, repr=False, compare=False)
+    epoch: str = field(init=False, repr=False, compare=False)
+    control: str = field(init=False, repr=False, compare=False)
+    resources: str = field(init=False, repr=False, compare=False)
+    resource_sets: str = field(init=False, repr=False, compare=False)
+    target: str = field(init=False, repr=False, compare=False)
+    targets: str = field(init=False, repr=False, compare=False)
+    claims: str = field(init=False, repr=False, compare=False)
+    epochs: str = field(init=False, repr=False, compare=False)
+    progresses: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def base(self) -> str:
-        return f"{self.root}/groups/{self.group}"
+    def __post_init__(self) -> None:
+        base = f"{self.root}/groups/{self.group}"
+        object.__setattr__(self, "base", base)
+        for attr, name in _CHILDREN:
+            object.__setattr__(self, attr, f"{base}/{name}")
 
     def child(self, name: str) -> str:
         return f"{self.base}/{name}"
-
-    @property
-    def changes(self) -> str:
-        return self.child("changes")
-
-    @property
-    def members(self) -> str:
-        return self.child("members")
-
-    @property
-    def sessions(self) -> str:
-        return self.child("sessions")
-
-    @property
-    def coordinator(self) -> str:
-        return self.child("coordinator")
-
-    @property
-    def epoch(self) -> str:
-        return self.child("epoch")
-
-    @property
-    def control(self) -> str:
-        return self.child("control")
-
-    @property
-    def resources(self) -> str:
-        return self.child("resources")
-
-    @property
-    def resource_sets(self) -> str:
-        return self.child("resource-sets")
-
-    @property
-    def target(self) -> str:
-        return self.child("target")
-
-    @property
-    def targets(self) -> str:
-        return self.child("targets")
-
-    @property
-    def claims(self) -> str:
-        return self.child("claims")
-
-    @property
-    def epochs(self) -> str:
-        return self.child("epochs")
-
-    @property
-    def progresses(self) -> str:
-        return self.child("progress")
 
     def member(self, member_id: str) -> str:
         return f"{self.members}/{member_id}"
