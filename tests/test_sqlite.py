@@ -11,7 +11,7 @@ from rebalancer_spark.backends.base import Session
 from rebalancer_spark.backends.sqlite import SqliteBackend
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.errors import CorruptStateError
-from rebalancer_spark.core.model import Freed, Grant, Phase
+from rebalancer_spark.core.model import Freed, Grant, Phase, Target
 from rebalancer_spark.core.urls import parse_backend_url
 from tests.support.helpers import wait_for
 
@@ -239,6 +239,9 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
         conn.execute(f"ALTER TABLE ownership DROP COLUMN {column}")
     conn.execute("ALTER TABLE members DROP COLUMN host")
     conn.execute("ALTER TABLE groups DROP COLUMN incarnation")
+    conn.execute("DROP INDEX targets_by_gen")
+    conn.execute("ALTER TABLE targets DROP COLUMN gen")
+    conn.execute("ALTER TABLE groups DROP COLUMN target_since")
     conn.execute("UPDATE rebalancer_meta SET value='1' WHERE key='schema'")
     conn.commit()
     conn.close()
@@ -246,6 +249,7 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
     assert reopened.state("g").claims["a"].epoch == 1  # kept
     held = reopened.claim(session, ["a"], reopened.state("g").target.generation)  # type: ignore[union-attr]
     assert held["a"] == Grant(1, None, None, None, 0, None)  # its link predates the chain
+    assert reopened.member_view(session).target == {"a"}  # its target rows, read whole
     reopened.release(session, {"a": 1})
     reopened.close()
 
@@ -294,3 +298,54 @@ def test_a_second_host_may_use_the_file_once_the_first_hosts_members_left(
     second.join("g", "b1", info={}, ttl=30.0, static=False)
     assert set(second.state("g").members) == {"b1"}
     second.close()
+
+
+def test_a_members_view_reads_only_the_rows_moved_since_its_last_view(sqlite_path: Path) -> None:
+    # Each target row carries the generation that wrote it: a member's next view reads the
+    # rows written since its last one, not its whole part; a generation that deleted rows
+    # (a resource gone from the set) leaves no trace of them, so the next view reads it whole.
+    clock = ManualClock()
+    store, coordinator = _pair(sqlite_path, clock)
+    lead = coordinator.join("g", "lead", info={}, ttl=600.0, static=False)
+    m = store.join("g", "m", info={}, ttl=600.0, static=False)
+    record = coordinator.elect(lead)
+    assert record is not None
+    ids = [f"r{i:03d}" for i in range(300)]
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+
+    def publish(assignment: dict[str, list[str]], previous: Target | None) -> Target:
+        assert record is not None
+        return coordinator.publish(
+            lead,
+            record.epoch,
+            assignment,
+            phase=Phase.RUNNING,
+            resources_version=0,
+            previous=previous,
+        )
+
+    def view() -> tuple[frozenset[str], bool]:
+        statements.clear()
+        part = store.member_view(m).target
+        whole = any("FROM targets WHERE grp=" in s and "AND member_id=" in s for s in statements)
+        return part, whole
+
+    t = publish({"lead": ids[:150], "m": ids[150:]}, None)
+    assert view() == (frozenset(ids[150:]), True)  # the first view reads the part whole
+    assert view() == (frozenset(ids[150:]), False)  # same generation: nothing read again
+    t = publish({"lead": ids[:140] + ids[290:], "m": ids[140:290]}, t)
+    assert view() == (frozenset(ids[140:290]), False)  # 10 moved in, 10 away
+    assert any("FROM targets WHERE grp=" in s and "AND gen > " in s for s in statements)
+    t = publish({"lead": ids[5:140] + ids[295:], "m": ids[140:295] + ids[:5]}, t)
+    t = publish({"lead": ids[:140] + ids[295:], "m": ids[140:295]}, t)  # two generations
+    assert view() == (frozenset(ids[140:295]), False)
+    t = publish({"lead": ids[:140] + ids[295:298], "m": ids[140:295]}, t)  # 2 ids deleted
+    assert view() == (frozenset(ids[140:295]), True)
+    t = publish({"lead": ids[:140] + ids[290:298], "m": ids[140:290]}, t)
+    assert view() == (frozenset(ids[140:290]), False)  # changes again after the whole read
+    store.leave(m)
+    m = store.join("g", "m", info={}, ttl=600.0, static=False)  # a new session: read whole
+    assert view() == (frozenset(ids[140:290]), True)
+    assert store.member_view(m).target == coordinator.target("g").assignment["m"]  # type: ignore[union-attr]
+    store._conn.set_trace_callback(None)

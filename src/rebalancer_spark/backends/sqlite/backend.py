@@ -73,6 +73,8 @@ class SqliteBackend(Backend):
         self.busy_timeout = url.option("busy_timeout", positive("busy_timeout"), 10.0)
         self.host = host_id()
         self._lock = threading.RLock()
+        self._parts: reads.KeptParts = {}
+        """Each session's part of the target as its last view read it (reads.member_view)."""
         self._conn = open_database(self.path, self.busy_timeout)
         self._file = _file_id(self.path)
         self._closed = False
@@ -193,7 +195,7 @@ class SqliteBackend(Backend):
 
     def _member_view(self, session: Session) -> MemberView:
         with self._transaction(_READ) as db:
-            return reads.member_view(db, self._clock, session)
+            return reads.member_view(db, self._clock, session, self._parts)
 
     def _member_head(self, session: Session) -> MemberHead:
         with self._transaction(_READ) as db:

@@ -11,6 +11,7 @@ import sqlite3
 from collections.abc import Collection, Mapping
 
 from rebalancer_spark.backends.base import Session, TargetChange, fenced_coordinator
+from rebalancer_spark.backends.records import parse_count
 from rebalancer_spark.backends.sqlite.sessions import alive
 from rebalancer_spark.backends.sqlite.store.chain import end_sessions, wall_time
 from rebalancer_spark.backends.sqlite.store.groups import bump
@@ -81,31 +82,34 @@ def publish(
     resources_version: int,
     change: TargetChange | None = None,
 ) -> Target:
-    """:meth:`Backend.publish`: write only the rows of the target that changed; from
-    ``change`` when the stored target is still its base generation (no read of the target),
-    else from a comparison with the stored rows."""
+    """:meth:`Backend.publish`: write only the rows of the target that changed, each with the
+    new generation; from ``change`` when the stored target is still its base generation (no
+    read of the target), else from a comparison with the stored rows."""
     group = session.group
     require_coordinator(db, clock, session, epoch)
     stored, has_target = db.execute(
         "SELECT generation, has_target FROM groups WHERE name=?", (group,)
     ).fetchone()
+    generation = parse_count(group, "generation", stored, store="SQLite") + 1
     if change is not None and has_target and stored == change.base:
         moved_to = {r: m for m, rs in change.added.items() for r in rs}
         gone = [(group, r) for rs in change.removed.values() for r in rs if r not in moved_to]
-        changed = [(group, r, m) for r, m in moved_to.items()]
+        changed = [(group, r, m, generation) for r, m in moved_to.items()]
     else:
-        gone, changed = _compare(db, group, assignment)
+        gone, changed = _compare(db, group, assignment, generation)
     db.executemany("DELETE FROM targets WHERE grp=? AND resource_id=?", gone)
-    db.executemany("INSERT OR REPLACE INTO targets VALUES (?, ?, ?)", changed)
+    db.executemany("INSERT OR REPLACE INTO targets VALUES (?, ?, ?, ?)", changed)
     db.execute("DELETE FROM target_members WHERE grp=?", (group,))
     db.executemany("INSERT INTO target_members VALUES (?, ?)", [(group, m) for m in assignment])
+    # Every row this generation wrote carries it; a deleted row leaves no trace, so a view
+    # kept from before it must read its part whole (reads.member_view).
     db.execute(
-        "UPDATE groups SET generation = generation + 1, target_epoch=?, phase=?, "
-        "has_target=1, target_resources_version=? WHERE name=?",
-        (epoch, phase.value, resources_version, group),
+        "UPDATE groups SET generation=?, target_epoch=?, phase=?, has_target=1, "
+        "target_resources_version=?, target_since=CASE WHEN ? THEN ? ELSE target_since END "
+        "WHERE name=?",
+        (generation, epoch, phase.value, resources_version, bool(gone), generation, group),
     )
     bump(db, group)
-    (generation,) = db.execute("SELECT generation FROM groups WHERE name=?", (group,)).fetchone()
     return Target(
         generation=generation,
         coordinator_epoch=epoch,
@@ -116,15 +120,19 @@ def publish(
 
 
 def _compare(
-    db: sqlite3.Connection, group: str, assignment: Mapping[str, Collection[str]]
-) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
-    """The target rows to delete and to write, against what the table holds."""
+    db: sqlite3.Connection,
+    group: str,
+    assignment: Mapping[str, Collection[str]],
+    generation: int,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, int]]]:
+    """The target rows to delete and to write (at ``generation``), against what the table
+    holds."""
     current = dict(
         db.execute("SELECT resource_id, member_id FROM targets WHERE grp=?", (group,)).fetchall()
     )
     wanted = {r: m for m, rs in assignment.items() for r in rs}
     gone = [(group, r) for r in current.keys() - wanted.keys()]
-    changed = [(group, r, m) for r, m in wanted.items() if current.get(r) != m]
+    changed = [(group, r, m, generation) for r, m in wanted.items() if current.get(r) != m]
     return gone, changed
 
 

@@ -38,6 +38,7 @@ from rebalancer_spark.core.model import (
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 __all__ = [
+    "KeptParts",
     "head",
     "holders",
     "member_head",
@@ -201,19 +202,38 @@ def member_head(db: sqlite3.Connection, clock: Clock, session: Session) -> Membe
     )
 
 
-def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> MemberView:
-    """:meth:`Backend.member_view`: what ``session`` is given and holds."""
+KeptParts = dict[tuple[str, str], tuple[str, int, frozenset[str]]]
+"""Per (group, member id): the session, the generation of the target and the part of it that
+:func:`member_view` last returned for that session (a member's next session replaces it)."""
+
+
+def member_view(
+    db: sqlite3.Connection, clock: Clock, session: Session, kept: KeptParts
+) -> MemberView:
+    """:meth:`Backend.member_view`: what ``session`` is given and holds.
+
+    The part of the target is read as a change where it can be: every target row carries the
+    generation that wrote it, so a part kept (in ``kept``) from generation ``g`` is brought up
+    to date with the rows written after ``g`` alone (the ids moved since: to this member, or
+    away from it), unless a generation after ``g`` deleted rows (``target_since``: a deleted
+    row leaves nothing to read), when it is read whole. A member's read per rebalance then
+    follows what moved, not the size of its part."""
     require_alive(db, session, clock)
-    generation, phase, target_epoch = db.execute(
-        "SELECT generation, phase, target_epoch FROM groups WHERE name=?", (session.group,)
+    generation, phase, target_epoch, since = db.execute(
+        "SELECT generation, phase, target_epoch, target_since FROM groups WHERE name=?",
+        (session.group,),
     ).fetchone()
-    target = frozenset(
-        r
-        for (r,) in db.execute(
-            "SELECT resource_id FROM targets WHERE grp=? AND member_id=?",
-            (session.group, session.member_id),
-        ).fetchall()
+    generation = parse_count(session.group, "generation", generation, store=STORE)
+    key = (session.group, session.member_id)
+    last = kept.get(key)
+    target = _part(
+        db,
+        session,
+        generation,
+        since,
+        last[1:] if last is not None and last[0] == session.session_id else None,
     )
+    kept[key] = (session.session_id, generation, target)
     rows = db.execute(
         "SELECT resource_id, epoch FROM ownership WHERE grp=? AND session_id=?",
         (session.group, session.session_id),
@@ -223,11 +243,47 @@ def member_view(db: sqlite3.Connection, clock: Clock, session: Session) -> Membe
         for rid, epoch in rows:
             parse_count(session.group, f"epoch of {rid!r}", epoch, store=STORE)
     return MemberView(
-        parse_count(session.group, "generation", generation, store=STORE),
+        generation,
         parse_phase(session.group, phase, store=STORE),
         target,
         owned,
         parse_count(session.group, "target epoch", target_epoch, store=STORE),
+    )
+
+
+def _part(
+    db: sqlite3.Connection,
+    session: Session,
+    generation: int,
+    since: object,
+    kept: tuple[int, frozenset[str]] | None,
+) -> frozenset[str]:
+    """``session``'s part of the target at ``generation``: ``kept`` (generation, part) brought
+    up to date with the rows written since, or read whole."""
+    group, me = session.group, session.member_id
+    if kept is not None:
+        at, part = kept
+        if at == generation:
+            return part
+        if isinstance(since, int) and since <= at < generation:
+            moved = db.execute(
+                "SELECT resource_id, member_id FROM targets WHERE grp=? AND gen > ?",
+                (group, at),
+            ).fetchall()
+            if not moved:
+                return part
+            now = set(part)
+            for rid, mid in moved:
+                if mid == me:
+                    now.add(rid)
+                else:
+                    now.discard(rid)
+            return frozenset(now)
+    return frozenset(
+        r
+        for (r,) in db.execute(
+            "SELECT resource_id FROM targets WHERE grp=? AND member_id=?", (group, me)
+        ).fetchall()
     )
 
 

@@ -19,7 +19,7 @@ from rebalancer_spark.core.errors import CorruptStateError
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_ready"]
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 
 _TO_3 = [
     # 3: a session records the host that joined it (see host.py); a group has an identity
@@ -27,6 +27,13 @@ _TO_3 = [
     "ALTER TABLE members ADD COLUMN host TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE groups ADD COLUMN incarnation TEXT",
     "UPDATE groups SET incarnation=lower(hex(randomblob(16))) WHERE incarnation IS NULL",
+]
+
+_TO_4 = [
+    # 4: a target row keeps the generation that wrote it, and the group the generation since
+    # which every change of its target is in such rows (see reads.member_view).
+    "ALTER TABLE targets ADD COLUMN gen INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE groups ADD COLUMN target_since INTEGER NOT NULL DEFAULT 0",
 ]
 
 _MIGRATIONS = {
@@ -37,10 +44,15 @@ _MIGRATIONS = {
         "ALTER TABLE ownership ADD COLUMN freed TEXT",
         "ALTER TABLE ownership ADD COLUMN freed_at REAL",
         *_TO_3,
+        *_TO_4,
     ],
-    "2": _TO_3,
+    "2": [*_TO_3, *_TO_4],
+    "3": _TO_4,
 }
 """Statements that bring a file of an older schema version to :data:`SCHEMA_VERSION`."""
+
+_AFTER_MIGRATIONS = ["CREATE INDEX IF NOT EXISTS targets_by_gen ON targets(grp, gen)"]
+"""Indexes on columns that a migration may have added: created once the tables are current."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rebalancer_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -51,7 +63,7 @@ CREATE TABLE IF NOT EXISTS groups(
     phase TEXT NOT NULL DEFAULT 'running', has_target INTEGER NOT NULL DEFAULT 0,
     target_resources_version INTEGER NOT NULL DEFAULT 0,
     resources_version INTEGER NOT NULL DEFAULT 0, change_seq INTEGER NOT NULL DEFAULT 0,
-    incarnation TEXT);
+    incarnation TEXT, target_since INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS members(
     grp TEXT NOT NULL, member_id TEXT NOT NULL, session_id TEXT NOT NULL UNIQUE,
     info TEXT NOT NULL, expires REAL NOT NULL, acked INTEGER NOT NULL DEFAULT 0,
@@ -64,7 +76,7 @@ CREATE TABLE IF NOT EXISTS target_members(
     grp TEXT NOT NULL, member_id TEXT NOT NULL, PRIMARY KEY(grp, member_id));
 CREATE TABLE IF NOT EXISTS targets(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT NOT NULL,
-    PRIMARY KEY(grp, resource_id));
+    gen INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(grp, resource_id));
 CREATE INDEX IF NOT EXISTS targets_by_member ON targets(grp, member_id);
 CREATE TABLE IF NOT EXISTS ownership(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT, session_id TEXT,
@@ -141,6 +153,9 @@ def initialise(db: sqlite3.Connection, path: str, host: str) -> None:
             db.execute(statement)
         db.execute("UPDATE rebalancer_meta SET value=? WHERE key='schema'", (SCHEMA_VERSION,))
         version = SCHEMA_VERSION
+    if version in (None, SCHEMA_VERSION):
+        for statement in _AFTER_MIGRATIONS:
+            db.execute(statement)
     if version is None:
         db.execute("INSERT INTO rebalancer_meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
     elif version != SCHEMA_VERSION:
