@@ -26,6 +26,7 @@ that can never leave its directory.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -90,9 +91,24 @@ _PLAIN = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_RESOURCE_ID_BYTES}}}")
 def escape(resource: str) -> str:
     """The znode name of ``resource``: its UTF-8 bytes percent-encoded except ASCII letters,
     digits and ``-._~``, so no ``/`` (nor ``%``, nor any character ZooKeeper refuses) survives;
-    ``.`` and ``..`` become ``%2E`` and ``%2E%2E``. Injective: :func:`unescape` inverts it."""
+    ``.`` and ``..`` become ``%2E`` and ``%2E%2E``. Injective: :func:`unescape` inverts it.
+
+    Called for every path of a resource (several per resource in a claim or a release): ids of
+    ASCII letters and digits alone are answered by two string methods, the rest by a cache."""
+    if (
+        type(resource) is str
+        and resource.isalnum()
+        and resource.isascii()
+        and len(resource) <= MAX_RESOURCE_ID_BYTES
+    ):
+        return resource  # what quote() would return
+    return _escape(resource)
+
+
+@functools.lru_cache(maxsize=8192)  # a claim's ids, each escaped several times
+def _escape(resource: str) -> str:
     if type(resource) is str and _PLAIN.fullmatch(resource) and resource not in _DOTS:
-        return resource  # what quote() would return: called per resource on every path
+        return resource
     validate_resource_id(resource)
     return _DOTS.get(resource) or quote(resource, safe="")
 
