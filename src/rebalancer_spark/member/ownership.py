@@ -203,21 +203,7 @@ class Ownership:
             kind, reason, at = EventKind.LOST, self._overran("on_revoked"), now
         else:
             kind, reason, at = EventKind.RELEASED, why, now
-        self._send(
-            [
-                self._event(
-                    kind,
-                    session,
-                    o.resource,
-                    o.epoch,
-                    reason,
-                    at=at,
-                    generation=generation,
-                    coordinator_epoch=coordinator_epoch,
-                )
-                for o in owned
-            ]
-        )
+        self._send(self._each(kind, session, owned, reason, at, generation, coordinator_epoch))
         with self._changed:
             for o in owned:
                 self._held.pop(o.resource, None)
@@ -250,21 +236,7 @@ class Ownership:
         of the latest target the member saw."""
         generation, coordinator_epoch = target if target is not None else (None, None)
         if session is not None:
-            self._send(
-                [
-                    self._event(
-                        kind,
-                        session,
-                        o.resource,
-                        o.epoch,
-                        why,
-                        at=at,
-                        generation=generation,
-                        coordinator_epoch=coordinator_epoch,
-                    )
-                    for o in owned
-                ]
-            )
+            self._send(self._each(kind, session, owned, why, at, generation, coordinator_epoch))
         self._call(self._on_lost, owned, "on_lost")
 
     # -- callbacks and events ------------------------------------------------------------------
@@ -299,6 +271,31 @@ class Ownership:
                 )
             ]
         )
+
+    def _each(
+        self,
+        kind: EventKind,
+        session: Session,
+        owned: Sequence[OwnedResource],
+        reason: str,
+        at: float | None,
+        generation: int | None,
+        coordinator_epoch: int | None,
+    ) -> list[OwnershipEvent]:
+        """One event of ``kind`` per resource of ``owned``, all alike but for the resource."""
+        return [
+            self._event(
+                kind,
+                session,
+                o.resource,
+                o.epoch,
+                reason,
+                at=at,
+                generation=generation,
+                coordinator_epoch=coordinator_epoch,
+            )
+            for o in owned
+        ]
 
     def _event(
         self,
