@@ -400,7 +400,9 @@ class Member:
         try:
             backend.commit(session, resource, owned.epoch, progress)
         except FencedError as exc:
-            self._ownership.emit(EventKind.FENCED, session, resource, owned.epoch, str(exc))
+            self._ownership.emit(
+                self._ownership.event(EventKind.FENCED, session, resource, owned.epoch, str(exc))
+            )
             self._lease.changed.set()
             self._refused(str(exc))
             raise

@@ -159,7 +159,7 @@ class Ownership:
     def _acquired(
         self, session: Session, o: OwnedResource, reason: str, *, at: float | None = None
     ) -> OwnershipEvent:
-        return self._event(
+        return self.event(
             EventKind.ACQUIRED,
             session,
             o.resource,
@@ -241,36 +241,9 @@ class Ownership:
 
     # -- callbacks and events ------------------------------------------------------------------
 
-    def emit(
-        self,
-        kind: EventKind,
-        session: Session,
-        resource: str,
-        epoch: int,
-        reason: str,
-        *,
-        at: float | None = None,
-        generation: int | None = None,
-        coordinator_epoch: int | None = None,
-        chain: Grant | None = None,
-    ) -> None:
-        """Send one ownership event to every sink (``at``: when it happened, default now);
-        ``chain`` is the grant of an ``acquired`` event."""
-        self._send(
-            [
-                self._event(
-                    kind,
-                    session,
-                    resource,
-                    epoch,
-                    reason,
-                    at=at,
-                    generation=generation,
-                    coordinator_epoch=coordinator_epoch,
-                    chain=chain,
-                )
-            ]
-        )
+    def emit(self, *events: OwnershipEvent) -> None:
+        """Send ``events`` (made by :meth:`event`) to every sink, together."""
+        self._send(events)
 
     def _each(
         self,
@@ -284,7 +257,7 @@ class Ownership:
     ) -> list[OwnershipEvent]:
         """One event of ``kind`` per resource of ``owned``, all alike but for the resource."""
         return [
-            self._event(
+            self.event(
                 kind,
                 session,
                 o.resource,
@@ -297,7 +270,7 @@ class Ownership:
             for o in owned
         ]
 
-    def _event(
+    def event(
         self,
         kind: EventKind,
         session: Session,
@@ -310,6 +283,8 @@ class Ownership:
         coordinator_epoch: int | None = None,
         chain: Grant | None = None,
     ) -> OwnershipEvent:
+        """One ownership event of this member, not sent yet (``at``: when it happened,
+        default now; ``chain``: the grant of an ``acquired`` event)."""
         now = self._clock.wall()
         at = now if at is None else min(at, now)
         freed_at = None if chain is None else chain.freed_at

@@ -358,7 +358,9 @@ class Reconciler:
                 g = o.grant
                 at = g.freed_at if g is not None and g.freed_at is not None else ended
                 self._ownership.emit_acquired(session, o, why, at=at)
-                self._ownership.emit(EventKind.LOST, session, o.resource, o.epoch, why, at=at)
+                self._ownership.emit(
+                    self._ownership.event(EventKind.LOST, session, o.resource, o.epoch, why, at=at)
+                )
             return
         given_up = self._ownership.add(session, owned)
         if given_up:
@@ -420,14 +422,16 @@ class Reconciler:
             )
             self._ownership.emit_acquired(session, o, "held in the store unknown to this member")
             self._ownership.emit(
-                EventKind.RELEASED,
-                session,
-                r,
-                epoch,
-                why,
-                at=now,
-                generation=generation,
-                coordinator_epoch=coordinator_epoch,
+                self._ownership.event(
+                    EventKind.RELEASED,
+                    session,
+                    r,
+                    epoch,
+                    why,
+                    at=now,
+                    generation=generation,
+                    coordinator_epoch=coordinator_epoch,
+                )
             )
 
     def _lapsed_at(self, session: Session) -> float | None:
