@@ -338,7 +338,9 @@ class DriverChaos:
             len(stepped) == len(verdict.overlaps) and not verdict.chain_faults
         )
         checked = verify_output(audit, str(self.workdir / "output"), group=self.group)
-        f.output_check = "ok" if checked.ok else checked.report().splitlines()[0][:300]
+        # A failure shows the verdict's violations (which rule, which commit, which grant),
+        # not only its first line: the run's directory is gone by the time anyone reads it.
+        f.output_check = "ok" if checked.ok else checked.report()[:4000]
         return f
 
     def cleanup(self) -> None:
