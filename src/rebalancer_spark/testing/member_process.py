@@ -88,9 +88,11 @@ class Trail:
         self._lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, sort_keys=True)
+        self._append(json.dumps(record, sort_keys=True) + "\n")
+
+    def _append(self, text: str) -> None:
         with self._lock:
-            self._stream.write(line + "\n")
+            self._stream.write(text)
             self._stream.flush()
 
     def __call__(self, event: OwnershipEvent) -> None:
@@ -100,10 +102,7 @@ class Trail:
     def emit_many(self, events: Sequence[OwnershipEvent]) -> None:
         """The events of one change, written and flushed together (before the member goes
         on: a release's lines are in the file before its claims are freed)."""
-        text = "".join(json.dumps(_line(e), sort_keys=True) + "\n" for e in events)
-        with self._lock:
-            self._stream.write(text)
-            self._stream.flush()
+        self._append("".join(json.dumps(_line(e), sort_keys=True) + "\n" for e in events))
 
 
 def _line(event: OwnershipEvent) -> dict[str, Any]:
