@@ -28,6 +28,7 @@ from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.base import Interest
 from rebalancer_spark.backends.redis import RedisBackend
+from rebalancer_spark.backends.redis.coordinator import CHANGE_LOG
 from rebalancer_spark.backends.redis.store.runner import SCRIPT_MODULES, Lua
 from rebalancer_spark.core.errors import (
     BackendUnavailable,
@@ -42,6 +43,7 @@ from rebalancer_spark.core.model import (
     GroupState,
     Phase,
     Resource,
+    Target,
     grant_epochs,
 )
 from tests.servers.redis import AclServer, RedisServer, TlsServer
@@ -275,6 +277,72 @@ def test_the_watch_wakes_when_a_quarantine_ends(redis_server: RedisServer) -> No
             stop.set()
             renewer.join()
             watch.close()
+
+
+def test_a_members_view_reads_only_what_moved_since_its_last_view(
+    store: RedisBackend, redis_backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A target published as a change is logged per member (P tchg:<generation>): a member's
+    # next view gets its own entries since its last view, not its whole part. A whole
+    # publication, a new session or a member past the log's length reads the part whole.
+    group = _group()
+    replies: list[list[object]] = []
+    run = store._runner.run
+
+    def recording(name: Lua, *args: object) -> object:
+        reply = run(name, *args)  # type: ignore[arg-type]
+        if name is Lua.MEMBER_VIEW:
+            replies.append(list(reply))
+        return reply
+
+    monkeypatch.setattr(store._runner, "run", recording)
+    with open_backend(redis_backend_url) as coordinator:
+        lead = _join(coordinator, group, "lead")
+        epoch = _lead(coordinator, lead)
+        m = _join(store, group, "m")
+        ids = [f"r{i:03d}" for i in range(300)]
+        coordinator.update_resources(group, replace=[Resource(i) for i in ids])
+
+        def publish(assignment: dict[str, list[str]], previous: Target | None) -> Target:
+            return coordinator.publish(
+                lead, epoch, assignment, phase=Phase.RUNNING, resources_version=1,
+                previous=previous,
+            )  # fmt: skip
+
+        def view() -> tuple[frozenset[str], str, int]:
+            replies.clear()
+            part = store.member_view(m).target
+            (reply,) = replies
+            part_sent = reply[2]
+            assert isinstance(part_sent, list)
+            return part, str(reply[6]), len(part_sent)
+
+        t = publish({"lead": ids[:150], "m": ids[150:]}, None)
+        assert view() == (frozenset(ids[150:]), "0", 150)  # the first view: whole
+        assert view() == (frozenset(ids[150:]), "1", 0)  # same generation: nothing sent
+        t = publish({"lead": ids[:140] + ids[290:], "m": ids[140:290]}, t)
+        assert view() == (frozenset(ids[140:290]), "1", 1)  # one entry: 10 in, 10 out
+        t = publish({"lead": ids[5:140] + ids[295:], "m": ids[140:295] + ids[:5]}, t)
+        t = publish({"lead": ids[:140] + ids[295:], "m": ids[140:295]}, t)
+        assert view() == (frozenset(ids[140:295]), "1", 2)  # two generations, one entry each
+        t = publish({"lead": ids[:140] + ids[296:], "m": ids[140:295]}, t)  # m untouched
+        assert view() == (frozenset(ids[140:295]), "1", 0)
+        t = publish({"lead": ids[:150] + ids[290:]}, t)  # m dropped ...
+        t = publish({"lead": ids[:150] + ids[290:], "m": ids[150:160]}, t)  # ... and back
+        assert view() == (frozenset(ids[150:160]), "1", 2)
+        t = publish({"lead": ids[:150], "m": ids[150:]}, None)  # whole: the log starts again
+        assert view() == (frozenset(ids[150:]), "0", 150)
+        assert store.client.scard(f"rb:{{{group}}}:tgens") == 0
+        for i in range(CHANGE_LOG + 1):  # past the log's length: whole
+            moved = ids[150 + i % 2 :]
+            t = publish({"lead": sorted(set(ids) - set(moved)), "m": moved}, t)
+        assert store.client.scard(f"rb:{{{group}}}:tgens") == CHANGE_LOG
+        assert view() == (frozenset(ids[150:]), "0", 150)  # the last of them gave m ids[150:]
+        store.leave(m)
+        m = _join(store, group, "m")  # a new session: whole
+        assert view() == (frozenset(ids[150:]), "0", 150)
+        target = coordinator.target(group)
+        assert target is not None and store.member_view(m).target == target.assignment["m"]
 
 
 def test_a_members_watch_sleeps_through_the_others_claims_acks_and_releases(

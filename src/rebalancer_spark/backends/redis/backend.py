@@ -103,6 +103,9 @@ class RedisBackend(Backend):
         self._memory = self._runner.memory
         self._lock = threading.Lock()
         self._watches: weakref.WeakSet[RedisWatch] = weakref.WeakSet()
+        self._parts: dict[tuple[str, str], tuple[str, str, int, frozenset[str]]] = {}
+        """(group, member) -> (session id, incarnation, generation, part) of its last view:
+        the next view asks only for what the target's change log says moved since."""
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url.redacted()!r})"
@@ -265,13 +268,19 @@ class RedisBackend(Backend):
         return head
 
     def _member_view(self, session: Session) -> MemberView:
+        key = (session.group, session.member_id)
+        args: list[object] = [self._sid(session)]
+        kept = self._parts.get(key)
+        part: frozenset[str] = frozenset()
+        if kept is not None and kept[0] == session.session_id:
+            args += [kept[1], kept[2]]
+            part = kept[3]
         try:
-            reply = self._runner.run(
-                Lua.MEMBER_VIEW, session.group, [self._sid(session)], "reading"
-            )
+            reply = self._runner.run(Lua.MEMBER_VIEW, session.group, args, "reading")
         except Refusal:
             raise messages.expired(session, "reading the member's view") from None
-        view, _ = decode_member_view(session.group, reply)
+        view, incarnation = decode_member_view(session.group, reply, part)
+        self._parts[key] = (session.session_id, incarnation, view.generation, view.target)
         return view
 
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:

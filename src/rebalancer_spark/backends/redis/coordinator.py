@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 
-__all__ = ["ELECT", "PUBLISH", "PUBLISH_CHANGE", "RESIGN"]
+__all__ = ["ELECT", "PUBLISH", "PUBLISH_CHANGE", "RESIGN"]  # the scripts (store/runner.py)
+
+CHANGE_LOG = 64
+"""How many published changes of the target the store keeps for the members' views: a member
+whose last view is older than that reads its part whole (once)."""
 
 # ELECT -- take the coordinator role if vacant, raising the coordinator epoch by one; first
 # drops every member whose lease key has expired (releasing their claims).
@@ -55,6 +59,8 @@ return 1
 # PUBLISH -- replace the target, fenced by the coordinator epoch and session. The target of
 # member i was staged (SADD, in the same MULTI) in P..'stage:'..nonce..':'..i, absent when
 # empty; the script renames each onto P..'t:'..member, so no argument grows with the target.
+# It drops the change log (see PUBLISH_CHANGE): meta 'target_since' becomes the new generation,
+# the first a member's view can be brought up to date from.
 # KEYS[1] meta
 # ARGV    session id, epoch, phase, resources version, nonce, n, member 1 .. member n
 # Returns the new generation
@@ -80,8 +86,10 @@ for i = 1, n do
   if redis.call('EXISTS', stage(i)) == 1 then redis.call('RENAME', stage(i), P .. 't:' .. m) end
 end
 local g = next_value('generation')
+for _, x in ipairs(redis.call('SMEMBERS', P .. 'tgens')) do redis.call('DEL', P .. 'tchg:' .. x) end
+redis.call('DEL', P .. 'tgens')
 redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', '1',
-  'target_rv', ARGV[4])
+  'target_rv', ARGV[4], 'target_since', int(g))
 notify('publish')
 return int(g)
 """
@@ -91,6 +99,12 @@ return int(g)
 # does (same fence, same answer), writing only the ids that moved: member i's ids to add were
 # staged in the set stage:<nonce>:a<i>, those to remove in stage:<nonce>:d<i>. If the stored
 # target is not generation `base`, nothing is written and the caller publishes it whole.
+# It also logs the change for the members' views (MEMBER_VIEW): the hash P..'tchg:'..<new
+# generation> maps each member whose part changed to the JSON [emptied, added ids, removed
+# ids] (emptied = 1 when the member was dropped first), and the set P..'tgens' lists the
+# logged generations (a set, not a sorted set: the documented ACL has no sorted-set command).
+# Only the newest CHANGE_LOG generations are kept; meta 'tlog_floor' is the newest generation
+# dropped from the log.
 # KEYS[1] meta
 # ARGV    session id, epoch, phase, resources version, nonce, base generation, n,
 #         member 1 .. member n, k, dropped member 1 .. dropped member k
@@ -98,6 +112,7 @@ return int(g)
 # Errors  FENCED as PUBLISH; STALE {generation} if the stored target is not `base`
 PUBLISH_CHANGE = (
     PRELUDE
+    + f"local CHANGE_LOG = {CHANGE_LOG}\n"
     + """
 local sid, epoch, nonce, n = ARGV[1], ARGV[2], ARGV[5], tonumber(ARGV[7])
 local k = tonumber(ARGV[8 + n])
@@ -117,22 +132,41 @@ if has ~= '1' or g ~= ARGV[6] then
   return refuse('STALE', {generation = g or '0'})
 end
 purge()
+local log = {}
 for j = 1, k do
   local m = ARGV[8 + n + j]
   redis.call('DEL', P .. 't:' .. m)
   redis.call('SREM', P .. 'tmembers', m)
+  log[m] = {1, {}, {}}
 end
 for i = 1, n do
   local m, t = ARGV[7 + i], P .. 't:' .. ARGV[7 + i]
   redis.call('SADD', P .. 'tmembers', m)
-  for _, r in ipairs(redis.call('SMEMBERS', stage('d' .. i))) do redis.call('SREM', t, r) end
-  for _, r in ipairs(redis.call('SMEMBERS', stage('a' .. i))) do redis.call('SADD', t, r) end
+  local d = redis.call('SMEMBERS', stage('d' .. i))
+  local a = redis.call('SMEMBERS', stage('a' .. i))
+  for _, r in ipairs(d) do redis.call('SREM', t, r) end
+  for _, r in ipairs(a) do redis.call('SADD', t, r) end
+  if #a > 0 or #d > 0 then log[m] = {log[m] and 1 or 0, a, d} end
 end
 unstage()
-local g2 = next_value('generation')
+local g2 = int(next_value('generation'))
+for m, entry in pairs(log) do redis.call('HSET', P .. 'tchg:' .. g2, m, cjson.encode(entry)) end
+redis.call('SADD', P .. 'tgens', g2)
+local logged = redis.call('SMEMBERS', P .. 'tgens')
+if #logged > CHANGE_LOG then
+  table.sort(logged, function(x, y) return tonumber(x) < tonumber(y) end)
+  for i = 1, #logged - CHANGE_LOG do
+    redis.call('SREM', P .. 'tgens', logged[i])
+    redis.call('DEL', P .. 'tchg:' .. logged[i])
+  end
+  redis.call('HSET', META, 'tlog_floor', logged[#logged - CHANGE_LOG])
+end
+if not redis.call('HGET', META, 'target_since') then
+  redis.call('HSET', META, 'target_since', ARGV[6])  -- a group whose target predates the log
+end
 redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', '1',
   'target_rv', ARGV[4])
 notify('publish')
-return int(g2)
+return g2
 """
 )

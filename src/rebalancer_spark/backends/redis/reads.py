@@ -126,10 +126,14 @@ return out
 
 # MEMBER_VIEW -- one member's part of the target and its claims. Its only write: when the
 # session and the whole group are gone, it notes when that was first seen (lost_since).
+# The part comes whole, or, when the caller names the incarnation and generation of the part
+# it kept and the change log (PUBLISH_CHANGE) covers every generation since, as the log's
+# entries for this member, oldest first: a member's read follows what moved, not its part.
 # KEYS[1] meta
-# ARGV    session id
-# Returns {generation, phase, {target ids}, {resource, epoch, ...} held, incarnation,
-#         coordinator epoch of the target}
+# ARGV    session id[, incarnation, generation of the part the caller kept]
+# Returns {generation, phase, part, {resource, epoch, ...} held, incarnation,
+#         coordinator epoch of the target, how}: how '0' when part is the target ids, '1'
+#         when it is the log's JSON entries [emptied, added ids, removed ids]
 # Errors  EXPIRED {} if the session is not alive
 MEMBER_VIEW = (
     PRELUDE
@@ -140,8 +144,25 @@ if not alive(sid) then
   return refuse('EXPIRED', {})
 end
 local m = redis.call('HGET', P .. 'sessions', sid) or ''
-local g, phase, inc, te = unpack(
-  redis.call('HMGET', META, 'generation', 'phase', 'inc', 'target_epoch'))
+local g, phase, inc, te, since, floor = unpack(redis.call('HMGET', META, 'generation', 'phase',
+  'inc', 'target_epoch', 'target_since', 'tlog_floor'))
+local kept = tonumber(ARGV[3] or '')
+local part, how = nil, '1'
+if kept and ARGV[2] == inc and since and kept >= num(since) and kept >= num(floor)
+    and kept <= num(g) then
+  local gens = {}
+  for _, x in ipairs(redis.call('SMEMBERS', P .. 'tgens')) do
+    if tonumber(x) > kept and tonumber(x) <= num(g) then gens[#gens + 1] = tonumber(x) end
+  end
+  table.sort(gens)
+  part = {}
+  for _, x in ipairs(gens) do
+    local entry = redis.call('HGET', P .. 'tchg:' .. int(x), m)
+    if entry then part[#part + 1] = entry end
+  end
+else
+  part, how = redis.call('SMEMBERS', P .. 't:' .. m), '0'
+end
 local owned = {}
 local held = redis.call('SMEMBERS', P .. 'held:' .. sid)
 for i = 1, #held, 1000 do  -- two HMGETs per thousand claims, not two HGETs per claim
@@ -155,8 +176,7 @@ for i = 1, #held, 1000 do  -- two HMGETs per thousand claims, not two HGETs per 
     end
   end
 end
-return {g or '0', phase or 'running', redis.call('SMEMBERS', P .. 't:' .. m), owned, inc or '',
-  te or '0'}
+return {g or '0', phase or 'running', part, owned, inc or '', te or '0', how}
 """
 )
 

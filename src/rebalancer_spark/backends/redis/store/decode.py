@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,21 +218,53 @@ def decode_control(group: str, flat: Sequence[Any]) -> Control:
     return Control.decode(group, fields.get("body", ""), version)
 
 
-def decode_member_view(group: str, reply: Sequence[Any]) -> tuple[MemberView, str]:
-    """The MEMBER_VIEW script's reply as a view, and the group's incarnation id."""
-    generation, phase_text, target, owned, incarnation, *rest = reply
+def decode_member_view(
+    group: str, reply: Sequence[Any], kept: frozenset[str] = frozenset()
+) -> tuple[MemberView, str]:
+    """The MEMBER_VIEW script's reply as a view, and the group's incarnation id. ``kept`` is
+    the part the caller named to the script: a reply that brings it up to date with the
+    change log's entries is applied to it."""
+    generation, phase_text, target, owned, incarnation, epoch, how = reply
     flat = list(owned)
     view = MemberView(
         generation=number(group, "generation", generation),
         phase=parse_phase(group, str(phase_text), store="Redis"),
-        target=frozenset(str(r) for r in target),
+        target=(
+            _brought_up_to_date(group, kept, target)
+            if str(how) == "1"
+            else frozenset(str(r) for r in target)
+        ),
         owned={
             str(flat[i]): number(group, f"epoch of {str(flat[i])[:60]!r}", flat[i + 1])
             for i in range(0, len(flat) - 1, 2)
         },
-        coordinator_epoch=number(group, "target epoch", rest[0]) if rest else 0,
+        coordinator_epoch=number(group, "target epoch", epoch),
     )
     return view, str(incarnation)
+
+
+def _brought_up_to_date(group: str, part: frozenset[str], entries: Sequence[Any]) -> frozenset[str]:
+    """``part`` after the change log's ``entries`` for its member, oldest first: each the JSON
+    ``[emptied, added ids, removed ids]`` that PUBLISH_CHANGE wrote (Lua's cjson writes an
+    empty list as ``{}``)."""
+    if not entries:
+        return part
+    now = set(part)
+    for entry in entries:
+        try:
+            emptied, added, removed = json.loads(entry)
+            if emptied == 1:
+                now.clear()
+            now.difference_update(str(r) for r in removed)
+            now.update(str(r) for r in added)
+        except (ValueError, TypeError) as exc:
+            raise CorruptStateError(
+                f"Redis group {group!r}: an entry of the target's change log is not what this "
+                f"library writes ([emptied, added ids, removed ids]): {str(entry)[:120]!r} "
+                f"({exc}). Members read their parts whole again after `HDEL rb:{{{group}}}:meta "
+                f"target_since` (the next change of the target starts a new log)."
+            ) from None
+    return frozenset(now)
 
 
 def encode_progress_record(epoch: int, member_id: str, progress_json: str) -> str:
