@@ -280,12 +280,24 @@ def test_the_watch_wakes_when_a_quarantine_ends(redis_server: RedisServer) -> No
 
 
 def test_a_members_view_reads_only_what_moved_since_its_last_view(
-    store: RedisBackend, redis_backend_url: str, monkeypatch: pytest.MonkeyPatch
+    store: RedisBackend,
+    redis_backend_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A target published as a change is logged per member (P tchg:<generation>): a member's
-    # next view gets its own entries since its last view, not its whole part. A whole
-    # publication, a new session or a member past the log's length reads the part whole.
+    # next view gets its own entries since its last view, not its whole part. Whatever breaks
+    # the log's chain (a whole publication, a generation written without a log, a store gone
+    # back to another copy, a member past the log's length), a new session or an unreadable
+    # entry makes the view read the part whole.
     group = _group()
+    head = f"rb:{{{group}}}:"
+
+    def logs() -> tuple[int, int]:
+        return store.client.scard(head + "tgens"), len(
+            list(store.client.scan_iter(head + "tchg:*"))
+        )
+
     replies: list[list[object]] = []
     run = store._runner.run
 
@@ -312,7 +324,7 @@ def test_a_members_view_reads_only_what_moved_since_its_last_view(
         def view() -> tuple[frozenset[str], str, int]:
             replies.clear()
             part = store.member_view(m).target
-            (reply,) = replies
+            reply = replies[-1]  # (two after an unreadable entry: the second whole)
             part_sent = reply[2]
             assert isinstance(part_sent, list)
             return part, str(reply[6]), len(part_sent)
@@ -330,17 +342,40 @@ def test_a_members_view_reads_only_what_moved_since_its_last_view(
         t = publish({"lead": ids[:150] + ids[290:]}, t)  # m dropped ...
         t = publish({"lead": ids[:150] + ids[290:], "m": ids[150:160]}, t)  # ... and back
         assert view() == (frozenset(ids[150:160]), "1", 2)
+        assert logs() == (6, 6)  # one per change since the whole publication
         t = publish({"lead": ids[:150], "m": ids[150:]}, None)  # whole: the log starts again
+        assert logs() == (0, 0)
         assert view() == (frozenset(ids[150:]), "0", 150)
-        assert store.client.scard(f"rb:{{{group}}}:tgens") == 0
         for i in range(CHANGE_LOG + 1):  # past the log's length: whole
             moved = ids[150 + i % 2 :]
             t = publish({"lead": sorted(set(ids) - set(moved)), "m": moved}, t)
-        assert store.client.scard(f"rb:{{{group}}}:tgens") == CHANGE_LOG
+        assert logs() == (CHANGE_LOG, CHANGE_LOG)
         assert view() == (frozenset(ids[150:]), "0", 150)  # the last of them gave m ids[150:]
+        t = publish({"lead": ids[:151], "m": ids[151:]}, t)
+        assert view() == (frozenset(ids[151:]), "1", 1)
+        # A generation written with no log (as a publication by an older version does) ...
+        store.client.sadd(head + "t:m", ids[0])
+        store.client.hincrby(head + "meta", "generation", 1)
+        assert view() == (frozenset([ids[0], *ids[151:]]), "0", 150)
+        t = publish({"lead": ids[:150], "m": ids[150:]}, t)  # (stale base: whole)
+        assert view() == (frozenset(ids[150:]), "0", 150)
+        # ... a store gone back to another copy at the same generation ...
+        t = publish({"lead": ids[:151], "m": ids[151:]}, t)
+        store.client.hset(head + "meta", "target_token", "another copy")
+        assert view() == (frozenset(ids[151:]), "0", 149)
+        # ... or an entry that is not what the library writes: read whole, with a warning.
+        t = publish({"lead": ids[:150], "m": ids[150:]}, t)
+        t = publish({"lead": ids[:150], "m": ids[150:]}, t)  # no change, but a link
+        assert view() == (frozenset(ids[150:]), "1", 1)
+        t = publish({"lead": ids[:152], "m": ids[152:]}, t)
+        store.client.hset(f"{head}tchg:{t.generation}", "m", "[1, 2")
+        with caplog.at_level("WARNING", "rebalancer_spark.backends.redis"):
+            assert view() == (frozenset(ids[152:]), "0", 148)
+        assert [str(r[6]) for r in replies] == ["1", "0"]
+        assert "change log is not what this library writes" in caplog.text
         store.leave(m)
         m = _join(store, group, "m")  # a new session: whole
-        assert view() == (frozenset(ids[150:]), "0", 150)
+        assert view() == (frozenset(ids[152:]), "0", 148)
         target = coordinator.target(group)
         assert target is not None and store.member_view(m).target == target.assignment["m"]
 

@@ -54,7 +54,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import ClassVar, Generic, Self, TypeVar
 
 from rebalancer_spark.backends.epochs import EpochMemory
 from rebalancer_spark.core.control import Control
@@ -83,6 +83,7 @@ __all__ = [
     "Capability",
     "GroupReader",
     "Interest",
+    "KeptParts",
     "Session",
     "TargetChange",
     "Watch",
@@ -611,6 +612,35 @@ class Backend(abc.ABC):
     def _commit(self, session: Session, resource: str, epoch: int, text: str) -> None:
         """``text``: the progress as JSON (:func:`~rebalancer_spark.core.model.encode_progress`),
         to store as it is or inside the backend's own record."""
+
+
+_K = TypeVar("_K")
+
+
+class KeptParts(Generic[_K]):
+    """Each member's part of the target as its session's last view read it, in one backend
+    handle, with what the backend needs to name it to the store (``_K``): a backend whose store
+    logs the target's changes reads only the changes since (the SQLite and Redis backends;
+    ZooKeeper's session keeps its own). A member's next session replaces its entry; ending a
+    session (:meth:`forget`) drops it."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str], tuple[str, _K]] = {}
+
+    def get(self, session: Session) -> _K | None:
+        """What ``session`` kept, if this very session kept it."""
+        found = self._kept.get((session.group, session.member_id))
+        return found[1] if found is not None and found[0] == session.session_id else None
+
+    def keep(self, session: Session, kept: _K) -> None:
+        self._kept[(session.group, session.member_id)] = (session.session_id, kept)
+
+    def forget(self, session: Session) -> None:
+        """Drop what ``session`` kept (its member's next session keeps its own)."""
+        key = (session.group, session.member_id)
+        found = self._kept.get(key)
+        if found is not None and found[0] == session.session_id:
+            self._kept.pop(key, None)
 
 
 @dataclass(frozen=True, slots=True)

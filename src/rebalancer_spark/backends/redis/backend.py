@@ -24,7 +24,13 @@ from typing import ClassVar
 import redis
 from redis.client import Pipeline
 
-from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange
+from rebalancer_spark.backends.base import (
+    Backend,
+    Capability,
+    KeptParts,
+    Session,
+    TargetChange,
+)
 from rebalancer_spark.backends.records import parse_phase
 from rebalancer_spark.backends.redis import messages
 from rebalancer_spark.backends.redis.errors import Refusal
@@ -32,6 +38,7 @@ from rebalancer_spark.backends.redis.persistence import persistence_warnings
 from rebalancer_spark.backends.redis.store.connection import OPTIONS
 from rebalancer_spark.backends.redis.store.decode import (
     CLAIM_ROW,
+    DecodedView,
     decode_control,
     decode_grant,
     decode_head,
@@ -55,7 +62,7 @@ from rebalancer_spark.backends.redis.store.staging import (
 from rebalancer_spark.backends.redis.watch import RedisWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
-from rebalancer_spark.core.errors import ControlConflict
+from rebalancer_spark.core.errors import ControlConflict, CorruptStateError
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
@@ -72,6 +79,17 @@ from rebalancer_spark.core.urls import BackendUrl
 __all__ = ["RedisBackend"]
 
 log = logging.getLogger("rebalancer_spark.backends.redis")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _KeptPart:
+    """A member's part of the target as its session last viewed it, with what names it to
+    MEMBER_VIEW: the group's incarnation, the generation and the target's token."""
+
+    incarnation: str
+    generation: int
+    token: str
+    part: frozenset[str]
 
 
 _FREED_KEPT = 200_000
@@ -103,9 +121,9 @@ class RedisBackend(Backend):
         self._memory = self._runner.memory
         self._lock = threading.Lock()
         self._watches: weakref.WeakSet[RedisWatch] = weakref.WeakSet()
-        self._parts: dict[tuple[str, str], tuple[str, str, int, frozenset[str]]] = {}
-        """(group, member) -> (session id, incarnation, generation, part) of its last view:
-        the next view asks only for what the target's change log says moved since."""
+        self._parts: KeptParts[_KeptPart] = KeptParts()
+        """Each member's last view's part: the next view asks only for what the target's
+        change log says moved since."""
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url.redacted()!r})"
@@ -197,6 +215,7 @@ class RedisBackend(Backend):
 
     def _leave(self, session: Session) -> None:
         self._runner.run(Lua.LEAVE, session.group, [self._sid(session)], "leaving")
+        self._parts.forget(session)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -268,20 +287,31 @@ class RedisBackend(Backend):
         return head
 
     def _member_view(self, session: Session) -> MemberView:
-        key = (session.group, session.member_id)
+        kept = self._parts.get(session)
+        try:
+            decoded = self._view(session, kept)
+        except CorruptStateError as exc:
+            if kept is None:
+                raise
+            log.warning("%s", exc)
+            decoded = self._view(session, None)
+        view = decoded.view
+        self._parts.keep(
+            session, _KeptPart(decoded.incarnation, view.generation, decoded.token, view.target)
+        )
+        return view
+
+    def _view(self, session: Session, kept: _KeptPart | None) -> DecodedView:
+        """MEMBER_VIEW, naming ``kept`` (if any) as the part to bring up to date."""
         args: list[object] = [self._sid(session)]
-        kept = self._parts.get(key)
-        part: frozenset[str] = frozenset()
-        if kept is not None and kept[0] == session.session_id:
-            args += [kept[1], kept[2]]
-            part = kept[3]
+        if kept is not None:
+            args += [kept.incarnation, kept.generation, kept.token]
         try:
             reply = self._runner.run(Lua.MEMBER_VIEW, session.group, args, "reading")
         except Refusal:
+            self._parts.forget(session)
             raise messages.expired(session, "reading the member's view") from None
-        view, incarnation = decode_member_view(session.group, reply, part)
-        self._parts[key] = (session.session_id, incarnation, view.generation, view.target)
-        return view
+        return decode_member_view(session.group, reply, frozenset() if kept is None else kept.part)
 
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         self._runner.check_open()

@@ -59,8 +59,7 @@ return 1
 # PUBLISH -- replace the target, fenced by the coordinator epoch and session. The target of
 # member i was staged (SADD, in the same MULTI) in P..'stage:'..nonce..':'..i, absent when
 # empty; the script renames each onto P..'t:'..member, so no argument grows with the target.
-# It drops the change log (see PUBLISH_CHANGE): meta 'target_since' becomes the new generation,
-# the first a member's view can be brought up to date from.
+# It drops the change log (see PUBLISH_CHANGE) and sets meta 'target_token' to the nonce.
 # KEYS[1] meta
 # ARGV    session id, epoch, phase, resources version, nonce, n, member 1 .. member n
 # Returns the new generation
@@ -89,7 +88,7 @@ local g = next_value('generation')
 for _, x in ipairs(redis.call('SMEMBERS', P .. 'tgens')) do redis.call('DEL', P .. 'tchg:' .. x) end
 redis.call('DEL', P .. 'tgens')
 redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', '1',
-  'target_rv', ARGV[4], 'target_since', int(g))
+  'target_rv', ARGV[4], 'target_token', nonce)
 notify('publish')
 return int(g)
 """
@@ -101,10 +100,12 @@ return int(g)
 # target is not generation `base`, nothing is written and the caller publishes it whole.
 # It also logs the change for the members' views (MEMBER_VIEW): the hash P..'tchg:'..<new
 # generation> maps each member whose part changed to the JSON [emptied, added ids, removed
-# ids] (emptied = 1 when the member was dropped first), and the set P..'tgens' lists the
-# logged generations (a set, not a sorted set: the documented ACL has no sorted-set command).
-# Only the newest CHANGE_LOG generations are kept; meta 'tlog_floor' is the newest generation
-# dropped from the log.
+# ids] (emptied = 1 when the member was dropped first), and links the log into a chain: field
+# ' base' is the base generation, ' from' the base's meta 'target_token' (the nonce of the
+# publication that made it), ' token' this publication's nonce, which becomes meta's. The set
+# P..'tgens' lists the logged generations, the newest CHANGE_LOG (a set, not a sorted set:
+# the documented ACL has no sorted-set command). Member ids hold no space, so the three
+# fields are no member's.
 # KEYS[1] meta
 # ARGV    session id, epoch, phase, resources version, nonce, base generation, n,
 #         member 1 .. member n, k, dropped member 1 .. dropped member k
@@ -150,7 +151,10 @@ for i = 1, n do
 end
 unstage()
 local g2 = int(next_value('generation'))
-for m, entry in pairs(log) do redis.call('HSET', P .. 'tchg:' .. g2, m, cjson.encode(entry)) end
+local entry_key = P .. 'tchg:' .. g2
+redis.call('HSET', entry_key, ' base', ARGV[6], ' from', redis.call('HGET', META, 'target_token')
+  or '', ' token', nonce)
+for m, entry in pairs(log) do redis.call('HSET', entry_key, m, cjson.encode(entry)) end
 redis.call('SADD', P .. 'tgens', g2)
 local logged = redis.call('SMEMBERS', P .. 'tgens')
 if #logged > CHANGE_LOG then
@@ -159,13 +163,9 @@ if #logged > CHANGE_LOG then
     redis.call('SREM', P .. 'tgens', logged[i])
     redis.call('DEL', P .. 'tchg:' .. logged[i])
   end
-  redis.call('HSET', META, 'tlog_floor', logged[#logged - CHANGE_LOG])
-end
-if not redis.call('HGET', META, 'target_since') then
-  redis.call('HSET', META, 'target_since', ARGV[6])  -- a group whose target predates the log
 end
 redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', '1',
-  'target_rv', ARGV[4])
+  'target_rv', ARGV[4], 'target_token', nonce)
 notify('publish')
 return g2
 """

@@ -126,14 +126,18 @@ return out
 
 # MEMBER_VIEW -- one member's part of the target and its claims. Its only write: when the
 # session and the whole group are gone, it notes when that was first seen (lost_since).
-# The part comes whole, or, when the caller names the incarnation and generation of the part
-# it kept and the change log (PUBLISH_CHANGE) covers every generation since, as the log's
-# entries for this member, oldest first: a member's read follows what moved, not its part.
+# The part comes whole, or, when the caller names the part it kept (the incarnation,
+# generation and meta 'target_token' it was read at) and the change log (PUBLISH_CHANGE)
+# links that generation to the current one unbroken, as the log's entries for this member,
+# oldest first: a member's read follows what moved, not its part. Unbroken: each logged
+# generation after the kept one names the previous as its base (generation and token), and
+# the last is the current generation and token; a publication that wrote no log (a whole one,
+# one by an older version of this library) or a store gone back to an older copy breaks it.
 # KEYS[1] meta
-# ARGV    session id[, incarnation, generation of the part the caller kept]
+# ARGV    session id[, incarnation, generation, target token of the part the caller kept]
 # Returns {generation, phase, part, {resource, epoch, ...} held, incarnation,
-#         coordinator epoch of the target, how}: how '0' when part is the target ids, '1'
-#         when it is the log's JSON entries [emptied, added ids, removed ids]
+#         coordinator epoch of the target, how, target token}: how '0' when part is the
+#         target ids, '1' when it is the log's JSON entries [emptied, added ids, removed ids]
 # Errors  EXPIRED {} if the session is not alive
 MEMBER_VIEW = (
     PRELUDE
@@ -144,39 +148,40 @@ if not alive(sid) then
   return refuse('EXPIRED', {})
 end
 local m = redis.call('HGET', P .. 'sessions', sid) or ''
-local g, phase, inc, te, since, floor = unpack(redis.call('HMGET', META, 'generation', 'phase',
-  'inc', 'target_epoch', 'target_since', 'tlog_floor'))
-local kept = tonumber(ARGV[3] or '')
-local part, how = nil, '1'
-if kept and ARGV[2] == inc and since and kept >= num(since) and kept >= num(floor)
-    and kept <= num(g) then
+local g, phase, inc, te, token = unpack(redis.call('HMGET', META, 'generation', 'phase', 'inc',
+  'target_epoch', 'target_token'))
+local kept, part, how = tonumber(ARGV[3] or ''), nil, '1'
+if kept and ARGV[2] == inc and token and (ARGV[4] or '') ~= '' then
   local gens = {}
   for _, x in ipairs(redis.call('SMEMBERS', P .. 'tgens')) do
     if tonumber(x) > kept and tonumber(x) <= num(g) then gens[#gens + 1] = tonumber(x) end
   end
   table.sort(gens)
-  part = {}
+  local at, tok, entries = kept, ARGV[4], {}
   for _, x in ipairs(gens) do
-    local entry = redis.call('HGET', P .. 'tchg:' .. int(x), m)
-    if entry then part[#part + 1] = entry end
+    local base, from, own, entry = unpack(redis.call('HMGET', P .. 'tchg:' .. int(x), ' base',
+      ' from', ' token', m))
+    if tonumber(base) ~= at or from ~= tok then break end
+    at, tok = x, own
+    if entry then entries[#entries + 1] = entry end
   end
-else
-  part, how = redis.call('SMEMBERS', P .. 't:' .. m), '0'
+  if at == num(g) and tok == token then part = entries end
 end
+if not part then part, how = redis.call('SMEMBERS', P .. 't:' .. m), '0' end
 local owned = {}
 local held = redis.call('SMEMBERS', P .. 'held:' .. sid)
 for i = 1, #held, 1000 do  -- two HMGETs per thousand claims, not two HGETs per claim
-  local part = {unpack(held, i, math.min(i + 999, #held))}
-  local owners = redis.call('HMGET', P .. 'owner', unpack(part))
-  local epochs = redis.call('HMGET', P .. 'epochs', unpack(part))
-  for j, r in ipairs(part) do
+  local chunk = {unpack(held, i, math.min(i + 999, #held))}
+  local owners = redis.call('HMGET', P .. 'owner', unpack(chunk))
+  local epochs = redis.call('HMGET', P .. 'epochs', unpack(chunk))
+  for j, r in ipairs(chunk) do
     if owners[j] == sid then
       owned[#owned + 1] = r
       owned[#owned + 1] = epochs[j]
     end
   end
 end
-return {g or '0', phase or 'running', part, owned, inc or '', te or '0', how}
+return {g or '0', phase or 'running', part, owned, inc or '', te or '0', how, token or ''}
 """
 )
 

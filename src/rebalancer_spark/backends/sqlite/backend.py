@@ -16,7 +16,14 @@ import threading
 from collections.abc import Collection, Iterator, Mapping
 from typing import ClassVar
 
-from rebalancer_spark.backends.base import Backend, Capability, Session, TargetChange, expired
+from rebalancer_spark.backends.base import (
+    Backend,
+    Capability,
+    KeptParts,
+    Session,
+    TargetChange,
+    expired,
+)
 from rebalancer_spark.backends.sqlite import control as _control
 from rebalancer_spark.backends.sqlite import (
     coordinator,
@@ -37,7 +44,7 @@ from rebalancer_spark.backends.sqlite.store.connection import (
 from rebalancer_spark.backends.sqlite.watch import SqliteWatch
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.control import Control
-from rebalancer_spark.core.errors import BackendUnavailable
+from rebalancer_spark.core.errors import BackendUnavailable, SessionExpired
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
@@ -73,7 +80,7 @@ class SqliteBackend(Backend):
         self.busy_timeout = url.option("busy_timeout", positive("busy_timeout"), 10.0)
         self.host = host_id()
         self._lock = threading.RLock()
-        self._parts: reads.KeptParts = {}
+        self._parts: reads.Kept = KeptParts()
         """Each session's part of the target as its last view read it (reads.member_view)."""
         self._conn = open_database(self.path, self.busy_timeout)
         self._file = _file_id(self.path)
@@ -186,6 +193,7 @@ class SqliteBackend(Backend):
     def _leave(self, session: Session) -> None:
         with self._transaction(_WRITE) as db:
             sessions.leave(db, self._clock, session)
+        self._parts.forget(session)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -194,8 +202,12 @@ class SqliteBackend(Backend):
             return reads.state(db, self._clock, group)
 
     def _member_view(self, session: Session) -> MemberView:
-        with self._transaction(_READ) as db:
-            return reads.member_view(db, self._clock, session, self._parts)
+        try:
+            with self._transaction(_READ) as db:
+                return reads.member_view(db, self._clock, session, self._parts)
+        except SessionExpired:
+            self._parts.forget(session)
+            raise
 
     def _member_head(self, session: Session) -> MemberHead:
         with self._transaction(_READ) as db:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Collection, Iterator
 
-from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.base import KeptParts, Session
 from rebalancer_spark.backends.records import (
     parse_count,
     parse_member_info,
@@ -38,7 +38,7 @@ from rebalancer_spark.core.model import (
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 __all__ = [
-    "KeptParts",
+    "Kept",
     "head",
     "holders",
     "member_head",
@@ -202,14 +202,12 @@ def member_head(db: sqlite3.Connection, clock: Clock, session: Session) -> Membe
     )
 
 
-KeptParts = dict[tuple[str, str], tuple[str, int, frozenset[str]]]
-"""Per (group, member id): the session, the generation of the target and the part of it that
-:func:`member_view` last returned for that session (a member's next session replaces it)."""
+Kept = KeptParts[tuple[int, frozenset[str]]]
+"""The generation of the target and the part of it that :func:`member_view` last returned to
+a session."""
 
 
-def member_view(
-    db: sqlite3.Connection, clock: Clock, session: Session, kept: KeptParts
-) -> MemberView:
+def member_view(db: sqlite3.Connection, clock: Clock, session: Session, kept: Kept) -> MemberView:
     """:meth:`Backend.member_view`: what ``session`` is given and holds.
 
     The part of the target is read as a change where it can be: every target row carries the
@@ -224,16 +222,8 @@ def member_view(
         (session.group,),
     ).fetchone()
     generation = parse_count(session.group, "generation", generation, store=STORE)
-    key = (session.group, session.member_id)
-    last = kept.get(key)
-    target = _part(
-        db,
-        session,
-        generation,
-        since,
-        last[1:] if last is not None and last[0] == session.session_id else None,
-    )
-    kept[key] = (session.session_id, generation, target)
+    target = _part(db, session, generation, since, kept.get(session))
+    kept.keep(session, (generation, target))
     rows = db.execute(
         "SELECT resource_id, epoch FROM ownership WHERE grp=? AND session_id=?",
         (session.group, session.session_id),

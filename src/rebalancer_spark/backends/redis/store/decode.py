@@ -30,6 +30,7 @@ __all__ = [
     "CLAIM_ROW",
     "DecodedHead",
     "DecodedState",
+    "DecodedView",
     "decode_control",
     "decode_grant",
     "decode_head",
@@ -218,13 +219,22 @@ def decode_control(group: str, flat: Sequence[Any]) -> Control:
     return Control.decode(group, fields.get("body", ""), version)
 
 
+@dataclass(frozen=True, slots=True)
+class DecodedView:
+    """The MEMBER_VIEW script's reply: the view, and what names the part it holds (the
+    group's incarnation id and the target's token) for the next view to ask from."""
+
+    view: MemberView
+    incarnation: str
+    token: str
+
+
 def decode_member_view(
     group: str, reply: Sequence[Any], kept: frozenset[str] = frozenset()
-) -> tuple[MemberView, str]:
-    """The MEMBER_VIEW script's reply as a view, and the group's incarnation id. ``kept`` is
-    the part the caller named to the script: a reply that brings it up to date with the
-    change log's entries is applied to it."""
-    generation, phase_text, target, owned, incarnation, epoch, how = reply
+) -> DecodedView:
+    """The MEMBER_VIEW script's reply. ``kept`` is the part the caller named to the script: a
+    reply that brings it up to date with the change log's entries is applied to it."""
+    generation, phase_text, target, owned, incarnation, epoch, how, token = reply
     flat = list(owned)
     view = MemberView(
         generation=number(group, "generation", generation),
@@ -240,7 +250,7 @@ def decode_member_view(
         },
         coordinator_epoch=number(group, "target epoch", epoch),
     )
-    return view, str(incarnation)
+    return DecodedView(view, str(incarnation), str(token))
 
 
 def _brought_up_to_date(group: str, part: frozenset[str], entries: Sequence[Any]) -> frozenset[str]:
@@ -261,8 +271,8 @@ def _brought_up_to_date(group: str, part: frozenset[str], entries: Sequence[Any]
             raise CorruptStateError(
                 f"Redis group {group!r}: an entry of the target's change log is not what this "
                 f"library writes ([emptied, added ids, removed ids]): {str(entry)[:120]!r} "
-                f"({exc}). Members read their parts whole again after `HDEL rb:{{{group}}}:meta "
-                f"target_since` (the next change of the target starts a new log)."
+                f"({exc}). The member reads its part whole instead; if this repeats, look "
+                f"for another program writing under rb:{{{group}}}:."
             ) from None
     return frozenset(now)
 
