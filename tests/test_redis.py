@@ -8,6 +8,7 @@ restart or pause it. Multi-process tests read the member processes' logs as witn
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import signal
 import threading
@@ -353,20 +354,31 @@ def test_a_members_view_reads_only_what_moved_since_its_last_view(
         assert view() == (frozenset(ids[150:]), "0", 150)  # the last of them gave m ids[150:]
         t = publish({"lead": ids[:151], "m": ids[151:]}, t)
         assert view() == (frozenset(ids[151:]), "1", 1)
-        # A generation written with no log (as a publication by an older version does) ...
+        # A generation written with no log (as a publication by an older version does), seen
+        # at once or under a change published on top of it ...
         store.client.sadd(head + "t:m", ids[0])
         store.client.hincrby(head + "meta", "generation", 1)
         assert view() == (frozenset([ids[0], *ids[151:]]), "0", 150)
-        t = publish({"lead": ids[:150], "m": ids[150:]}, t)  # (stale base: whole)
+        store.client.srem(head + "t:m", ids[0])
+        store.client.hincrby(head + "meta", "generation", 1)
+        t = dataclasses.replace(t, generation=t.generation + 2)
+        t = publish({"lead": ids[:152], "m": ids[152:]}, t)
+        assert store.client.hget(f"{head}tchg:{t.generation}", " from") == ""
+        assert view() == (frozenset(ids[152:]), "0", 148)
+        t = publish({"lead": ids[:150], "m": ids[150:]}, None)
         assert view() == (frozenset(ids[150:]), "0", 150)
-        # ... a store gone back to another copy at the same generation ...
+        # ... a store gone back to another copy at the same generation, seen at once or
+        # under a change published on top of it ...
         t = publish({"lead": ids[:151], "m": ids[151:]}, t)
-        store.client.hset(head + "meta", "target_token", "another copy")
+        store.client.hset(head + "meta", "target_token", f"{t.generation}:another copy")
         assert view() == (frozenset(ids[151:]), "0", 149)
+        store.client.hset(head + "meta", "target_token", f"{t.generation}:a third copy")
+        t = publish({"lead": ids[:150], "m": ids[150:]}, t)
+        assert view() == (frozenset(ids[150:]), "0", 150)
         # ... or an entry that is not what the library writes: read whole, with a warning.
         t = publish({"lead": ids[:150], "m": ids[150:]}, t)
-        t = publish({"lead": ids[:150], "m": ids[150:]}, t)  # no change, but a link
-        assert view() == (frozenset(ids[150:]), "1", 1)
+        t = publish({"lead": ids[:150], "m": ids[150:]}, t)  # no change, but links
+        assert view() == (frozenset(ids[150:]), "1", 0)
         t = publish({"lead": ids[:152], "m": ids[152:]}, t)
         store.client.hset(f"{head}tchg:{t.generation}", "m", "[1, 2")
         with caplog.at_level("WARNING", "rebalancer_spark.backends.redis"):

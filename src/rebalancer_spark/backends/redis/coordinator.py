@@ -59,7 +59,9 @@ return 1
 # PUBLISH -- replace the target, fenced by the coordinator epoch and session. The target of
 # member i was staged (SADD, in the same MULTI) in P..'stage:'..nonce..':'..i, absent when
 # empty; the script renames each onto P..'t:'..member, so no argument grows with the target.
-# It drops the change log (see PUBLISH_CHANGE) and sets meta 'target_token' to the nonce.
+# It drops the change log (see PUBLISH_CHANGE) and sets meta 'target_token' to
+# '<generation>:<nonce>' (the generation in it: an older version of this library raises the
+# generation without touching the token, which then names no current target).
 # KEYS[1] meta
 # ARGV    session id, epoch, phase, resources version, nonce, n, member 1 .. member n
 # Returns the new generation
@@ -88,7 +90,7 @@ local g = next_value('generation')
 for _, x in ipairs(redis.call('SMEMBERS', P .. 'tgens')) do redis.call('DEL', P .. 'tchg:' .. x) end
 redis.call('DEL', P .. 'tgens')
 redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', '1',
-  'target_rv', ARGV[4], 'target_token', nonce)
+  'target_rv', ARGV[4], 'target_token', int(g) .. ':' .. nonce)
 notify('publish')
 return int(g)
 """
@@ -101,8 +103,8 @@ return int(g)
 # It also logs the change for the members' views (MEMBER_VIEW): the hash P..'tchg:'..<new
 # generation> maps each member whose part changed to the JSON [emptied, added ids, removed
 # ids] (emptied = 1 when the member was dropped first), and links the log into a chain: field
-# ' base' is the base generation, ' from' the base's meta 'target_token' (the nonce of the
-# publication that made it), ' token' this publication's nonce, which becomes meta's. The set
+# ' base' is the base generation, ' from' the base's meta 'target_token' ('' if that token
+# names another generation), ' token' this publication's, which becomes meta's. The set
 # P..'tgens' lists the logged generations, the newest CHANGE_LOG (a set, not a sorted set:
 # the documented ACL has no sorted-set command). Member ids hold no space, so the three
 # fields are no member's.
@@ -151,9 +153,10 @@ for i = 1, n do
 end
 unstage()
 local g2 = int(next_value('generation'))
-local entry_key = P .. 'tchg:' .. g2
-redis.call('HSET', entry_key, ' base', ARGV[6], ' from', redis.call('HGET', META, 'target_token')
-  or '', ' token', nonce)
+local entry_key, from = P .. 'tchg:' .. g2, redis.call('HGET', META, 'target_token') or ''
+if string.sub(from, 1, #ARGV[6] + 1) ~= ARGV[6] .. ':' then from = '' end
+local token = g2 .. ':' .. nonce
+redis.call('HSET', entry_key, ' base', ARGV[6], ' from', from, ' token', token)
 for m, entry in pairs(log) do redis.call('HSET', entry_key, m, cjson.encode(entry)) end
 redis.call('SADD', P .. 'tgens', g2)
 local logged = redis.call('SMEMBERS', P .. 'tgens')
@@ -165,7 +168,7 @@ if #logged > CHANGE_LOG then
   end
 end
 redis.call('HSET', META, 'target_epoch', epoch, 'phase', ARGV[3], 'has_target', '1',
-  'target_rv', ARGV[4], 'target_token', nonce)
+  'target_rv', ARGV[4], 'target_token', token)
 notify('publish')
 return g2
 """

@@ -133,6 +133,8 @@ return out
 # generation after the kept one names the previous as its base (generation and token), and
 # the last is the current generation and token; a publication that wrote no log (a whole one,
 # one by an older version of this library) or a store gone back to an older copy breaks it.
+# A token that names another generation than meta's (an older version published since) names
+# no target: the part comes whole, and the token returned is ''.
 # KEYS[1] meta
 # ARGV    session id[, incarnation, generation, target token of the part the caller kept]
 # Returns {generation, phase, part, {resource, epoch, ...} held, incarnation,
@@ -150,6 +152,7 @@ end
 local m = redis.call('HGET', P .. 'sessions', sid) or ''
 local g, phase, inc, te, token = unpack(redis.call('HMGET', META, 'generation', 'phase', 'inc',
   'target_epoch', 'target_token'))
+if not (g and token and string.sub(token, 1, #g + 1) == g .. ':') then token = false end
 local kept, part, how = tonumber(ARGV[3] or ''), nil, '1'
 if kept and ARGV[2] == inc and token and (ARGV[4] or '') ~= '' then
   local gens = {}

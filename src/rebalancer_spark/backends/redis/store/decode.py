@@ -263,10 +263,12 @@ def _brought_up_to_date(group: str, part: frozenset[str], entries: Sequence[Any]
     for entry in entries:
         try:
             emptied, added, removed = json.loads(entry)
+            if emptied not in (0, 1):
+                raise ValueError(f"the first value is {emptied!r}, not 0 or 1")
             if emptied == 1:
                 now.clear()
-            now.difference_update(str(r) for r in removed)
-            now.update(str(r) for r in added)
+            now.difference_update(_ids(removed))
+            now.update(_ids(added))
         except (ValueError, TypeError) as exc:
             raise CorruptStateError(
                 f"Redis group {group!r}: an entry of the target's change log is not what this "
@@ -294,3 +296,13 @@ def decode_progress_record(group: str, resource: str, text: str) -> Progress:
         number(group, "progress epoch", epoch),
         member,
     )
+
+
+def _ids(value: object) -> list[str]:
+    """A list of ids in a change log entry (an empty one is ``{}``: Lua's cjson cannot tell an
+    empty list from an empty table)."""
+    if value == {}:
+        return []
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise TypeError(f"{str(value)[:60]!r} is not a list of ids")
+    return value
