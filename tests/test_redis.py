@@ -884,7 +884,11 @@ def test_redis_paused_past_the_lease(procs: MemberProcesses, redis_server: Redis
             lost = {r["resource"] for r in procs.records() if r["kind"] == "lost"}
             return lost >= set(before.claims) and time.monotonic() - paused > FAULT_TTL + 0.5
 
-        wait_for(all_stopped, timeout=FAULT_TTL + 10, what="every member to stop its work")
+        # A member thread blocked in a command when Redis stopped answering reports its
+        # losses (dated at the lease's end) once the command gives up: after the URL's timeout
+        # (5 s), twice when it was re-sent on a new connection. assigned() and commit() stop
+        # at the lease's end whatever that thread does (member/node.py).
+        wait_for(all_stopped, timeout=FAULT_TTL + 2 * 5 + 10, what="every member to stop its work")
     finally:
         redis_server.resume()
     resumed = time.monotonic()
