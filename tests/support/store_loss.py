@@ -4,13 +4,16 @@
   files go with it), as restoring another copy or re-creating the file would;
 * Redis: every key of the group is deleted, as a restart without persistence does;
 * ZooKeeper: the whole chroot is deleted (members' ephemeral znodes too), as re-creating it
-  does.
+  does. Members keep writing while the tree goes, so a recursive delete can find a node that
+  gained a child after its children were listed (``NotEmptyError``); the delete is tried again
+  until the chroot is gone, within a deadline.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from urllib.parse import urlsplit
 
 
@@ -36,11 +39,24 @@ def lose_state(url: str, group: str) -> None:
             client.close()
     elif parts.scheme == "zookeeper":
         from kazoo.client import KazooClient
+        from kazoo.exceptions import NoNodeError, NotEmptyError
 
         client = KazooClient(hosts=parts.netloc, timeout=10)
         client.start(timeout=10)
+        deadline = time.monotonic() + 30.0
         try:
-            client.delete(parts.path, recursive=True)
+            while True:
+                try:
+                    client.delete(parts.path, recursive=True)
+                    break
+                except NoNodeError:
+                    break
+                except NotEmptyError:
+                    if time.monotonic() > deadline:
+                        raise AssertionError(
+                            f"members kept writing under {parts.path!r} for 30 s: "
+                            "the chroot could not be deleted"
+                        ) from None
         finally:
             client.stop()
             client.close()
