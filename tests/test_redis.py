@@ -392,23 +392,37 @@ def test_a_members_view_reads_only_what_moved_since_its_last_view(
         assert target is not None and store.member_view(m).target == target.assignment["m"]
 
 
-def test_a_members_watch_sleeps_through_the_others_claims_acks_and_releases(
+def test_a_members_watch_hears_neither_the_others_claims_nor_acks_nor_their_releases(
     redis_server: RedisServer,
 ) -> None:
     """Only the coordinator acts on claims and acknowledgements, and a release concerns the
-    member whose target holds the resource: m3's reconciler watch holds those back (a watch
-    of everything, the witness, sees each first), and reports them once its interest widens."""
+    member whose target holds the resource: m3's reconciler watch is not even subscribed to
+    them (at 100 members, every such message used to reach all 200 watches of the group), a
+    release meant for m3 reaches it on its own channel, and a watch whose interest widens
+    reports a change once it hears the wider channel."""
     group = _group()
+    head = f"rb:{{{group}}}:"
+
+    def listeners() -> dict[str, int]:
+        channels = [f"{head}changes", f"{head}coord", f"{head}to:m3"]
+        return {str(c).removeprefix(head): int(n) for c, n in store.client.pubsub_numsub(*channels)}
+
     with open_backend(redis_server.url()) as store:
-        s1, s2, _ = (_join(store, group, m) for m in ("m1", "m2", "m3"))
+        s1, s2, s3 = (_join(store, group, m) for m in ("m1", "m2", "m3"))
         e = _lead(store, s1)
-        first = {"m1": ["x", "y"], "m2": [], "m3": []}
+        first = {"m1": ["x", "y", "z"], "m2": [], "m3": []}
         g1 = store.publish(s1, e, first, phase=Phase.RUNNING, resources_version=0).generation
-        store.claim(s1, ["x", "y"], g1)
+        store.claim(s1, ["x", "y", "z"], g1)
         m3, witness = store.watch(group), store.watch(group)
         try:
+            assert listeners() == {"changes": 2, "coord": 2, "to:m3": 0}
             m3.focus(Interest.MEMBER, "m3")
-            moved = {"m1": ["y"], "m2": ["x"], "m3": []}
+            wait_for(
+                lambda: listeners() == {"changes": 2, "coord": 1, "to:m3": 1},
+                timeout=5,
+                what="m3's watch to hear its own channel instead of the coordinator's",
+            )
+            moved = {"m1": ["y"], "m2": ["x"], "m3": ["z"]}
             g2 = store.publish(s1, e, moved, phase=Phase.RUNNING, resources_version=0).generation
             assert witness.wait(5) and m3.wait(5), "a new target wakes every member"
             changes: dict[str, Callable[[], object]] = {
@@ -420,8 +434,17 @@ def test_a_members_watch_sleeps_through_the_others_claims_acks_and_releases(
                 make()
                 assert witness.wait(5), change  # the message is out
                 assert m3.wait(0.2) is False, change
+            store.release(s1, {"z": 1})
+            assert witness.wait(5) and m3.wait(5), "a release meant for m3 reaches it"
+            assert set(store.claim(s3, ["z"], g2)) == {"z"}
+            assert witness.wait(5) and m3.wait(0.2) is False, "m3's own claim"
             m3.focus(Interest.ALL)
-            assert m3.wait(0), "the changes held back are reported once the interest covers them"
+            assert m3.wait(5), "a wider interest reports a change once it hears the wider channel"
+            wait_for(
+                lambda: listeners() == {"changes": 2, "coord": 2, "to:m3": 0},
+                timeout=5,
+                what="m3's watch to hear the coordinator's channel instead of its own",
+            )
         finally:
             m3.close()
             witness.close()

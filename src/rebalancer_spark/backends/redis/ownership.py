@@ -98,7 +98,7 @@ for i = 3, #ARGV do
 end
 if granted then
   raise_high(top)
-  notify('claim')
+  notify_coordinator('claim')
 end
 return out
 """
@@ -106,10 +106,11 @@ return out
 
 # RELEASE -- release claims this session holds at exactly the given epochs; each keeps in
 # P..'chain' that it was released, and when (Redis TIME, ms). The message names the members
-# whose target holds a released resource ('release m3 m7'): only they (and the coordinator)
-# wake for it. Finding them costs one SISMEMBER per resource and member named so far, then
-# one per other target member until its receiver is found: a join's releases, all for the
-# member that joined, cost about one each (at 100 members the scan of every member cost
+# whose target holds a released resource ('release m3 m7', on the coordinator's channel) and
+# goes to each of them on its own channel ('release m3' on P..'to:m3'): only they (and the
+# coordinator) receive it. Finding them costs one SISMEMBER per resource and member named so
+# far, then one per other target member until its receiver is found: a join's releases, all
+# for the member that joined, cost about one each (at 100 members the scan of every member cost
 # about 50 per resource).
 # KEYS[1] meta
 # ARGV    session id, resource 1, epoch 1, ..., resource n, epoch n
@@ -143,7 +144,10 @@ for i = 2, #ARGV, 2 do
     end
   end
 end
-if changed then notify(#names > 0 and 'release ' .. table.concat(names, ' ') or 'release') end
+if changed then
+  notify_coordinator(#names > 0 and 'release ' .. table.concat(names, ' ') or 'release')
+  for _, m in ipairs(names) do notify_member(m, 'release ' .. m) end
+end
 return 1
 """
 )
@@ -160,7 +164,7 @@ if m and redis.call('HGET', P .. 'members', m) == ARGV[1]
   and num(redis.call('HGET', P .. 'acked', m)) < tonumber(ARGV[2]) then
   redis.call('HSET', P .. 'acked', m, ARGV[2])
   raise_high(tonumber(ARGV[2]))
-  notify('ack')
+  notify_coordinator('ack')
 end
 return 1
 """

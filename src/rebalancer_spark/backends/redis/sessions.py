@@ -86,7 +86,7 @@ if not m or not alive(ARGV[1]) then
   return refuse('EXPIRED', {})
 end
 redis.call('HSET', P .. 'leaving', m, '1')
-notify('leaving')
+notify_coordinator('leaving')
 return 1
 """
 )

@@ -1,6 +1,10 @@
 """Waking members when their group changes: pub/sub for writes, a timer for lease expiries.
 
-Every script that changes what :meth:`Backend.state` shows PUBLISHes on ``rb:{G}:changes``. A
+Every script that changes what :meth:`Backend.state` shows PUBLISHes its kind: on
+``rb:{G}:changes`` what any watch may act on (membership, leases, succession, a new target,
+control), on ``rb:{G}:coord`` what only the coordinator acts on (claims, releases,
+acknowledgements, the resource set, members leaving), and a release also on
+``rb:{G}:to:<member>`` for each member whose target holds what was released. A
 :class:`RedisWatch` subscribes on its own connection, *before* :meth:`Backend.watch` returns
 (the subscription is confirmed), and a reader thread turns each message into a wake-up.
 
@@ -16,14 +20,20 @@ Leases renewed meanwhile cost one extra read per lease period, never a wrong wak
 leaves and quarantines publish, and the set of leases is re-read after those messages (the
 payload of each message names what happened).
 
-What wakes whom (:meth:`Watch.focus`): each message names what happened (``claim``,
-``ack``, ``publish`` ...; a release also names the members whose target holds what was
-released: ``release m3 m7``). The reader keeps the *atoms* of the messages it got since the
-last wake-up (``claim``, ``release:m3``, ...); ``wait`` returns when one of them is covered by
-the watch's interest and then forgets them all. Atoms it does not cover stay, so a watch whose
-interest widens (a member that becomes coordinator) reports them at its next wait. A member's
-reconciler thus wakes for releases meant for it and not for the other 99 members' claims and
-acknowledgements, which only the coordinator acts on.
+What wakes whom (:meth:`Watch.focus`): a watch subscribes to the channels its interest needs
+(the coordinator's watch, :attr:`Interest.ALL`: ``changes`` and ``coord``; a member's
+reconciler: ``changes`` and its own ``to:<member>``; a follower's coordinator thread:
+``changes``), so the claims, releases and acknowledgements of a rebalance reach the
+coordinator and the one member each release is for, not every watch of the group: at 100
+members, each of the ~300 messages of a join used to be delivered to all 200 watches and
+parsed by each of their reader threads, O(members²) work per rebalance on the members' CPU.
+Each message names what happened (``claim``, ``ack``, ``publish`` ...; ``release m3 m7``).
+The reader keeps the *atoms* of the messages it got since the last wake-up (``claim``,
+``release:m3``, ...); ``wait`` returns when one of them is covered by the watch's interest and
+then forgets them all. A new interest is applied by the reader thread (the connection is
+its own): it subscribes to the new channels before it leaves the old ones, and Redis applies
+both in order, so narrowing loses nothing; a channel that widens what the watch hears reports
+a change once its subscription is confirmed (messages sent before it were not received).
 
 If the connection drops, the reader reconnects with back-off and reports a (possibly
 spurious) change to every interest once it is subscribed again, since messages sent meanwhile
@@ -43,7 +53,11 @@ import redis
 from redis.client import PubSub
 
 from rebalancer_spark.backends.base import Interest, Watch
-from rebalancer_spark.backends.redis.store.keys import channel
+from rebalancer_spark.backends.redis.store.keys import (
+    channel,
+    coordinator_channel,
+    member_channel,
+)
 from rebalancer_spark.backends.redis.store.runner import Lua
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import RebalancerError
@@ -78,6 +92,13 @@ class RedisWatch(Watch):
         self._backend = backend
         self._group = group
         self._channel = channel(group)
+        self._coordinator_channel = coordinator_channel(group)
+        self._wanted = self._channels(Interest.ALL, None)
+        """The channels the interest needs (set by :meth:`focus`, applied by the reader)."""
+        self._subscribed: frozenset[str] = frozenset()  # the reader thread's own
+        self._awaited: set[str] = set()
+        """Channels (reader thread) whose confirmation reports a change: they widened what
+        the watch hears, and messages sent on them before it were not received."""
         self._clock = clock  # kept for symmetry; deadlines are on Redis' (real) time
         self._cond = threading.Condition()
         self._wait_lock = threading.Lock()
@@ -98,18 +119,34 @@ class RedisWatch(Watch):
 
     # -- the reader thread ------------------------------------------------------------------
 
+    def _channels(self, interest: Interest, member_id: str | None) -> frozenset[str]:
+        """The channels that carry what ``interest`` covers."""
+        if interest is Interest.ALL:
+            return frozenset({self._channel, self._coordinator_channel})
+        if interest is Interest.MEMBER and member_id is not None:
+            return frozenset({self._channel, member_channel(self._group, member_id)})
+        return frozenset({self._channel})
+
     def _subscribe(self) -> PubSub:
+        """A new connection subscribed to the channels wanted now, each confirmed."""
+        with self._cond:
+            wanted = self._wanted
         pubsub: PubSub = self._backend.client.pubsub()  # type: ignore[no-untyped-call]
         try:
-            pubsub.subscribe(self._channel)
+            pubsub.subscribe(*sorted(wanted))
+            unconfirmed = set(wanted)
             deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
-            while True:
+            while unconfirmed:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise redis.exceptions.TimeoutError("no confirmation of SUBSCRIBE")
+                    raise redis.exceptions.TimeoutError(
+                        f"no confirmation of SUBSCRIBE {' '.join(sorted(unconfirmed))}"
+                    )
                 message = pubsub.get_message(timeout=min(left, _POLL))
                 if message is not None and message.get("type") == "subscribe":
-                    return pubsub
+                    unconfirmed.discard(str(message.get("channel")))
+            self._subscribed, self._awaited = wanted, set()
+            return pubsub
         except BaseException:
             with contextlib.suppress(Exception):
                 pubsub.close()
@@ -158,6 +195,7 @@ class RedisWatch(Watch):
                 backoff = _POLL
                 self._signal()  # messages sent while we were away are lost: report a change
             try:
+                self._follow_focus(self._pubsub)
                 message: Any = self._pubsub.get_message(timeout=_POLL)
             except (redis.exceptions.RedisError, OSError, ValueError, AttributeError):
                 with contextlib.suppress(Exception):
@@ -166,12 +204,37 @@ class RedisWatch(Watch):
                 if not self._closed:
                     self._signal()
                 continue
-            if message is not None and message.get("type") == "message":
+            if message is None:
+                continue
+            kind = message.get("type")
+            if kind == "message":
                 self._signal(message.get("data") or _ANY)
+            elif kind == "subscribe" and str(message.get("channel")) in self._awaited:
+                self._awaited.discard(str(message.get("channel")))
+                self._signal()  # what the wider interest covers may have been sent before
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 self._pubsub.close()
             self._pubsub = None
+
+    def _follow_focus(self, pubsub: PubSub) -> None:
+        """(Reader thread) Subscribe to the channels of a new interest, then leave the old
+        ones: one connection, so Redis applies them in that order and no message falls
+        between. A member's channel added while the coordinator's channel (which carries
+        every release) was subscribed widens nothing; any other added channel does."""
+        with self._cond:
+            wanted = self._wanted
+        current = self._subscribed
+        if wanted == current:
+            return
+        added, dropped = wanted - current, current - wanted
+        if added:
+            pubsub.subscribe(*sorted(added))
+            covered = self._coordinator_channel in current
+            self._awaited |= {c for c in added if not (covered and c != self._coordinator_channel)}
+        if dropped:
+            pubsub.unsubscribe(*sorted(dropped))  # type: ignore[no-untyped-call]
+        self._subscribed = wanted
 
     # -- lease deadlines ---------------------------------------------------------------------
 
@@ -209,6 +272,16 @@ class RedisWatch(Watch):
         return fresh is not None and any(key not in fresh for key in known)
 
     # -- Watch -------------------------------------------------------------------------------
+
+    def focus(self, interest: Interest, member_id: str | None = None) -> None:
+        """Hear, from now on, the channels ``interest`` needs (the reader thread subscribes;
+        see the module docstring). Widening reports a change once the subscription is
+        confirmed; narrowing never loses a message of the narrower interest."""
+        with self._cond:
+            if (interest, member_id) == (self.interest, self.member_id):
+                return
+            super().focus(interest, member_id)
+            self._wanted = self._channels(interest, member_id)
 
     def wait(self, timeout: float) -> bool:
         end = time.monotonic() + max(timeout, 0.0)

@@ -26,6 +26,8 @@ __all__ = [
     "NAMESPACE",
     "channel",
     "check_session_id",
+    "coordinator_channel",
+    "member_channel",
     "meta_key",
     "prefix",
     "stage_key",
@@ -48,8 +50,21 @@ def meta_key(group: str) -> str:
 
 
 def channel(group: str) -> str:
-    """The pub/sub channel every state-changing script publishes on (same hash tag)."""
+    """The pub/sub channel of the changes every watch may act on (same hash tag): membership,
+    leases, succession, targets, control."""
     return prefix(group) + "changes"
+
+
+def coordinator_channel(group: str) -> str:
+    """The pub/sub channel of the changes only the coordinator acts on: claims, releases,
+    acknowledgements, the resource set, members leaving."""
+    return prefix(group) + "coord"
+
+
+def member_channel(group: str, member_id: str) -> str:
+    """The pub/sub channel of the releases meant for ``member_id`` (its target holds what
+    was released). Member ids hold no character a channel name cannot carry."""
+    return f"{prefix(group)}to:{member_id}"
 
 
 def stage_key(group: str, nonce: str, part: str) -> str:

@@ -11,8 +11,10 @@ hashes to the same slot (see :mod:`.keys`). All numbers cross the boundary as de
 
 Refusals are error replies ``CODE {json}`` (``EXPIRED``, ``FENCED``, ``INUSE``) that
 :mod:`..errors` turns into the library's exceptions with a full message. Scripts that change
-what :meth:`Backend.state` shows ``PUBLISH`` on ``rb:{G}:changes``; renewals and commits do
-not.
+what :meth:`Backend.state` shows ``PUBLISH`` their kind: on ``rb:{G}:changes`` what every watch
+may act on, on ``rb:{G}:coord`` what only the coordinator acts on, and a release also on
+``rb:{G}:to:<member>`` for each member it is meant for (see :mod:`..watch`); renewals and
+commits publish nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ local function num(v) return tonumber(v) or 0 end
 local function alive(sid)
   return sid ~= nil and sid ~= false and redis.call('EXISTS', P .. 'lease:' .. sid) == 1
 end
+-- what every watch may act on (membership, leases, succession, targets, control)
 local function notify(what) redis.call('PUBLISH', P .. 'changes', what) end
+-- what only the coordinator acts on (claims, releases, acknowledgements, resources, leaving)
+local function notify_coordinator(what) redis.call('PUBLISH', P .. 'coord', what) end
+-- a release meant for member m (its target holds a released resource)
+local function notify_member(m, what) redis.call('PUBLISH', P .. 'to:' .. m, what) end
 local function refuse(code, fields)
   return redis.error_reply(code .. ' ' .. cjson.encode(fields))
 end
