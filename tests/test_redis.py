@@ -402,12 +402,13 @@ def test_a_members_watch_hears_neither_the_others_claims_nor_acks_nor_their_rele
     reports a change once it hears the wider channel."""
     group = _group()
     head = f"rb:{{{group}}}:"
+    client = redis.Redis(port=redis_server.port, decode_responses=True)
 
     def listeners() -> dict[str, int]:
         channels = [f"{head}changes", f"{head}coord", f"{head}to:m3"]
-        return {str(c).removeprefix(head): int(n) for c, n in store.client.pubsub_numsub(*channels)}
+        return {str(c).removeprefix(head): int(n) for c, n in client.pubsub_numsub(*channels)}
 
-    with open_backend(redis_server.url()) as store:
+    with open_backend(redis_server.url()) as store, client:
         s1, s2, s3 = (_join(store, group, m) for m in ("m1", "m2", "m3"))
         e = _lead(store, s1)
         first = {"m1": ["x", "y", "z"], "m2": [], "m3": []}
@@ -447,6 +448,31 @@ def test_a_members_watch_hears_neither_the_others_claims_nor_acks_nor_their_rele
             )
         finally:
             m3.close()
+            witness.close()
+
+
+def test_a_followers_watch_follows_the_coordinators_lease_alone(
+    redis_server: RedisServer,
+) -> None:
+    """A member that does not coordinate acts on the coordinator going away: its watch reads
+    the coordinator's lease only (at 100 members, 100 such watches each read 100 leases at
+    every lease period and every join or leave), so another member's expiry does not wake it
+    (a watch of everything, the witness, sees it), and the coordinator's does."""
+    group = _group()
+    with open_backend(redis_server.url()) as store:
+        s1 = _join(store, group, "m1", ttl=6.0)
+        _lead(store, s1)
+        _join(store, group, "m2", ttl=1.0)
+        s3 = _join(store, group, "m3", ttl=60.0)
+        follower, witness = store.watch(group), store.watch(group)
+        try:
+            follower.focus(Interest.SUCCESSION)
+            assert witness.wait(4), "m2's lease ran out (1 s)"
+            assert follower.wait(0.5) is False, "m2 does not coordinate"
+            assert follower.wait(10), "the coordinator's lease ran out (6 s)"
+            assert store.elect(s3) is not None
+        finally:
+            follower.close()
             witness.close()
 
 

@@ -206,18 +206,24 @@ return {g or '0', phase or 'running', te or '0'}
 )
 
 # LEASES -- what a watch needs to wake at the next expiry: the remaining time of every
-# member's lease key and of the quarantine key (PTTL: -2 when gone).
+# member's lease key, or of the coordinator's alone (what a follower acts on), and of the
+# quarantine key (PTTL: -2 when gone).
 # KEYS[1] meta
-# ARGV    (none)
+# ARGV    (none) for every member, or 'coordinator'
 # Returns {session id, pttl ms, ..., '', quarantine pttl ms}
 LEASES = (
     PRELUDE
     + """
 local out = {}
-local ms = redis.call('HGETALL', P .. 'members')
-for i = 2, #ms, 2 do
-  out[#out + 1] = ms[i]
-  out[#out + 1] = redis.call('PTTL', P .. 'lease:' .. ms[i])
+if ARGV[1] == 'coordinator' then
+  local cs = redis.call('HGET', META, 'coord_sid')
+  if cs then out[1] = cs; out[2] = redis.call('PTTL', P .. 'lease:' .. cs) end
+else
+  local ms = redis.call('HGETALL', P .. 'members')
+  for i = 2, #ms, 2 do
+    out[#out + 1] = ms[i]
+    out[#out + 1] = redis.call('PTTL', P .. 'lease:' .. ms[i])
+  end
 end
 out[#out + 1] = ''
 out[#out + 1] = redis.call('PTTL', P .. 'quarantine')

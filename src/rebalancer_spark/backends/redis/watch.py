@@ -10,8 +10,10 @@ acknowledgements, the resource set, members leaving), and a release also on
 
 Lease expiry publishes nothing (Redis sends keyspace notifications only when
 ``notify-keyspace-events`` is configured, which managed services often forbid), so the watch
-also reads the remaining time of every lease of the group (``PTTL``, one read-only script) and
-wakes when the earliest runs out. It then reads again: a lease that is gone and was due has
+also reads the remaining time of the leases it follows (``PTTL``, one read-only script) and
+wakes when the earliest runs out: every member's lease for the coordinator and the members'
+reconcilers, the coordinator's alone for a follower's coordinator thread, which acts only on
+the coordinator going away (it reads the lease again after ``elect`` and ``resign``). It then reads again: a lease that is gone and was due has
 expired (report it); one still there was renewed (note its new deadline, sleep on). Every
 read also reports a known lease that is gone before its local deadline (the deadline is Redis'
 expiry plus the reply's travel time). A deadline that has passed is checked before anything
@@ -80,6 +82,8 @@ _ANY = "*"
 """The atom of a change of any kind (messages were lost while reconnecting)."""
 _MEMBER_EVENTS = LEASE_EVENTS | {"publish", "control", "lift", _ANY}
 _SUCCESSION_EVENTS = LEASE_EVENTS | {"resign", "elect", _ANY}
+_COORDINATOR_CHANGES = frozenset({"resign", "elect"})
+"""Messages after which a follower's watch reads the coordinator's lease again."""
 _RETRY = "~retry"
 """A deadline key (never a session id) for reading the leases again after a failed read."""
 _RETRY_AFTER = 0.5
@@ -106,6 +110,9 @@ class RedisWatch(Watch):
         self._stale = False
         self._closed = False
         self._deadlines: dict[str, float] = {}
+        self._scope = "all"
+        """Which leases :attr:`_deadlines` came from: ``all`` or the ``coordinator``'s."""
+        self._listed: set[str] = set()
         self._pubsub: PubSub | None = None
         try:
             self._pubsub = self._subscribe()
@@ -158,7 +165,12 @@ class RedisWatch(Watch):
         atoms = {f"{kind}:{name}" for name in names} if names else {kind}
         with self._cond:
             self._atoms |= atoms
-            self._stale = self._stale or kind in LEASE_EVENTS or kind == _ANY
+            self._stale = (
+                self._stale
+                or kind in LEASE_EVENTS
+                or kind == _ANY
+                or (self.interest is Interest.SUCCESSION and kind in _COORDINATOR_CHANGES)
+            )
             self._cond.notify_all()
 
     def _covered(self) -> bool:
@@ -239,21 +251,23 @@ class RedisWatch(Watch):
     # -- lease deadlines ---------------------------------------------------------------------
 
     def _read_leases(self) -> dict[str, float] | None:
-        """Read every lease's remaining time; keep and return the new deadlines. When Redis
-        cannot be read, return None and try again in a moment (reporting a change then, as an
-        expiry may have gone unseen meanwhile)."""
+        """Read the remaining time of the leases the interest follows (a follower: the
+        coordinator's alone; else every member's) and of the quarantine; keep and return the
+        new deadlines, and which keys the read answered for (:attr:`_listed`, gone ones
+        too). When Redis cannot be read, return None and try again in a moment (reporting a
+        change then, as an expiry may have gone unseen meanwhile)."""
+        scope = "coordinator" if self.interest is Interest.SUCCESSION else "all"
         try:
-            flat = self._backend.run(Lua.LEASES, self._group, [], "watching leases")
+            flat = self._backend.run(
+                Lua.LEASES, self._group, [scope] if scope != "all" else [], "watching leases"
+            )
         except RebalancerError:
             self._deadlines = {_RETRY: time.monotonic() + _RETRY_AFTER}
             return None
         now = time.monotonic()
-        fresh = {
-            str(flat[i]): now + int(flat[i + 1]) / 1000
-            for i in range(0, len(flat) - 1, 2)
-            if int(flat[i + 1]) >= 0
-        }
-        self._deadlines = fresh
+        pairs = [(str(flat[i]), int(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
+        fresh = {key: now + ms / 1000 for key, ms in pairs if ms >= 0}
+        self._deadlines, self._scope, self._listed = fresh, scope, {key for key, _ in pairs}
         return fresh
 
     def _expired(self, force: bool) -> bool:
@@ -264,12 +278,18 @@ class RedisWatch(Watch):
         silently would lose that expiry (a lease ended by a leave may wake once more:
         spurious wake-ups are allowed, missed ones are not)."""
         now = time.monotonic()
-        known = self._deadlines
+        known, scope = self._deadlines, self._scope
         due = [key for key, at in known.items() if at <= now]
         if not (force or due):
             return False
         fresh = self._read_leases()
-        return fresh is not None and any(key not in fresh for key in known)
+        if fresh is None:
+            return False
+        if _RETRY in known or scope == self._scope:
+            return any(key not in fresh for key in known)
+        # The interest changed what is followed: of what was known, only the keys this read
+        # answered for can be judged (a follower no longer follows the other members).
+        return any(key not in fresh for key in known if key in self._listed)
 
     # -- Watch -------------------------------------------------------------------------------
 
@@ -282,6 +302,7 @@ class RedisWatch(Watch):
                 return
             super().focus(interest, member_id)
             self._wanted = self._channels(interest, member_id)
+            self._stale = True  # the leases this interest follows may be others
 
     def wait(self, timeout: float) -> bool:
         end = time.monotonic() + max(timeout, 0.0)
