@@ -476,6 +476,61 @@ def test_a_followers_watch_follows_the_coordinators_lease_alone(
             witness.close()
 
 
+def test_a_coordinator_elected_and_expired_between_a_followers_reads_wakes_it(
+    redis_server: RedisServer,
+) -> None:
+    """The follower read the leases while nobody coordinated; m2 is then elected and its lease
+    runs out before the follower reads again. That read lists m2 with its lease gone: m2 was
+    never known alive to this watch, and its expiry is reported all the same."""
+    group = _group()
+    with (
+        open_backend(redis_server.url()) as store,
+        redis.Redis(port=redis_server.port, decode_responses=True) as client,
+    ):
+        s1 = _join(store, group, "m1", ttl=60.0)
+        e1 = _lead(store, s1)
+        follower = store.watch(group)
+        try:
+            follower.focus(Interest.SUCCESSION)
+            store.resign(s1, e1)
+            assert follower.wait(5), "the coordinator resigned"
+            s2 = _join(store, group, "m2", ttl=2.5)
+            assert follower.wait(5), "m2 joined"
+            follower.wait(0.2)  # reads the leases: nobody coordinates
+            _lead(store, s2)
+            assert follower.wait(5), "m2 was elected"
+            wait_for(
+                lambda: not client.exists(f"rb:{{{group}}}:lease:{s2.session_id}"),
+                timeout=10,
+                what="m2's lease to run out",
+            )
+            assert follower.wait(5), "the coordinator's lease ran out"
+        finally:
+            follower.close()
+
+
+def test_a_connection_redis_py_restores_on_its_own_still_reports_a_change(
+    redis_server: RedisServer,
+) -> None:
+    """redis-py reconnects a pub/sub connection dropped once (CLIENT KILL, an idle timeout of
+    a proxy) and subscribes again without telling its caller; messages sent meanwhile were
+    lost, so the watch reports a change."""
+    group = _group()
+    with (
+        open_backend(redis_server.url()) as store,
+        redis.Redis(port=redis_server.port, decode_responses=True) as client,
+    ):
+        _join(store, group, "m1", ttl=60.0)
+        watch = store.watch(group)
+        try:
+            watch.wait(0.3)  # whatever the join left behind
+            assert watch.wait(0.3) is False, "nothing changed"
+            assert client.client_kill_filter(_type="pubsub") >= 1
+            assert watch.wait(5), "messages may have been lost while it reconnected"
+        finally:
+            watch.close()
+
+
 def test_a_watch_survives_a_restart_and_never_raises(redis_server: RedisServer) -> None:
     group = _group()
     with open_backend(redis_server.url()) as store, open_backend(redis_server.url()) as other:

@@ -13,11 +13,12 @@ Lease expiry publishes nothing (Redis sends keyspace notifications only when
 also reads the remaining time of the leases it follows (``PTTL``, one read-only script) and
 wakes when the earliest runs out: every member's lease for the coordinator and the members'
 reconcilers, the coordinator's alone for a follower's coordinator thread, which acts only on
-the coordinator going away (it reads the lease again after ``elect`` and ``resign``). It then reads again: a lease that is gone and was due has
-expired (report it); one still there was renewed (note its new deadline, sleep on). Every
-read also reports a known lease that is gone before its local deadline (the deadline is Redis'
-expiry plus the reply's travel time). A deadline that has passed is checked before anything
-else, so later writes can never hide an expiry.
+the coordinator going away (it reads the lease again after ``elect`` and ``resign``). It
+then reads again: a lease that is gone and was due has expired (report it); one still there
+was renewed (note its new deadline, sleep on). Every read also reports a known lease that is
+gone before its local deadline (the deadline is Redis' expiry plus the reply's travel time),
+and, once, a listed session whose lease is gone though no read saw it alive. A deadline that
+has passed is checked before anything else, so later writes can never hide an expiry.
 Leases renewed meanwhile cost one extra read per lease period, never a wrong wake-up; joins,
 leaves and quarantines publish, and the set of leases is re-read after those messages (the
 payload of each message names what happened).
@@ -100,9 +101,6 @@ class RedisWatch(Watch):
         self._wanted = self._channels(Interest.ALL, None)
         """The channels the interest needs (set by :meth:`focus`, applied by the reader)."""
         self._subscribed: frozenset[str] = frozenset()  # the reader thread's own
-        self._awaited: set[str] = set()
-        """Channels (reader thread) whose confirmation reports a change: they widened what
-        the watch hears, and messages sent on them before it were not received."""
         self._clock = clock  # kept for symmetry; deadlines are on Redis' (real) time
         self._cond = threading.Condition()
         self._wait_lock = threading.Lock()
@@ -113,12 +111,17 @@ class RedisWatch(Watch):
         self._scope = "all"
         """Which leases :attr:`_deadlines` came from: ``all`` or the ``coordinator``'s."""
         self._listed: set[str] = set()
+        self._gone: set[str] = set()
+        """Keys the last read listed whose lease (or the quarantine) is gone: sessions
+        expired and not yet dropped from the group."""
+        self._reported_gone: set[str] = set()
         self._pubsub: PubSub | None = None
         try:
             self._pubsub = self._subscribe()
         except (redis.exceptions.RedisError, OSError):
             self._pubsub = None  # the reader keeps trying and reports a change once in
         self._read_leases()
+        self._reported_gone = set(self._gone)  # what ran out before watch() returned
         self._thread = threading.Thread(
             target=self._listen, name=f"rebalancer-redis-watch-{group}", daemon=True
         )
@@ -152,7 +155,7 @@ class RedisWatch(Watch):
                 message = pubsub.get_message(timeout=min(left, _POLL))
                 if message is not None and message.get("type") == "subscribe":
                     unconfirmed.discard(str(message.get("channel")))
-            self._subscribed, self._awaited = wanted, set()
+            self._subscribed = wanted
             return pubsub
         except BaseException:
             with contextlib.suppress(Exception):
@@ -197,7 +200,7 @@ class RedisWatch(Watch):
                             "group %s: the Redis user may not SUBSCRIBE to %s (%s); members "
                             "react only at their timeouts: grant the channels &rb:*",
                             self._group,
-                            self._channel,
+                            " ".join(sorted(self._wanted)),
                             exc,
                         )
                     with self._cond:
@@ -221,9 +224,11 @@ class RedisWatch(Watch):
             kind = message.get("type")
             if kind == "message":
                 self._signal(message.get("data") or _ANY)
-            elif kind == "subscribe" and str(message.get("channel")) in self._awaited:
-                self._awaited.discard(str(message.get("channel")))
-                self._signal()  # what the wider interest covers may have been sent before
+            elif kind == "subscribe":
+                # A channel added by focus() (messages sent on it before were not received)
+                # or subscribed again by redis-py after it reconnected on its own (messages
+                # sent meanwhile were lost): either way, report a change.
+                self._signal()
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 self._pubsub.close()
@@ -232,8 +237,8 @@ class RedisWatch(Watch):
     def _follow_focus(self, pubsub: PubSub) -> None:
         """(Reader thread) Subscribe to the channels of a new interest, then leave the old
         ones: one connection, so Redis applies them in that order and no message falls
-        between. A member's channel added while the coordinator's channel (which carries
-        every release) was subscribed widens nothing; any other added channel does."""
+        between. Each confirmation of a new subscription reports a change (see
+        :meth:`_listen`)."""
         with self._cond:
             wanted = self._wanted
         current = self._subscribed
@@ -242,8 +247,6 @@ class RedisWatch(Watch):
         added, dropped = wanted - current, current - wanted
         if added:
             pubsub.subscribe(*sorted(added))
-            covered = self._coordinator_channel in current
-            self._awaited |= {c for c in added if not (covered and c != self._coordinator_channel)}
         if dropped:
             pubsub.unsubscribe(*sorted(dropped))  # type: ignore[no-untyped-call]
         self._subscribed = wanted
@@ -267,7 +270,9 @@ class RedisWatch(Watch):
         now = time.monotonic()
         pairs = [(str(flat[i]), int(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
         fresh = {key: now + ms / 1000 for key, ms in pairs if ms >= 0}
-        self._deadlines, self._scope, self._listed = fresh, scope, {key for key, _ in pairs}
+        self._deadlines, self._scope = fresh, scope
+        self._listed = {key for key, _ in pairs}
+        self._gone = self._listed - fresh.keys()
         return fresh
 
     def _expired(self, force: bool) -> bool:
@@ -285,6 +290,13 @@ class RedisWatch(Watch):
         fresh = self._read_leases()
         if fresh is None:
             return False
+        # A lease can run out before any read saw it (a member that joined and expired
+        # between two reads; the coordinator elected after the last read): a listed key whose
+        # lease is gone is reported once, known before or not.
+        unseen = self._gone - self._reported_gone
+        self._reported_gone = set(self._gone)
+        if unseen:
+            return True
         if _RETRY in known or scope == self._scope:
             return any(key not in fresh for key in known)
         # The interest changed what is followed: of what was known, only the keys this read
