@@ -45,6 +45,7 @@ were lost. ``wait`` never raises because Redis is down: it sleeps out its timeou
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -101,6 +102,9 @@ class RedisWatch(Watch):
         self._wanted = self._channels(Interest.ALL, None)
         """The channels the interest needs (set by :meth:`focus`, applied by the reader)."""
         self._subscribed: frozenset[str] = frozenset()  # the reader thread's own
+        self._expected: collections.deque[tuple[str, bool]] = collections.deque()
+        """(Reader thread) The confirmations :meth:`_follow_focus` asked for, in order, each
+        with whether its channel widens what the watch hears."""
         self._clock = clock  # kept for symmetry; deadlines are on Redis' (real) time
         self._cond = threading.Condition()
         self._wait_lock = threading.Lock()
@@ -156,6 +160,7 @@ class RedisWatch(Watch):
                 if message is not None and message.get("type") == "subscribe":
                     unconfirmed.discard(str(message.get("channel")))
             self._subscribed = wanted
+            self._expected.clear()
             return pubsub
         except BaseException:
             with contextlib.suppress(Exception):
@@ -225,10 +230,7 @@ class RedisWatch(Watch):
             if kind == "message":
                 self._signal(message.get("data") or _ANY)
             elif kind == "subscribe":
-                # A channel added by focus() (messages sent on it before were not received)
-                # or subscribed again by redis-py after it reconnected on its own (messages
-                # sent meanwhile were lost): either way, report a change.
-                self._signal()
+                self._confirmed(str(message.get("channel")))
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 self._pubsub.close()
@@ -237,8 +239,8 @@ class RedisWatch(Watch):
     def _follow_focus(self, pubsub: PubSub) -> None:
         """(Reader thread) Subscribe to the channels of a new interest, then leave the old
         ones: one connection, so Redis applies them in that order and no message falls
-        between. Each confirmation of a new subscription reports a change (see
-        :meth:`_listen`)."""
+        between. The confirmation of a channel that widens what the watch hears reports a
+        change (:meth:`_confirmed`)."""
         with self._cond:
             wanted = self._wanted
         current = self._subscribed
@@ -247,9 +249,27 @@ class RedisWatch(Watch):
         added, dropped = wanted - current, current - wanted
         if added:
             pubsub.subscribe(*sorted(added))
+            # The coordinator's channel carries every release: a member's channel added while
+            # it was heard widens nothing (a member's reconciler narrowing from everything).
+            covered = self._coordinator_channel in current
+            for c in sorted(added):
+                self._expected.append((c, not (covered and c != self._coordinator_channel)))
         if dropped:
             pubsub.unsubscribe(*sorted(dropped))  # type: ignore[no-untyped-call]
         self._subscribed = wanted
+
+    def _confirmed(self, channel: str) -> None:
+        """(Reader thread) A subscription to ``channel`` is confirmed. One that widened what
+        the watch hears reports a change (messages sent on it before were not received); so
+        does one nobody here asked for: redis-py, after one dropped connection, reconnects
+        and subscribes again on its own, and messages sent meanwhile were lost."""
+        if self._expected and self._expected[0][0] == channel:
+            _, widens = self._expected.popleft()
+            if widens:
+                self._signal()
+            return
+        self._expected.clear()  # redis-py subscribed again to every channel, ours included
+        self._signal()
 
     # -- lease deadlines ---------------------------------------------------------------------
 
