@@ -86,9 +86,16 @@ _MEMBER_EVENTS = LEASE_EVENTS | {"publish", "control", "lift", _ANY}
 _SUCCESSION_EVENTS = LEASE_EVENTS | {"resign", "elect", _ANY}
 _COORDINATOR_CHANGES = frozenset({"resign", "elect"})
 """Messages after which a follower's watch reads the coordinator's lease again."""
+
 _RETRY = "~retry"
 """A deadline key (never a session id) for reading the leases again after a failed read."""
 _RETRY_AFTER = 0.5
+
+
+def _lease_scope(interest: Interest) -> str:
+    """Which leases a watch of ``interest`` follows: the ``coordinator``'s (a follower acts
+    only on the coordinator going away) or ``all``."""
+    return "coordinator" if interest is Interest.SUCCESSION else "all"
 
 
 class RedisWatch(Watch):
@@ -279,7 +286,7 @@ class RedisWatch(Watch):
         new deadlines, and which keys the read answered for (:attr:`_listed`, gone ones
         too). When Redis cannot be read, return None and try again in a moment (reporting a
         change then, as an expiry may have gone unseen meanwhile)."""
-        scope = "coordinator" if self.interest is Interest.SUCCESSION else "all"
+        scope = _lease_scope(self.interest)
         try:
             flat = self._backend.run(
                 Lua.LEASES, self._group, [scope] if scope != "all" else [], "watching leases"
@@ -332,9 +339,10 @@ class RedisWatch(Watch):
         with self._cond:
             if (interest, member_id) == (self.interest, self.member_id):
                 return
+            if _lease_scope(interest) != _lease_scope(self.interest):
+                self._stale = True  # it follows other leases: read them at the next wait
             super().focus(interest, member_id)
             self._wanted = self._channels(interest, member_id)
-            self._stale = True  # the leases this interest follows may be others
 
     def wait(self, timeout: float) -> bool:
         end = time.monotonic() + max(timeout, 0.0)
