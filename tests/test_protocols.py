@@ -69,7 +69,7 @@ def test_a_member_holding_its_target_has_nothing_to_do() -> None:
     held = same("a", "b")
     for protocol in ProtocolName:
         step = plan(protocol, view({"a", "b"}, held), held, handled_generation=3)
-        assert step == Plan(NOTHING, NOTHING, NOTHING, None, 3), protocol
+        assert step == Plan(NOTHING, NOTHING, NOTHING, None, 3, settled=True), protocol
 
 
 # --- resource barrier -----------------------------------------------------------------------
@@ -298,4 +298,14 @@ def test_once_the_plan_is_done_the_next_plan_is_empty(case: Case, epoch: int) ->
     settled = MemberView(case.view.generation, Phase.RUNNING, case.view.target, dict(now))
     handled = case.handled if step.ack is None else step.ack
     again = plan(case.protocol, settled, now, handled)
-    assert again == Plan(NOTHING, NOTHING, NOTHING, None, case.view.generation)
+    assert again == Plan(NOTHING, NOTHING, NOTHING, None, case.view.generation, settled=True)
+
+
+@PROPS
+@given(cases())
+def test_a_plan_is_settled_exactly_when_the_store_agrees_and_nothing_is_to_be_done(
+    case: Case,
+) -> None:
+    step = run(case)
+    nothing = not (step.lost or step.revoke or step.claim) and step.ack is None
+    assert step.settled == (dict(case.held) == dict(case.view.owned) and nothing)

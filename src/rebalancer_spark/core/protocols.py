@@ -64,11 +64,9 @@ def idle(
     protocol: ProtocolName, view: MemberView, held: Mapping[str, int], handled_generation: int
 ) -> bool:
     """True when :func:`plan` on ``view`` asks nothing of a member holding ``held`` and the
-    store held exactly that: re-reading the same view could only say the same."""
-    if dict(held) != dict(view.owned):
-        return False
-    step = plan(protocol, view, held, handled_generation)
-    return not (step.lost or step.revoke or step.claim or step.ack is not None)
+    store held exactly that: re-reading the same view could only say the same
+    (:attr:`Plan.settled`)."""
+    return plan(protocol, view, held, handled_generation).settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +78,9 @@ class Plan:
     claim: frozenset[str]
     ack: int | None
     generation: int
+    settled: bool = False
+    """Nothing to do, and the store holds exactly what the member believes it holds: the same
+    view read again could only say the same (:func:`idle`)."""
 
 
 def plan(
@@ -90,13 +91,18 @@ def plan(
 ) -> Plan:
     """Decide the next step of a member that holds ``held`` (resource → epoch) and has fully
     handled target generation ``handled_generation`` (its eager release done)."""
+    # Set operations throughout, run in C: a member's part runs to thousands of resources and
+    # a member plans on every change it sees.
+    believed = held if isinstance(held, dict) else dict(held)
+    owned = view.owned if isinstance(view.owned, dict) else dict(view.owned)
+    agree = believed == owned
     # Claims we believe we hold but the store does not (or holds at another epoch) are lost.
-    still = frozenset(r for r, e in held.items() if view.owned.get(r) == e)
-    lost = frozenset(held) - still
+    still = frozenset(believed) if agree else frozenset(dict(believed.items() & owned.items()))
+    lost = frozenset(believed) - still
     # Claims the store holds for our session that we do not know of (a reply lost on the way,
     # or a re-grant at another epoch): adopt them if the target agrees (claiming a resource we
     # already hold returns it with its epoch), release them otherwise.
-    unknown = frozenset(view.owned) - still
+    unknown = frozenset(owned) - still
     new_generation = view.generation > handled_generation
     ack: int | None
     if view.phase is Phase.STOPPING:
@@ -111,4 +117,5 @@ def plan(
         revoke = (still | unknown) - view.target
         claim = view.target - still
         ack = view.generation if new_generation else None
-    return Plan(lost=lost, revoke=revoke, claim=claim, ack=ack, generation=view.generation)
+    settled = agree and not (revoke or claim) and ack is None
+    return Plan(lost, revoke, claim, ack, view.generation, settled)
