@@ -179,20 +179,15 @@ class Ownership:
         *,
         lapsed_at: Callable[[], float | None],
         target: tuple[int, int] | None = None,
-        give_back: Callable[[list[OwnedResource]], None] | None = None,
     ) -> tuple[list[OwnedResource], bool]:
-        """Call ``on_revoked`` for the held ones among ``resources`` and stop holding them;
-        if the lease still held when the callback returned, give their claims back to the
-        store with ``give_back(owned)``; then emit (also when ``give_back`` raised). Return
-        them, sorted, and whether the lease held. ``lapsed_at()`` is None while the lease
-        holds, else the wall time it ran out: a callback that outlived the lease ends in
-        ``lost`` at that time, not in ``released`` afterwards (the store may have granted the
-        resources meanwhile). ``target`` is the (generation, coordinator epoch) of the target
-        that moved them away, None for a leave or drain without one.
-
-        The claims go back before the events are sent: each event is dated when work
-        stopped, and sending thousands of them to the sinks (a file, the audit's outbox)
-        takes time during which the resources would stay unowned for nothing."""
+        """Call ``on_revoked`` for the held ones among ``resources``, emit, then stop holding
+        them; return them, sorted, and whether the lease still held when the callback
+        returned. ``lapsed_at()`` is None while the lease holds, else the wall time it ran
+        out: a callback that outlived the lease ends in ``lost`` at that time, not in
+        ``released`` afterwards (the store may have granted the resources meanwhile). Giving
+        the claims back to the store is the caller's part, and only if the lease held.
+        ``target`` is the (generation, coordinator epoch) of the target that moved them away,
+        None for a leave or drain without one."""
         with self._changed:
             owned = [self._held[r] for r in sorted(resources) if r in self._held]
         returned = self._call(self._on_revoked, owned, "on_revoked")
@@ -208,17 +203,12 @@ class Ownership:
             kind, reason, at = EventKind.LOST, self._overran("on_revoked"), now
         else:
             kind, reason, at = EventKind.RELEASED, why, now
-        events = self._each(kind, session, owned, reason, at, generation, coordinator_epoch)
+        self._send(self._each(kind, session, owned, reason, at, generation, coordinator_epoch))
         with self._changed:
             for o in owned:
                 self._held.pop(o.resource, None)
             self._version += 1
             self._changed.notify_all()
-        try:
-            if ended is None and give_back is not None:
-                give_back(owned)
-        finally:
-            self._send(events)
         return owned, ended is None
 
     def forget(self, resources: Collection[str] | None = None) -> list[OwnedResource]:

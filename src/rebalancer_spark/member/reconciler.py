@@ -33,7 +33,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.events import EventKind
-from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, plan
+from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, idle, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.lease import Lease
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
@@ -290,10 +290,10 @@ class Reconciler:
         version, epochs = self._ownership.version, self._ownership.epochs()
         view = backend.member_view(session)
         self._target = (view.generation, view.coordinator_epoch)
-        step = plan(self._config.protocol, view, epochs, self._handled_generation)
-        if step.settled:
+        if idle(self._config.protocol, view, epochs, self._handled_generation):
             self._idle = (session.session_id, head_of(view), version)
             return wait
+        step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
             self._ownership.lost(
                 self._lease.snapshot().session,
@@ -389,29 +389,21 @@ class Reconciler:
         those the store holds for this member that it never knew of (recorded as acquired
         and released at once, so that the audit's epoch chain names them). ``target``: the
         (generation, coordinator epoch) of the target that moved them away."""
-
-        def give_back(owned: list[OwnedResource]) -> None:
-            view_only = resources - {o.resource for o in owned}
-            claims = {o.resource: o.epoch for o in owned}
-            if view_only:
-                unknown = {
-                    r: e for r, e in backend.member_view(session).owned.items() if r in view_only
-                }
-                claims.update(unknown)
-                if unknown:
-                    self._record_unknown(session, unknown, why, target)
-            backend.release(session, claims)
-
-        # If the lease lapsed meanwhile, the next step fences and rejoins; the store frees the
-        # claims itself.
-        self._ownership.release(
-            session,
-            resources,
-            why,
-            lapsed_at=lambda: self._lapsed_at(session),
-            target=target,
-            give_back=give_back,
+        owned, lease_held = self._ownership.release(
+            session, resources, why, lapsed_at=lambda: self._lapsed_at(session), target=target
         )
+        if not lease_held:
+            return  # the next step fences and rejoins; the store frees the claims itself
+        view_only = resources - {o.resource for o in owned}
+        claims = {o.resource: o.epoch for o in owned}
+        if view_only:
+            unknown = {
+                r: e for r, e in backend.member_view(session).owned.items() if r in view_only
+            }
+            claims.update(unknown)
+            if unknown:
+                self._record_unknown(session, unknown, why, target)
+        backend.release(session, claims)
 
     def _record_unknown(
         self,
