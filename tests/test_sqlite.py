@@ -349,3 +349,71 @@ def test_a_members_view_reads_only_the_rows_moved_since_its_last_view(sqlite_pat
     assert view() == (frozenset(ids[140:290]), True)
     assert store.member_view(m).target == coordinator.target("g").assignment["m"]  # type: ignore[union-attr]
     store._conn.set_trace_callback(None)
+
+
+def test_a_claim_walks_the_members_part_outside_the_write_lock(sqlite_path: Path) -> None:
+    # The part is walked in a snapshot; the write transaction reads by key only the rows that
+    # walk found, and a claim that finds nothing to grant takes no write lock at all: the
+    # releases of the others never wait behind a walk of thousands of rows.
+    clock = ManualClock()
+    store, coordinator = _pair(sqlite_path, clock)
+    lead = coordinator.join("g", "lead", info={}, ttl=600.0, static=False)
+    m = store.join("g", "m", info={}, ttl=600.0, static=False)
+    record = coordinator.elect(lead)
+    assert record is not None
+    ids = [f"r{i:03d}" for i in range(200)]
+    first = coordinator.publish(
+        lead, record.epoch, {"lead": ids, "m": []}, phase=Phase.RUNNING, resources_version=0
+    )
+    held = coordinator.claim(lead, ids, first.generation)
+    moved = coordinator.publish(
+        lead,
+        record.epoch,
+        {"lead": ids[100:], "m": ids[:100]},
+        phase=Phase.RUNNING,
+        resources_version=0,
+        previous=first,
+    )
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+
+    def locked() -> list[str]:
+        """The statements run inside the write transaction of the last call."""
+        begins = [i for i, s in enumerate(statements) if s.startswith("BEGIN IMMEDIATE")]
+        return statements[begins[-1] :] if begins else []
+
+    assert store.claim(m, ids[:100], moved.generation) == {}  # all held by the lead
+    assert locked() == []
+    coordinator.release(lead, {r: held[r].epoch for r in ids[:10]})
+    statements.clear()
+    granted = store.claim(m, ids[:100], moved.generation)
+    assert sorted(granted) == ids[:10]
+    assert all(g.epoch == 2 and g.prev_member_id == "lead" for g in granted.values())
+    inside = [s for s in locked() if "FROM targets t" in s]
+    assert inside and all("t.resource_id IN (" in s for s in inside)
+    assert sum(s.count("'r0") for s in inside) == 10  # exactly the rows the walk found
+    statements.clear()
+    assert store.claim(m, ids[:100], moved.generation) == granted  # held: returned, no write
+    assert locked() == []
+    store._conn.set_trace_callback(None)
+
+
+def test_a_claim_rereads_under_the_lock_what_its_snapshot_found(sqlite_path: Path) -> None:
+    # What the snapshot found may have changed before the write lock was taken (here, a claim
+    # of the same session in between): the write transaction judges each row as it is then,
+    # so a resource is granted once, at one epoch.
+    from rebalancer_spark.backends.sqlite import ownership
+
+    clock = ManualClock()
+    store, other = _pair(sqlite_path, clock)
+    lives = other.join("g", "lives", info={}, ttl=600.0, static=False)
+    m = store.join("g", "m", info={}, ttl=600.0, static=False)
+    gen = _lead_and_give(other, lives, "m")
+    with store._transaction("BEGIN") as db:
+        found = ownership.claimable(db, clock, m, ["a"], gen)
+    assert [(f.resource, f.epoch, f.new) for f in found] == [("a", 1, True)]
+    assert store.claim(m, ["a"], gen)["a"].epoch == 1
+    with store._transaction("BEGIN IMMEDIATE") as db:
+        again = ownership.claim(db, clock, m, [f.resource for f in found], gen)
+    assert again["a"].epoch == 1  # returned as held, not granted a second time
+    assert store.member_view(m).owned == {"a": 1}

@@ -7,7 +7,10 @@ implementation of the contract in :mod:`rebalancer_spark.backends.base`.
 How it keeps the contract:
 
 * **Atomic checks.** Every write is one ``BEGIN IMMEDIATE`` transaction that re-reads what it
-  depends on (coordinator epoch, claim epoch, lease) before changing anything.
+  depends on (coordinator epoch, claim epoch, lease) before changing anything. A claim first
+  finds what it may grant in a snapshot, without the write lock; its write transaction then
+  re-reads those rows alone, by key, so the lock is held for what is claimed, not for the
+  member's whole part (a walk of thousands of rows that kept every release waiting).
 * **Leases.** A lease deadline is ``CLOCK_BOOTTIME`` + ttl, a clock every process of the host
   shares and that never jumps. The boot id is kept in the file, per host: after a reboot every
   session of the host's previous boot is dead. The file is one host's store: a session records

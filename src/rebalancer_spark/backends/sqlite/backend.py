@@ -294,8 +294,17 @@ class SqliteBackend(Backend):
     # -- ownership ---------------------------------------------------------------------------
 
     def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
+        # What may be granted is found in a snapshot, without the file's write lock: the write
+        # transaction re-reads those rows alone, so that a member walking a part of thousands
+        # of resources does not keep every other member from releasing meanwhile.
+        with self._transaction(_READ) as db:
+            found = ownership.claimable(db, self._clock, session, resources, generation)
+            if not any(f.new for f in found):
+                return ownership.held(db, session, found)
         with self._transaction(_WRITE) as db:
-            return ownership.claim(db, self._clock, session, resources, generation)
+            return ownership.claim(
+                db, self._clock, session, [f.resource for f in found], generation
+            )
 
     def _release(self, session: Session, claims: dict[str, int]) -> None:
         with self._transaction(_WRITE) as db:

@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Collection, Mapping
+from typing import Any, NamedTuple
 
 from rebalancer_spark.backends.base import Session, fenced_commit
 from rebalancer_spark.backends.records import parse_count
-from rebalancer_spark.backends.sqlite.reads import progress
+from rebalancer_spark.backends.sqlite.reads import chunks, progress
 from rebalancer_spark.backends.sqlite.sessions import alive, require_alive
 from rebalancer_spark.backends.sqlite.store.chain import wall_time
 from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import Freed, Grant, Phase
 
-__all__ = ["acknowledge", "claim", "commit", "release"]
+__all__ = ["acknowledge", "claim", "claimable", "commit", "held", "release"]
 
 
 _FREED = {f.value: f for f in Freed}
@@ -37,6 +38,60 @@ def _freed(value: object) -> Freed | None:
     return _FREED.get(value) if isinstance(value, str) else None
 
 
+class _Found(NamedTuple):
+    """One resource a claim grants or returns, as read: its epoch after the claim, what the
+    grant supersedes, and whether it is a new grant (False: the session holds it already)."""
+
+    resource: str
+    epoch: int
+    freed: Freed | None
+    prev_member: str | None
+    prev_session: str | None
+    prev_epoch: int
+    freed_at: float | None
+    new: bool
+
+
+_CLAIMABLE = (
+    "SELECT t.resource_id, o.member_id, o.session_id, o.epoch, o.prev_member, "
+    "o.prev_session, o.freed, o.freed_at, m.expires "
+    "FROM targets t "
+    "LEFT JOIN ownership o ON o.grp=t.grp AND o.resource_id=t.resource_id "
+    "LEFT JOIN members m ON m.grp=t.grp AND m.session_id=o.session_id "
+    "WHERE t.grp=? AND {part} "
+    # Rows held by another live session are never granted: left out here, in SQLite's C, so
+    # that a member waiting for a few releases does not walk its whole part in Python.
+    "AND (o.session_id IS NULL OR o.session_id=? OR m.expires IS NULL OR m.expires<=?)"
+)
+"""The rows of the session's part of the target that a claim may grant or return."""
+
+
+def claimable(
+    db: sqlite3.Connection,
+    clock: Clock,
+    session: Session,
+    resources: Collection[str],
+    generation: int,
+) -> list[_Found]:
+    """What a claim of ``resources`` at ``generation`` would grant or return, read in a
+    snapshot (no write lock): the session's whole part of the target is walked here, so that
+    the write transaction of :func:`claim` re-reads only these rows."""
+    require_alive(db, session, clock)
+    if not _running(db, session.group, generation):
+        return []
+    query = _CLAIMABLE.format(part="t.member_id=?")
+    rows = db.execute(
+        query, (session.group, session.member_id, session.session_id, clock.monotonic())
+    ).fetchall()
+    return _found(clock, session, set(resources), rows)
+
+
+def held(db: sqlite3.Connection, session: Session, found: list[_Found]) -> dict[str, Grant]:
+    """The grants of ``found`` when none is new (the session holds every one): nothing to
+    write, so no write lock is taken; their progress is read in the same snapshot."""
+    return _grants(db, session, found)
+
+
 def claim(
     db: sqlite3.Connection,
     clock: Clock,
@@ -44,76 +99,41 @@ def claim(
     resources: Collection[str],
     generation: int,
 ) -> dict[str, Grant]:
-    """:meth:`Backend.claim`: grant what the target at ``generation`` gives ``session`` and
-    nobody alive holds, each at the resource's next epoch, with what it superseded and the
-    progress it hands over."""
-    group = session.group
-    wanted = set(resources)
+    """:meth:`Backend.claim`, in the write transaction, of the rows :func:`claimable` found:
+    grant what the target at ``generation`` gives ``session`` and nobody alive holds, each at
+    the resource's next epoch, with what it superseded and the progress it hands over. Every
+    row is read again here, by its key: the write lock is held for what is claimed, not for
+    the session's whole part."""
     require_alive(db, session, clock)
-    current, phase = db.execute(
-        "SELECT generation, phase FROM groups WHERE name=?", (group,)
-    ).fetchone()
-    if current != generation or phase != Phase.RUNNING.value:
+    if not _running(db, session.group, generation):
         return {}
-    now = clock.monotonic()
-    rows = db.execute(
-        "SELECT t.resource_id, o.member_id, o.session_id, o.epoch, o.prev_member, "
-        "o.prev_session, o.freed, o.freed_at, m.expires "
-        "FROM targets t "
-        "LEFT JOIN ownership o ON o.grp=t.grp AND o.resource_id=t.resource_id "
-        "LEFT JOIN members m ON m.grp=t.grp AND m.session_id=o.session_id "
-        "WHERE t.grp=? AND t.member_id=? "
-        # Rows held by another live session are never granted: left out here, in SQLite's C,
-        # so that a member waiting for a few releases does not walk its whole part each time.
-        "AND (o.session_id IS NULL OR o.session_id=? OR m.expires IS NULL OR m.expires<=?)",
-        (group, session.member_id, session.session_id, now),
-    ).fetchall()
-    # (resource, epoch, freed, prev member, prev session, prev epoch, freed at, new grant?)
-    found: list[tuple[str, int, Freed | None, str | None, str | None, int, float | None, bool]] = []
-    for rid, member, holder, stored, p_member, p_session, freed, freed_at, expires in rows:
-        if rid not in wanted:
-            continue
-        epoch = (
-            0 if stored is None else parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")
+    group, now = session.group, clock.monotonic()
+    rows: list[Any] = []
+    for chunk in chunks(sorted(resources)):
+        # By key; the unary + keeps SQLite from walking the part by the member's index.
+        # Only '?' placeholders are formatted in; every value is bound.
+        marks = ",".join("?" * len(chunk))
+        query = _CLAIMABLE.format(part=f"t.resource_id IN ({marks}) AND +t.member_id=?")
+        rows += db.execute(
+            query, (group, *chunk, session.member_id, session.session_id, now)
+        ).fetchall()
+    found = _found(clock, session, set(resources), rows)
+    granted = _grants(db, session, found)
+    grants = [
+        (
+            group,
+            f.resource,
+            session.member_id,
+            session.session_id,
+            f.epoch,
+            f.prev_member,
+            f.prev_session,
+            None if f.freed is None else f.freed.value,
+            f.freed_at,
         )
-        if holder == session.session_id:
-            found.append(
-                (rid, epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at, False)
-            )
-        elif holder is not None and expires is not None and expires > now:
-            continue  # a live holder
-        elif stored is None:
-            found.append((rid, 1, Freed.NEW, None, None, 0, None, True))
-        elif holder is not None:
-            # Its session expired; the row was not freed yet (nobody ended it): end it now.
-            at = wall_time(clock, expires) if expires is not None else clock.wall()
-            found.append((rid, epoch + 1, Freed.EXPIRED, member, holder, epoch, at, True))
-        else:
-            found.append(
-                (rid, epoch + 1, _freed(freed), p_member, p_session, epoch, freed_at, True)
-            )
-    if not found:
-        return {}
-    # Handed over with the grant, read in the same transaction.
-    handed = progress(db, group, [f[0] for f in found])
-    granted: dict[str, Grant] = {}
-    grants: list[tuple[object, ...]] = []
-    for rid, epoch, freed, p_member, p_session, p_epoch, freed_at, new in found:
-        granted[rid] = Grant(epoch, freed, p_member, p_session, p_epoch, freed_at, handed.get(rid))
-        if new:
-            grants.append(
-                (
-                    group,
-                    rid,
-                    session.member_id,
-                    session.session_id,
-                    epoch,
-                    p_member,
-                    p_session,
-                    None if freed is None else freed.value,
-                    freed_at,
-                )
-            )
+        for f in found
+        if f.new
+    ]
     if grants:
         db.executemany(
             "INSERT OR REPLACE INTO ownership(grp, resource_id, member_id, session_id, epoch, "
@@ -122,6 +142,61 @@ def claim(
         )
         bump(db, group)
     return granted
+
+
+def _running(db: sqlite3.Connection, group: str, generation: int) -> bool:
+    """Whether the group's target is still at ``generation``, in the running phase."""
+    current, phase = db.execute(
+        "SELECT generation, phase FROM groups WHERE name=?", (group,)
+    ).fetchone()
+    return bool(current == generation and phase == Phase.RUNNING.value)
+
+
+def _found(clock: Clock, session: Session, wanted: set[str], rows: list[Any]) -> list[_Found]:
+    """The rows of :data:`_CLAIMABLE` among ``wanted``, as what a claim grants or returns."""
+    group, now = session.group, clock.monotonic()
+    found: list[_Found] = []
+    for rid, member, holder, stored, p_member, p_session, freed, freed_at, expires in rows:
+        if rid not in wanted:
+            continue
+        epoch = (
+            0 if stored is None else parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")
+        )
+        if holder == session.session_id:
+            found.append(
+                _Found(rid, epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at, False)
+            )
+        elif holder is not None and expires is not None and expires > now:
+            continue  # a live holder
+        elif stored is None:
+            found.append(_Found(rid, 1, Freed.NEW, None, None, 0, None, True))
+        elif holder is not None:
+            # Its session expired; the row was not freed yet (nobody ended it): end it now.
+            at = wall_time(clock, expires) if expires is not None else clock.wall()
+            found.append(_Found(rid, epoch + 1, Freed.EXPIRED, member, holder, epoch, at, True))
+        else:
+            found.append(
+                _Found(rid, epoch + 1, _freed(freed), p_member, p_session, epoch, freed_at, True)
+            )
+    return found
+
+
+def _grants(db: sqlite3.Connection, session: Session, found: list[_Found]) -> dict[str, Grant]:
+    """The :class:`Grant` of each of ``found``, with the progress it hands over (read in the
+    caller's transaction)."""
+    handed = progress(db, session.group, [f.resource for f in found])
+    return {
+        f.resource: Grant(
+            f.epoch,
+            f.freed,
+            f.prev_member,
+            f.prev_session,
+            f.prev_epoch,
+            f.freed_at,
+            handed.get(f.resource),
+        )
+        for f in found
+    }
 
 
 def release(

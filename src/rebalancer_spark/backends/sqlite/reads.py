@@ -39,6 +39,7 @@ from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 __all__ = [
     "Kept",
+    "chunks",
     "head",
     "holders",
     "member_head",
@@ -56,7 +57,8 @@ _CHUNK = 500
 """Most resource ids bound in one query."""
 
 
-def _chunks(items: list[str]) -> Iterator[list[str]]:
+def chunks(items: list[str]) -> Iterator[list[str]]:
+    """``items`` in lists of at most :data:`_CHUNK`, to bind in one query each."""
     for i in range(0, len(items), _CHUNK):
         yield items[i : i + _CHUNK]
 
@@ -281,7 +283,7 @@ def progress(db: sqlite3.Connection, group: str, resources: Collection[str]) -> 
     """:meth:`Backend.progress`: the last accepted commit of each of ``resources`` that has
     one."""
     out: dict[str, Progress] = {}
-    for chunk in _chunks(list(resources)):
+    for chunk in chunks(list(resources)):
         marks = ",".join("?" * len(chunk))
         # Only '?' placeholders are formatted in; every value is bound.
         query = f"SELECT resource_id, epoch, member_id, value FROM progress WHERE grp=? AND resource_id IN ({marks})"  # noqa: S608, E501
