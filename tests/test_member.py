@@ -979,16 +979,20 @@ def _role(loop: CoordinatorLoop) -> Role:
 
 
 class CountingViews(FlakyStore):
-    """Counts the member thread's reads: whole views and heads."""
+    """Counts the member thread's reads: whole views (and the generation each read) and
+    heads."""
 
     def __init__(self, inner: Backend) -> None:
         super().__init__(inner)
         self.views = 0
         self.heads = 0
+        self.generations: list[int] = []
 
     def member_view(self, session: Session) -> MemberView:
         self.views += 1
-        return super().member_view(session)
+        view = super().member_view(session)
+        self.generations.append(view.generation)
+        return view
 
     def member_head(self, session: Session) -> MemberHead:
         self.heads += 1
@@ -1023,3 +1027,23 @@ def test_an_idle_member_reads_no_view_on_changes_that_do_not_concern_it(grp: Gro
     grp.wait_settled(3)
     wait_for(lambda: store.views > views, timeout=10, what="a to read its new part")
     assert len(a.assigned()) == len(RESOURCES) // 3
+
+
+def test_an_old_owner_reads_no_view_again_after_giving_back_what_moved(grp: Group) -> None:
+    """An old owner whose step only released what a new target moved away knows that the
+    store holds what it holds: it reads each new generation's view once, and the wake-ups
+    after its release (the newcomer's claims, a control note) read its head alone, not its
+    whole part again."""
+    store = CountingViews(open_backend(grp.url))
+    a = grp.start("a", RESOURCES, backend=store)
+    grp.wait_settled(1)
+    before = len(store.generations)
+    grp.start("b")
+    grp.wait_settled(2)
+    control = grp.observer.state(grp.name).control
+    grp.observer.update_control(grp.name, control.version, control.noted(time.time(), "wake"))
+    heads = store.heads
+    wait_for(lambda: store.heads > heads, timeout=10, what="a's member thread to look")
+    seen = store.generations[before:]
+    assert seen and len(seen) == len(set(seen)), seen
+    assert len(a.assigned()) == len(RESOURCES) // 2

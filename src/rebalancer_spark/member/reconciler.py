@@ -302,8 +302,9 @@ class Reconciler:
                 EventKind.LOST,
                 target=self._target,
             )
+        released = True
         if step.revoke:
-            self.revoke(
+            released = self.revoke(
                 backend,
                 session,
                 set(step.revoke),
@@ -316,6 +317,12 @@ class Reconciler:
             self._handled_generation = step.generation
         if step.claim and not self._draining.is_set():
             self._acquire(backend, session, step.claim, view)
+        elif not step.claim and not step.lost and released and epochs == view.owned:
+            # The store held what this member believed, and gave back exactly what it was
+            # told to: what it holds and what the store holds agree again, so the same view,
+            # read again, would plan nothing. Until the head moves, a wake-up reads the head
+            # alone; an old owner does not read its whole part once more after each release.
+            self._idle = (session.session_id, head_of(view), self._ownership.version)
         return wait
 
     def _acquire(
@@ -384,16 +391,17 @@ class Reconciler:
         why: str,
         *,
         target: tuple[int, int] | None = None,
-    ) -> None:
+    ) -> bool:
         """Stop holding ``resources`` (``on_revoked`` first) and release their claims, also
         those the store holds for this member that it never knew of (recorded as acquired
-        and released at once, so that the audit's epoch chain names them). ``target``: the
+        and released at once, so that the audit's epoch chain names them); whether the
+        claims were released (False: the lease lapsed meanwhile). ``target``: the
         (generation, coordinator epoch) of the target that moved them away."""
         owned, lease_held = self._ownership.release(
             session, resources, why, lapsed_at=lambda: self._lapsed_at(session), target=target
         )
         if not lease_held:
-            return  # the next step fences and rejoins; the store frees the claims itself
+            return False  # the next step fences and rejoins; the store frees the claims itself
         view_only = resources - {o.resource for o in owned}
         claims = {o.resource: o.epoch for o in owned}
         if view_only:
@@ -404,6 +412,7 @@ class Reconciler:
             if unknown:
                 self._record_unknown(session, unknown, why, target)
         backend.release(session, claims)
+        return True
 
     def _record_unknown(
         self,
