@@ -239,7 +239,7 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
         conn.execute(f"ALTER TABLE ownership DROP COLUMN {column}")
     conn.execute("ALTER TABLE members DROP COLUMN host")
     conn.execute("ALTER TABLE groups DROP COLUMN incarnation")
-    conn.execute("DROP INDEX targets_by_gen")
+    conn.execute("DROP INDEX targets_since")
     conn.execute("ALTER TABLE targets DROP COLUMN gen")
     conn.execute("ALTER TABLE groups DROP COLUMN target_since")
     conn.execute("UPDATE rebalancer_meta SET value='1' WHERE key='schema'")
@@ -417,3 +417,35 @@ def test_a_claim_rereads_under_the_lock_what_its_snapshot_found(sqlite_path: Pat
         again = ownership.claim(db, clock, m, [f.resource for f in found], gen)
     assert again["a"].epoch == 1  # returned as held, not granted a second time
     assert store.member_view(m).owned == {"a": 1}
+
+
+def test_a_file_with_the_indexes_of_an_earlier_release_gains_the_covering_ones(
+    sqlite_path: Path,
+) -> None:
+    import sqlite3
+
+    from rebalancer_spark.backends.sqlite.ownership import _CLAIMABLE
+    from rebalancer_spark.backends.sqlite.store.schema import INDEXES
+
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    session = store.join("g", "m", info={}, ttl=600.0, static=False)
+    store.claim(session, ["a"], _lead_and_give(store, session, "m"))
+    store.close()
+    conn = sqlite3.connect(sqlite_path)  # the indexes as the release before wrote them
+    for name in INDEXES:
+        conn.execute(f"DROP INDEX {name}")
+    conn.execute("CREATE INDEX targets_by_member ON targets(grp, member_id)")
+    conn.execute("CREATE INDEX targets_by_gen ON targets(grp, gen)")
+    conn.commit()
+    conn.close()
+    reopened, _ = _pair(sqlite_path, clock)
+    query = "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='targets'"
+    names = {r[0] for r in reopened._conn.execute(query)}
+    assert names >= INDEXES.keys()
+    assert not names & {"targets_by_member", "targets_by_gen"}
+    walk = _CLAIMABLE.format(part="t.member_id=?")
+    plan = reopened._conn.execute(f"EXPLAIN QUERY PLAN {walk}", ("g", "m", "s", 0.0)).fetchall()
+    assert "COVERING INDEX targets_of_member" in plan[0][3]
+    assert reopened.member_view(session).target == {"a"}
+    reopened.close()

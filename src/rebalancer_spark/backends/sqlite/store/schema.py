@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rebalancer_spark.core.errors import CorruptStateError
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_ready"]
+__all__ = ["INDEXES", "SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_ready"]
 
 SCHEMA_VERSION = "4"
 
@@ -51,8 +51,22 @@ _MIGRATIONS = {
 }
 """Statements that bring a file of an older schema version to :data:`SCHEMA_VERSION`."""
 
-_AFTER_MIGRATIONS = ["CREATE INDEX IF NOT EXISTS targets_by_gen ON targets(grp, gen)"]
-"""Indexes on columns that a migration may have added: created once the tables are current."""
+INDEXES = {
+    # A member's part, read whole and walked by every claim: covering, so that neither reads
+    # a table row per resource (a claim's walk of 6,250 rows took 18 ms with an index of
+    # (grp, member_id), 11 ms with this one).
+    "targets_of_member": "targets(grp, member_id, resource_id)",
+    # The rows a generation after a member's last view wrote (reads.member_view): covering.
+    "targets_since": "targets(grp, gen, member_id, resource_id)",
+}
+"""The indexes, by name, that :func:`initialise` creates (once the tables are current, as
+some are on columns a migration adds) and :func:`is_ready` requires: a file of this schema
+version written before an index was added gains it the next time it is opened."""
+
+_REPLACED_INDEXES = ("targets_by_member", "targets_by_gen")
+"""Indexes of earlier releases that :data:`INDEXES` replaced: dropped by :func:`initialise`.
+A process of such a release that sets the file up again (after a reboot) creates them again,
+which costs writes, not answers."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rebalancer_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,7 +91,6 @@ CREATE TABLE IF NOT EXISTS target_members(
 CREATE TABLE IF NOT EXISTS targets(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT NOT NULL,
     gen INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(grp, resource_id));
-CREATE INDEX IF NOT EXISTS targets_by_member ON targets(grp, member_id);
 CREATE TABLE IF NOT EXISTS ownership(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT, session_id TEXT,
     epoch INTEGER NOT NULL, prev_member TEXT, prev_session TEXT, freed TEXT, freed_at REAL,
@@ -129,6 +142,9 @@ def is_ready(db: sqlite3.Connection, host: str) -> bool:
     opening)."""
     if not _table_names(db) >= TABLES:
         return False
+    indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    if not indexes >= INDEXES.keys():
+        return False
     meta = dict(db.execute("SELECT key, value FROM rebalancer_meta").fetchall())
     return meta.get("schema") == SCHEMA_VERSION and meta.get(_boot_key(host)) == boot_id()
 
@@ -154,8 +170,10 @@ def initialise(db: sqlite3.Connection, path: str, host: str) -> None:
         db.execute("UPDATE rebalancer_meta SET value=? WHERE key='schema'", (SCHEMA_VERSION,))
         version = SCHEMA_VERSION
     if version in (None, SCHEMA_VERSION):
-        for statement in _AFTER_MIGRATIONS:
-            db.execute(statement)
+        for name, columns in INDEXES.items():
+            db.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {columns}")
+        for name in _REPLACED_INDEXES:
+            db.execute(f"DROP INDEX IF EXISTS {name}")
     if version is None:
         db.execute("INSERT INTO rebalancer_meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
     elif version != SCHEMA_VERSION:
