@@ -300,25 +300,30 @@ def test_a_second_host_may_use_the_file_once_the_first_hosts_members_left(
     second.close()
 
 
-def test_a_members_view_reads_only_the_rows_moved_since_its_last_view(sqlite_path: Path) -> None:
-    # Each target row carries the generation that wrote it: a member's next view reads the
-    # rows written since its last one, not its whole part; a generation that deleted rows
-    # (a resource gone from the set) leaves no trace of them, so the next view reads it whole.
-    clock = ManualClock()
-    store, coordinator = _pair(sqlite_path, clock)
+def _led(path: Path) -> tuple[SqliteBackend, SqliteBackend, Session, Session, int]:
+    """Member "m" on one handle and "lead", elected coordinator, on another: (m's store, the
+    lead's store, lead, m, the coordinator epoch)."""
+    store, coordinator = _pair(path, ManualClock())
     lead = coordinator.join("g", "lead", info={}, ttl=600.0, static=False)
     m = store.join("g", "m", info={}, ttl=600.0, static=False)
     record = coordinator.elect(lead)
     assert record is not None
+    return store, coordinator, lead, m, record.epoch
+
+
+def test_a_members_view_reads_only_the_rows_moved_since_its_last_view(sqlite_path: Path) -> None:
+    # Each target row carries the generation that wrote it: a member's next view reads the
+    # rows written since its last one, not its whole part; a generation that deleted rows
+    # (a resource gone from the set) leaves no trace of them, so the next view reads it whole.
+    store, coordinator, lead, m, epoch = _led(sqlite_path)
     ids = [f"r{i:03d}" for i in range(300)]
     statements: list[str] = []
     store._conn.set_trace_callback(statements.append)
 
     def publish(assignment: dict[str, list[str]], previous: Target | None) -> Target:
-        assert record is not None
         return coordinator.publish(
             lead,
-            record.epoch,
+            epoch,
             assignment,
             phase=Phase.RUNNING,
             resources_version=0,
@@ -355,20 +360,15 @@ def test_a_claim_walks_the_members_part_outside_the_write_lock(sqlite_path: Path
     # The part is walked in a snapshot; the write transaction reads by key only the rows that
     # walk found, and a claim that finds nothing to grant takes no write lock at all: the
     # releases of the others never wait behind a walk of thousands of rows.
-    clock = ManualClock()
-    store, coordinator = _pair(sqlite_path, clock)
-    lead = coordinator.join("g", "lead", info={}, ttl=600.0, static=False)
-    m = store.join("g", "m", info={}, ttl=600.0, static=False)
-    record = coordinator.elect(lead)
-    assert record is not None
+    store, coordinator, lead, m, epoch = _led(sqlite_path)
     ids = [f"r{i:03d}" for i in range(200)]
     first = coordinator.publish(
-        lead, record.epoch, {"lead": ids, "m": []}, phase=Phase.RUNNING, resources_version=0
+        lead, epoch, {"lead": ids, "m": []}, phase=Phase.RUNNING, resources_version=0
     )
     held = coordinator.claim(lead, ids, first.generation)
     moved = coordinator.publish(
         lead,
-        record.epoch,
+        epoch,
         {"lead": ids[100:], "m": ids[:100]},
         phase=Phase.RUNNING,
         resources_version=0,
