@@ -14,9 +14,10 @@ leave (SIGTERM: drain) and a crash (``kill -9``), each to the next stable assign
 
 Members: up to 16, each a process of ``rebalancer_spark.testing.member_process`` (the first
 through ``benchmarks/member_host.py one``, which hands it the resource list from a file: 100,000
-ids do not fit in one command-line argument); beyond 16, all but one are threads of
+ids do not fit in one command-line argument); beyond 16, all but two are threads of
 ``member_host.py threads`` processes of at most 25 threads each, and the member that leaves or
-crashes and the one that joins are processes. The table says which (``p``/``t``). Members
+crashes and the one that joins are processes (two processes, so that one of them is not the
+coordinator whichever member holds the role). The table says which (``p``/``t``). Members
 commit no progress (as in ``bench_peers.py``): the store operations counted are the
 rebalance's own, lease renewals and pings included.
 
@@ -452,7 +453,8 @@ def run_cell(
     backend: str, base_url: str | None, servers: Servers, resources: int, members: int,
     args: argparse.Namespace, workdir: Path,
 ) -> Cell:  # fmt: skip
-    threads = members - 1 if members > PROCESS_LIMIT else 0
+    # Two process members: the leave and the crash need one that is not the coordinator.
+    threads = members - 2 if members > PROCESS_LIMIT else 0
     cell = Cell(backend, resources, members, threads)
     celldir = workdir / f"{backend}-{resources}x{members}"
     if backend == "sqlite":
