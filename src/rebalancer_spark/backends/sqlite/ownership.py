@@ -1,8 +1,11 @@
 """Members' writes on what they own: claims, releases, acknowledgements, progress commits.
 
-Every function runs inside a write transaction the caller opened, and re-reads in it what the
-write depends on: the target generation and phase for a claim, the claim's session and epoch
-for a release or a commit, and the member's lease.
+Every write runs inside a write transaction the caller opened, and re-reads in it what the
+write depends on: the target generation and phase and each row it grants for a claim, the
+claim's session and epoch for a release or a commit, and the member's lease. A claim is found
+first in a read transaction (:func:`claimable`, and :func:`held` when nothing is new), so that
+the walk of the member's whole part takes no write lock; :func:`claim` then re-reads by key,
+under the lock, only the rows found.
 
 The epoch chain: an ``ownership`` row keeps, besides the holder and epoch, ``prev_member``,
 ``prev_session``, ``freed`` and ``freed_at`` (wall-clock seconds). While the resource is held
