@@ -389,13 +389,30 @@ def test_a_claim_walks_the_members_part_outside_the_write_lock(sqlite_path: Path
     granted = store.claim(m, ids[:100], moved.generation)
     assert sorted(granted) == ids[:10]
     assert all(g.epoch == 2 and g.prev_member_id == "lead" for g in granted.values())
-    inside = [s for s in locked() if "FROM targets t" in s]
-    assert inside and all("t.resource_id IN (" in s for s in inside)
+    inside = [s for s in locked() if "FROM ownership o" in s]
+    assert inside and all("o.resource_id IN (" in s for s in inside)
     assert sum(s.count("'r0") for s in inside) == 10  # exactly the rows the walk found
+    assert not [s for s in locked() if "targets" in s]
     statements.clear()
     assert store.claim(m, ids[:100], moved.generation) == granted  # held: returned, no write
     assert locked() == []
     store._conn.set_trace_callback(None)
+
+
+def test_a_claims_reread_under_the_lock_finds_each_row_by_its_key(sqlite_path: Path) -> None:
+    # One lookup per id in the primary key of ownership (and of members), never a walk of an
+    # index of the whole group: a re-read through targets walked a covering index of every
+    # target row once per chunk of ids (130 ms for a claim of 5,900 of 100,000 resources).
+    from rebalancer_spark.backends.sqlite.ownership import _BY_KEY
+
+    store, _ = _pair(sqlite_path, ManualClock())
+    query = _BY_KEY.format(marks="?,?,?")
+    plan = [
+        row[3] for row in store._conn.execute(f"EXPLAIN QUERY PLAN {query}", ("g", "a", "b", "c"))
+    ]
+    assert plan and all(step.startswith("SEARCH") for step in plan), plan
+    assert any("ownership" in step and "resource_id=?" in step for step in plan), plan
+    assert not [step for step in plan if "targets" in step], plan
 
 
 def test_a_claim_rereads_under_the_lock_what_its_snapshot_found(sqlite_path: Path) -> None:
@@ -444,8 +461,9 @@ def test_a_file_with_the_indexes_of_an_earlier_release_gains_the_covering_ones(
     names = {r[0] for r in reopened._conn.execute(query)}
     assert names >= INDEXES.keys()
     assert not names & {"targets_by_member", "targets_by_gen"}
-    walk = _CLAIMABLE.format(part="t.member_id=?")
-    plan = reopened._conn.execute(f"EXPLAIN QUERY PLAN {walk}", ("g", "m", "s", 0.0)).fetchall()
+    plan = reopened._conn.execute(
+        f"EXPLAIN QUERY PLAN {_CLAIMABLE}", ("g", "m", "s", 0.0)
+    ).fetchall()
     assert "COVERING INDEX targets_of_member" in plan[0][3]
     assert reopened.member_view(session).target == {"a"}
     reopened.close()
