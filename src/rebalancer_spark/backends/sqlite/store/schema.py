@@ -58,12 +58,14 @@ INDEXES = {
     "targets_of_member": "targets(grp, member_id, resource_id)",
     # The rows a generation after a member's last view wrote (reads.member_view): covering.
     "targets_since": "targets(grp, gen, member_id, resource_id)",
+    # A session's claims, read by every member view: covering (6,250 claims 4.7 -> 1.8 ms).
+    "ownership_of_session": "ownership(session_id, grp, resource_id, epoch)",
 }
 """The indexes, by name, that :func:`initialise` creates (once the tables are current, as
 some are on columns a migration adds) and :func:`is_ready` requires: a file of this schema
 version written before an index was added gains it the next time it is opened."""
 
-_REPLACED_INDEXES = ("targets_by_member", "targets_by_gen")
+_REPLACED_INDEXES = ("targets_by_member", "targets_by_gen", "ownership_by_session")
 """Indexes of earlier releases that :data:`INDEXES` replaced: dropped by :func:`initialise`.
 A process of such a release that sets the file up again (after a reboot) creates them again,
 which costs writes, not answers."""
@@ -95,7 +97,6 @@ CREATE TABLE IF NOT EXISTS ownership(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, member_id TEXT, session_id TEXT,
     epoch INTEGER NOT NULL, prev_member TEXT, prev_session TEXT, freed TEXT, freed_at REAL,
     PRIMARY KEY(grp, resource_id));
-CREATE INDEX IF NOT EXISTS ownership_by_session ON ownership(session_id);
 CREATE TABLE IF NOT EXISTS progress(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, epoch INTEGER NOT NULL,
     member_id TEXT NOT NULL, value TEXT NOT NULL, committed_at REAL NOT NULL,
