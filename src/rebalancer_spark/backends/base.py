@@ -443,14 +443,11 @@ class Backend(abc.ABC):
         stays constant per call: the chain and the progress ride on the reads and writes a
         claim makes anyway."""
         grants = self._claim(session, _ids(resources), generation)
-        low = {
-            r: g.epoch
-            for r, g in grants.items()
-            if not self.epochs.allows(session.group, r, g.epoch, session.session_id)
-        }
+        epochs = {r: g.epoch for r, g in grants.items()}
+        low = self.epochs.refused(session.group, epochs, session.session_id)
         if low:
             return self._refuse_backwards(session, grants, low)
-        self.epochs.see(session.group, {r: g.epoch for r, g in grants.items()}, session.session_id)
+        self.epochs.see(session.group, epochs, session.session_id)
         return grants
 
     def _refuse_backwards(

@@ -80,12 +80,18 @@ class EpochMemory:
                 if epoch > floors.get(resource, (0, None))[0]:
                     floors[resource] = (epoch, session_id)
 
-    def allows(self, group: str, resource: str, epoch: int, session_id: str) -> bool:
-        """Whether a grant of ``resource`` at ``epoch`` to ``session_id`` is above everything
-        known (or is the grant this session already holds)."""
+    def refused(self, group: str, epochs: Mapping[str, int], session_id: str) -> dict[str, int]:
+        """The entries of ``epochs`` (resource to the epoch of a grant to ``session_id``) that
+        are not above everything known, unless it is the grant this session already holds."""
+        none = (0, None)
         with self._lock:
-            known, holder = self._floors.get(group, {}).get(resource, (0, None))
-        return epoch > known or (epoch == known and holder == session_id)
+            floors = self._floors.get(group, {})
+            low: dict[str, int] = {}
+            for resource, epoch in epochs.items():
+                known, holder = floors.get(resource, none)
+                if epoch < known or (epoch == known and holder != session_id):
+                    low[resource] = epoch
+            return low
 
     def floor(self, group: str, resource: str) -> int:
         """The highest epoch known for ``resource`` (0 if none)."""

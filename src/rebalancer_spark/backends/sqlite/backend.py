@@ -299,12 +299,10 @@ class SqliteBackend(Backend):
         # of resources does not keep every other member from releasing meanwhile.
         with self._transaction(_READ) as db:
             found = ownership.claimable(db, self._clock, session, resources, generation)
-            if not any(f.new for f in found):
-                return ownership.held(db, session, found)
+            if found.held is not None:
+                return found.held
         with self._transaction(_WRITE) as db:
-            return ownership.claim(
-                db, self._clock, session, [f.resource for f in found], generation
-            )
+            return ownership.claim(db, self._clock, session, found.resources, generation)
 
     def _release(self, session: Session, claims: dict[str, int]) -> None:
         with self._transaction(_WRITE) as db:

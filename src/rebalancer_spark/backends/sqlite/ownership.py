@@ -3,10 +3,10 @@
 Every write runs inside a write transaction the caller opened, and re-reads in it what the
 write depends on: the target generation and phase and each row it grants for a claim, the
 claim's session and epoch for a release or a commit, and the member's lease. A claim is found
-first in a read transaction (:func:`claimable`, and :func:`held` when nothing is new), so that
-the walk of the member's whole part takes no write lock; :func:`claim` then re-reads by key,
-under the lock, only the ``ownership`` rows found (the target rows cannot have changed: the
-generation is checked again, and every publication writes a new one).
+first in a read transaction (:func:`claimable`, which also returns the grants when nothing is
+new), so that the walk of the member's whole part takes no write lock; :func:`claim` then
+re-reads by key, under the lock, only the ``ownership`` rows found (the target rows cannot
+have changed: the generation is checked again, and every publication writes a new one).
 
 The epoch chain: an ``ownership`` row keeps, besides the holder and epoch, ``prev_member``,
 ``prev_session``, ``freed`` and ``freed_at`` (wall-clock seconds). While the resource is held
@@ -32,7 +32,7 @@ from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import Freed, Grant, Phase
 
-__all__ = ["acknowledge", "claim", "claimable", "commit", "held", "release"]
+__all__ = ["Claimable", "acknowledge", "claim", "claimable", "commit", "release"]
 
 
 _FREED = {f.value: f for f in Freed}
@@ -92,29 +92,41 @@ _GRANT = (
 delete it and insert it again under a new row id, in the table and in both its indexes)."""
 
 
+class Claimable(NamedTuple):
+    """What :func:`claimable` found: the resources a claim may grant or return, and their
+    grants when the session holds every one of them already (nothing to write), else None."""
+
+    resources: list[str]
+    held: dict[str, Grant] | None
+
+
 def claimable(
     db: sqlite3.Connection,
     clock: Clock,
     session: Session,
     resources: Collection[str],
     generation: int,
-) -> list[_Found]:
-    """What a claim of ``resources`` at ``generation`` would grant or return, read in a
-    snapshot (no write lock): the session's whole part of the target is walked here, so that
-    the write transaction of :func:`claim` re-reads only these rows."""
+) -> Claimable:
+    """What a claim of ``resources`` at ``generation`` may grant or return, read in a snapshot
+    (no write lock): the session's whole part of the target is walked here, so that the write
+    transaction of :func:`claim` re-reads only these rows, and judges them there. When the
+    session holds every one already, their grants are read here (with their progress): a
+    claim with nothing new takes no write lock."""
     require_alive(db, session, clock)
     if not _running(db, session.group, generation):
-        return []
-    rows = db.execute(
-        _CLAIMABLE, (session.group, session.member_id, session.session_id, clock.monotonic())
-    ).fetchall()
-    return _found(clock, session, set(resources), rows)
-
-
-def held(db: sqlite3.Connection, session: Session, found: list[_Found]) -> dict[str, Grant]:
-    """The grants of ``found`` when none is new (the session holds every one): nothing to
-    write, so no write lock is taken; their progress is read in the same snapshot."""
-    return _grants(db, session, found)
+        return Claimable([], {})
+    wanted = set(resources)
+    rows = [
+        row
+        for row in db.execute(
+            _CLAIMABLE, (session.group, session.member_id, session.session_id, clock.monotonic())
+        ).fetchall()
+        if row[0] in wanted
+    ]
+    ids = [row[0] for row in rows]
+    if any(row[2] != session.session_id for row in rows):
+        return Claimable(ids, None)
+    return Claimable(ids, _grants(db, session, _found(clock, session, wanted, rows)))
 
 
 def claim(
@@ -176,13 +188,17 @@ def _found(clock: Clock, session: Session, wanted: set[str], rows: list[Any]) ->
     grants or returns."""
     group, now = session.group, clock.monotonic()
     found: list[_Found] = []
+    sid = session.session_id
     for rid, member, holder, stored, p_member, p_session, freed, freed_at, expires in rows:
         if rid not in wanted:
             continue
-        epoch = (
-            0 if stored is None else parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")
-        )
-        if holder == session.session_id:
+        if stored is None:
+            epoch = 0
+        elif type(stored) is int and stored >= 0:
+            epoch = stored
+        else:
+            epoch = parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")  # raises
+        if holder == sid:
             found.append(
                 _Found(rid, epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at, False)
             )
