@@ -686,10 +686,10 @@ class BrokenView(FlakyStore):
         super().__init__(inner)
         self.broken = threading.Event()
 
-    def member_view(self, session: Session) -> MemberView:
+    def member_view(self, session: Session, *, claims: bool = True) -> MemberView:
         if self.broken.is_set():
             raise RuntimeError("a bug in the member thread")
-        return super().member_view(session)
+        return super().member_view(session, claims=claims)
 
 
 def test_a_member_whose_thread_dies_gives_its_resources_up(grp: Group) -> None:
@@ -987,12 +987,24 @@ class CountingViews(FlakyStore):
         self.views = 0
         self.heads = 0
         self.generations: list[int] = []
+        self.claims: list[bool] = []
+        """Per view, whether it was asked with the session's claims."""
+        self.lose_next_answer = threading.Event()
+        """Set: the next claim is carried out by the store and its answer lost on the way."""
 
-    def member_view(self, session: Session) -> MemberView:
+    def member_view(self, session: Session, *, claims: bool = True) -> MemberView:
         self.views += 1
-        view = super().member_view(session)
+        self.claims.append(claims)
+        view = super().member_view(session, claims=claims)
         self.generations.append(view.generation)
         return view
+
+    def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
+        granted = super()._claim(session, resources, generation)
+        if self.lose_next_answer.is_set():
+            self.lose_next_answer.clear()
+            raise BackendUnavailable("the answer to a claim was lost on the way (the test)")
+        return granted
 
     def member_head(self, session: Session) -> MemberHead:
         self.heads += 1
@@ -1027,6 +1039,33 @@ def test_an_idle_member_reads_no_view_on_changes_that_do_not_concern_it(grp: Gro
     grp.wait_settled(3)
     wait_for(lambda: store.views > views, timeout=10, what="a to read its new part")
     assert len(a.assigned()) == len(RESOURCES) // 3
+
+
+def test_a_member_that_knows_its_claims_reads_its_views_without_them(grp: Group) -> None:
+    """While a member's session lives only its own calls change its claims: after a step
+    whose view agreed with what it held and whose calls all returned, its views are read
+    without its claims (the read follows what moved in the target). A call that raised may
+    have been carried out with its answer lost: the next view reads the claims again, and
+    the member takes the grants it never heard of."""
+    store = CountingViews(open_backend(grp.url))
+    a = grp.start("a", RESOURCES, backend=store)
+    b = grp.start("b")
+    grp.wait_settled(2)
+    assert store.claims[0] is True  # the first view of a session reads its claims
+    seen = len(store.claims)
+    grp.start("c")
+    grp.wait_settled(3)
+    assert len(store.claims) > seen
+    assert not any(store.claims[seen:]), store.claims  # an old owner in a join: none read
+    seen = len(store.claims)
+    store.lose_next_answer.set()
+    b.stop()  # a and c take b's resources; a's claim is granted, its answer lost
+    grp.wait_settled(2)
+    assert not store.lose_next_answer.is_set()
+    after = store.claims[seen:]
+    assert True in after, after  # the view after the lost answer read the claims
+    assert len(a.assigned()) == len(RESOURCES) // 2
+    assert {c.epoch for r, c in grp.state().claims.items() if c.member_id == "a"} <= {1, 2}
 
 
 def test_an_old_owner_reads_no_view_again_after_giving_back_what_moved(grp: Group) -> None:

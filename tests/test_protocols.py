@@ -166,6 +166,12 @@ class Case:
     handled: int
 
     @property
+    def owned(self) -> Mapping[str, int]:
+        """The store's claims in the view (every generated view reads them)."""
+        assert self.view.owned is not None
+        return self.view.owned
+
+    @property
     def eager(self) -> bool:
         """The resource barrier's release of everything on a new generation."""
         return (
@@ -219,9 +225,9 @@ def applied(case: Case, step: Plan) -> set[str]:
 @given(cases())
 def test_lost_is_exactly_what_the_store_no_longer_holds_at_our_epoch(case: Case) -> None:
     step = run(case)
-    assert step.lost == {r for r, e in case.held.items() if case.view.owned.get(r) != e}
+    assert step.lost == {r for r, e in case.held.items() if case.owned.get(r) != e}
     # A lost resource is released only when the store still holds it for us at another epoch.
-    assert step.lost & step.revoke <= set(case.view.owned)
+    assert step.lost & step.revoke <= set(case.owned)
     assert step.generation == case.view.generation
 
 
@@ -231,9 +237,9 @@ def test_only_what_we_or_the_store_hold_is_released_and_only_the_target_is_claim
     case: Case,
 ) -> None:
     step = run(case)
-    assert step.revoke <= set(case.held) | set(case.view.owned)
+    assert step.revoke <= set(case.held) | set(case.owned)
     assert step.claim <= case.view.target
-    unknown = set(case.view.owned) - set(case.held)
+    unknown = set(case.owned) - set(case.held)
     if case.view.phase is Phase.RUNNING:
         assert unknown - case.view.target <= step.revoke
         if not case.eager:
@@ -247,7 +253,7 @@ def test_revoke_and_claim_are_disjoint_except_in_the_resource_barriers_eager_rel
 ) -> None:
     step = run(case)
     if case.eager:
-        unknown = {r for r, e in case.view.owned.items() if case.held.get(r) != e}
+        unknown = {r for r, e in case.owned.items() if case.held.get(r) != e}
         assert step.revoke == (set(case.held) - step.lost) | unknown
         assert step.claim == case.view.target
     else:
@@ -260,7 +266,7 @@ def test_stopping_releases_everything_claims_nothing_and_acks(case: Case) -> Non
     step = run(case)
     # Everything still held, and every claim of the store's that we never learnt of or hold
     # at another epoch than the store's.
-    unknown = {r for r, e in case.view.owned.items() if case.held.get(r) != e}
+    unknown = {r for r, e in case.owned.items() if case.held.get(r) != e}
     assert step.revoke == (set(case.held) - step.lost) | unknown
     assert step.claim == NOTHING
     assert step.ack == case.view.generation
@@ -280,7 +286,7 @@ def test_cooperative_applied_plan_reaches_the_target_moving_only_what_it_must(
 ) -> None:
     step = run(case)
     assert applied(case, step) == case.view.target
-    kept = {r for r, e in case.held.items() if case.view.owned.get(r) == e}
+    kept = {r for r, e in case.held.items() if case.owned.get(r) == e}
     assert step.revoke.isdisjoint(kept & case.view.target)
 
 
@@ -308,4 +314,19 @@ def test_a_plan_is_settled_exactly_when_the_store_agrees_and_nothing_is_to_be_do
 ) -> None:
     step = run(case)
     nothing = not (step.lost or step.revoke or step.claim) and step.ack is None
-    assert step.settled == (dict(case.held) == dict(case.view.owned) and nothing)
+    assert step.settled == (dict(case.held) == dict(case.owned) and nothing)
+
+
+@PROPS
+@given(cases())
+def test_a_view_read_without_the_claims_plans_as_if_the_store_held_what_the_member_holds(
+    case: Case,
+) -> None:
+    # member_view(claims=False): the member knows its claims, so the plan is the one of a
+    # view whose claims are exactly what it holds: nothing lost, nothing unknown.
+    v = case.view
+    without = MemberView(v.generation, v.phase, v.target, None, v.coordinator_epoch)
+    agreeing = MemberView(v.generation, v.phase, v.target, dict(case.held), v.coordinator_epoch)
+    step = plan(case.protocol, without, case.held, case.handled)
+    assert step == plan(case.protocol, agreeing, case.held, case.handled)
+    assert not step.lost

@@ -16,6 +16,7 @@ from rebalancer_spark.backends import Backend, Session
 from rebalancer_spark.backends.base import Interest
 from rebalancer_spark.core.errors import FencedError, MemberIdInUse, SessionExpired
 from rebalancer_spark.core.model import Phase, Resource, grant_epochs
+from rebalancer_spark.core.protocols import MemberView
 from tests.support.helpers import wait_for
 
 TTL = 30.0
@@ -212,6 +213,34 @@ def test_claims_follow_the_target_and_grant_increasing_epochs(store: Backend, gr
     assert {r: c.member_id for r, c in state.claims.items()} == {"a": "m1", "c": "m1"}
     view = store.member_view(sessions["m1"])
     assert view.generation == gen and view.target == {"a", "c"} and view.owned == {"a": 1, "c": 1}
+
+
+def test_a_view_asked_without_the_claims_is_the_same_view_without_them(
+    store: Backend, group: str
+) -> None:
+    # A member that knows its claims asks without them: the same target, generation, phase
+    # and coordinator epoch, also when the part is brought up to date from a kept one.
+    sessions, epoch, gen = _setup(store, group, ["m1", "m2"], ["a", "b", "c", "d"])
+    store.claim(sessions["m1"], ["a", "c"], gen)
+    for _ in range(2):  # the part read whole, then kept
+        full = store.member_view(sessions["m1"])
+        bare = store.member_view(sessions["m1"], claims=False)
+        assert full.owned == {"a": 1, "c": 1} and bare.owned is None
+        assert bare == MemberView(
+            full.generation, full.phase, full.target, None, full.coordinator_epoch
+        )
+    moved = store.publish(
+        sessions["m1"],
+        epoch,
+        {"m1": ["a", "b", "c"], "m2": ["d"]},
+        phase=Phase.RUNNING,
+        resources_version=0,
+        previous=store.target(group),
+    )
+    bare = store.member_view(sessions["m1"], claims=False)
+    assert bare.generation == moved.generation and bare.owned is None
+    assert bare.target == {"a", "b", "c"}
+    assert store.member_view(sessions["m1"]).owned == {"a": 1, "c": 1}
 
 
 def test_a_view_of_thousands_of_claims_lists_each_with_its_epoch(

@@ -98,8 +98,8 @@ class FlakyStore(Backend):
     def _state(self, group: str) -> GroupState:
         return self._reach().state(group)
 
-    def _member_view(self, session: Session) -> MemberView:
-        return self._reach().member_view(session)
+    def _member_view(self, session: Session, claims: bool) -> MemberView:
+        return self._reach().member_view(session, claims=claims)
 
     def _member_head(self, session: Session) -> MemberHead:
         return self._reach().member_head(session)

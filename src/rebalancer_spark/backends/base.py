@@ -305,9 +305,16 @@ class Backend(abc.ABC):
         self.epochs.saw_state(state)
         return state
 
-    def member_view(self, session: Session) -> MemberView:
-        """This member's part of the target and its claims; :class:`SessionExpired` if gone."""
-        return self._member_view(session)
+    def member_view(self, session: Session, *, claims: bool = True) -> MemberView:
+        """This member's part of the target and its claims; :class:`SessionExpired` if gone.
+
+        ``claims=False``: without the claims (:attr:`MemberView.owned` is None), for a member
+        that knows them: while its session lives only its own calls change them, so one whose
+        last view's claims were what it held, and whose calls since all returned, holds what
+        the store holds. Its read then follows what moved in the target, not its claims (a
+        thousand claims read, sent and decoded by each member on every change of the
+        target)."""
+        return self._member_view(session, claims)
 
     def member_head(self, session: Session) -> MemberHead:
         """The target's generation, phase and coordinator epoch, in O(1);
@@ -536,7 +543,7 @@ class Backend(abc.ABC):
     def _state(self, group: str) -> GroupState: ...
 
     @abc.abstractmethod
-    def _member_view(self, session: Session) -> MemberView: ...
+    def _member_view(self, session: Session, claims: bool) -> MemberView: ...
 
     @abc.abstractmethod
     def _member_head(self, session: Session) -> MemberHead: ...

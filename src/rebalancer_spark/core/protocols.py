@@ -38,8 +38,10 @@ class MemberView:
     generation: int
     phase: Phase
     target: frozenset[str]
-    owned: Mapping[str, int]
-    """Resource id → epoch of every claim the store holds for this member's session."""
+    owned: Mapping[str, int] | None
+    """Resource id → epoch of every claim the store holds for this member's session; None when
+    the view was read without them (``Backend.member_view(session, claims=False)``): the member
+    knows them, and :func:`plan` takes what it holds as what the store holds."""
     coordinator_epoch: int = 0
     """The coordinator epoch the target at ``generation`` was published under (0: none)."""
 
@@ -94,7 +96,10 @@ def plan(
     # Set operations throughout, run in C: a member's part runs to thousands of resources and
     # a member plans on every change it sees.
     believed = held if isinstance(held, dict) else dict(held)
-    owned = view.owned if isinstance(view.owned, dict) else dict(view.owned)
+    if view.owned is None:
+        owned = believed  # read without the claims: the member knows them
+    else:
+        owned = view.owned if isinstance(view.owned, dict) else dict(view.owned)
     agree = believed == owned
     # Claims we believe we hold but the store does not (or holds at another epoch) are lost.
     still = frozenset(believed) if agree else frozenset(dict(believed.items() & owned.items()))

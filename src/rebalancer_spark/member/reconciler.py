@@ -79,6 +79,13 @@ class Reconciler:
         own calls change its claims, so until the head or what is held moves, a wake-up reads
         the head (O(1)) and neither the view nor the held set (O(owned))."""
         """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
+        self._known: tuple[str, int] | None = None
+        """Set at the end of a step after which the store's claims for the session are what
+        the member holds: the session and the ownership's version then. While both stay the
+        same the next view is read without the claims (``member_view(claims=False)``): a
+        view's claims agreed with what was held, and every call since returned (a call that
+        raised may have been carried out with its answer lost: the mark is taken at the
+        start of each step and set again only at its end)."""
         self._backend: Backend | None = None
         self._coordinator: CoordinatorLoop | None = None
         self._stop = threading.Event()
@@ -288,10 +295,13 @@ class Reconciler:
             return wait  # nothing to do, and nothing that could give us any has changed
         self._idle = None
         version, epochs = self._ownership.version, self._ownership.epochs()
-        view = backend.member_view(session)
+        known, self._known = self._known == (session.session_id, version), None
+        view = backend.member_view(session, claims=not known)
         self._target = (view.generation, view.coordinator_epoch)
+        agree = view.owned is None or epochs == view.owned
         if idle(self._config.protocol, view, epochs, self._handled_generation):
             self._idle = (session.session_id, head_of(view), version)
+            self._known = (session.session_id, version)
             return wait
         step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
@@ -316,22 +326,27 @@ class Reconciler:
                 backend.acknowledge(session, step.ack)
             self._handled_generation = step.generation
         if step.claim and not self._draining.is_set():
-            self._acquire(backend, session, step.claim, view)
-        elif not step.claim and not step.lost and released and epochs == view.owned:
+            agree = self._acquire(backend, session, step.claim, view) and agree
+        elif not step.claim and not step.lost and released and agree:
             # The store held what this member believed, and gave back exactly what it was
             # told to: what it holds and what the store holds agree again, so the same view,
             # read again, would plan nothing. Until the head moves, a wake-up reads the head
             # alone; an old owner does not read its whole part once more after each release.
             self._idle = (session.session_id, head_of(view), self._ownership.version)
+        if agree and released:
+            # Every call of this step returned: the store holds what the member holds now.
+            self._known = (session.session_id, self._ownership.version)
         return wait
 
     def _acquire(
         self, backend: Backend, session: Session, wanted: Collection[str], view: MemberView
-    ) -> None:
+    ) -> bool:
+        """Claim ``wanted`` and hold what is granted; whether the member holds every grant
+        (False: granted after the lease lapsed, and not taken)."""
         granted = backend.claim(session, wanted, view.generation)
         fresh = self._ownership.not_held(granted)
         if not fresh:
-            return
+            return True
         now = self._clock.wall()
         owned = [
             OwnedResource(
@@ -368,7 +383,7 @@ class Reconciler:
                 self._ownership.emit(
                     self._ownership.event(EventKind.LOST, session, o.resource, o.epoch, why, at=at)
                 )
-            return
+            return False
         given_up = self._ownership.add(session, owned)
         if given_up:
             # on_assigned hangs: give the claims back so that they move, and take no more
@@ -382,6 +397,7 @@ class Reconciler:
                 )
                 backend.set_leaving(session)
                 self._draining.set()
+        return True
 
     def revoke(
         self,
@@ -405,9 +421,8 @@ class Reconciler:
         view_only = resources - {o.resource for o in owned}
         claims = {o.resource: o.epoch for o in owned}
         if view_only:
-            unknown = {
-                r: e for r, e in backend.member_view(session).owned.items() if r in view_only
-            }
+            stored = backend.member_view(session).owned or {}
+            unknown = {r: e for r, e in stored.items() if r in view_only}
             claims.update(unknown)
             if unknown:
                 self._record_unknown(session, unknown, why, target)

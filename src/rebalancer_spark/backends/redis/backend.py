@@ -286,32 +286,33 @@ class RedisBackend(Backend):
         )
         return head
 
-    def _member_view(self, session: Session) -> MemberView:
+    def _member_view(self, session: Session, claims: bool) -> MemberView:
         kept = self._parts.get(session)
         try:
-            decoded = self._view(session, kept)
+            decoded = self._view(session, kept, claims)
         except CorruptStateError as exc:
             if kept is None:
                 raise
             log.warning("%s", exc)
-            decoded = self._view(session, None)
+            decoded = self._view(session, None, claims)
         view = decoded.view
         self._parts.keep(
             session, _KeptPart(decoded.incarnation, view.generation, decoded.token, view.target)
         )
         return view
 
-    def _view(self, session: Session, kept: _KeptPart | None) -> DecodedView:
-        """MEMBER_VIEW, naming ``kept`` (if any) as the part to bring up to date."""
-        args: list[object] = [self._sid(session)]
-        if kept is not None:
-            args += [kept.incarnation, kept.generation, kept.token]
+    def _view(self, session: Session, kept: _KeptPart | None, claims: bool) -> DecodedView:
+        """MEMBER_VIEW, naming ``kept`` (if any) as the part to bring up to date, with the
+        session's claims if ``claims``."""
+        args: list[object] = [self._sid(session), "1" if claims else "0"]
+        args += ["", "", ""] if kept is None else [kept.incarnation, kept.generation, kept.token]
         try:
             reply = self._runner.run(Lua.MEMBER_VIEW, session.group, args, "reading")
         except Refusal:
             self._parts.forget(session)
             raise messages.expired(session, "reading the member's view") from None
-        return decode_member_view(session.group, reply, frozenset() if kept is None else kept.part)
+        part = frozenset() if kept is None else kept.part
+        return decode_member_view(session.group, reply, part, claims=claims)
 
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         self._runner.check_open()

@@ -135,11 +135,14 @@ return out
 # one by an older version of this library) or a store gone back to an older copy breaks it.
 # A token that names another generation than meta's (an older version published since) names
 # no target: the part comes whole, and the token returned is ''.
+# The session's claims come only if asked for ('1'): a member that knows them reads none.
 # KEYS[1] meta
-# ARGV    session id[, incarnation, generation, target token of the part the caller kept]
-# Returns {generation, phase, part, {resource, epoch, ...} held, incarnation,
-#         coordinator epoch of the target, how, target token}: how '0' when part is the
-#         target ids, '1' when it is the log's JSON entries [emptied, added ids, removed ids]
+# ARGV    session id, claims ('1' or '0'), incarnation, generation, target token of the part
+#         the caller kept (the last three '' when it kept none)
+# Returns {generation, phase, part, {resource, epoch, ...} held ({} if not asked for),
+#         incarnation, coordinator epoch of the target, how, target token}: how '0' when
+#         part is the target ids, '1' when it is the log's JSON entries [emptied, added ids,
+#         removed ids]
 # Errors  EXPIRED {} if the session is not alive
 MEMBER_VIEW = (
     PRELUDE
@@ -153,14 +156,14 @@ local m = redis.call('HGET', P .. 'sessions', sid) or ''
 local g, phase, inc, te, token = unpack(redis.call('HMGET', META, 'generation', 'phase', 'inc',
   'target_epoch', 'target_token'))
 if not (g and token and string.sub(token, 1, #g + 1) == g .. ':') then token = false end
-local kept, part, how = tonumber(ARGV[3] or ''), nil, '1'
-if kept and ARGV[2] == inc and token and (ARGV[4] or '') ~= '' then
+local kept, part, how = tonumber(ARGV[4]), nil, '1'
+if kept and ARGV[3] == inc and token and ARGV[5] ~= '' then
   local gens = {}
   for _, x in ipairs(redis.call('SMEMBERS', P .. 'tgens')) do
     if tonumber(x) > kept and tonumber(x) <= num(g) then gens[#gens + 1] = tonumber(x) end
   end
   table.sort(gens)
-  local at, tok, entries = kept, ARGV[4], {}
+  local at, tok, entries = kept, ARGV[5], {}
   for _, x in ipairs(gens) do
     local base, from, own, entry = unpack(redis.call('HMGET', P .. 'tchg:' .. int(x), ' base',
       ' from', ' token', m))
@@ -172,7 +175,8 @@ if kept and ARGV[2] == inc and token and (ARGV[4] or '') ~= '' then
 end
 if not part then part, how = redis.call('SMEMBERS', P .. 't:' .. m), '0' end
 local owned = {}
-local held = redis.call('SMEMBERS', P .. 'held:' .. sid)
+local held = {}
+if ARGV[2] == '1' then held = redis.call('SMEMBERS', P .. 'held:' .. sid) end
 for i = 1, #held, 1000 do  -- two HMGETs per thousand claims, not two HGETs per claim
   local chunk = {unpack(held, i, math.min(i + 999, #held))}
   local owners = redis.call('HMGET', P .. 'owner', unpack(chunk))

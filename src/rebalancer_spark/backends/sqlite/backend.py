@@ -201,10 +201,10 @@ class SqliteBackend(Backend):
         with self._transaction(_READ) as db:
             return reads.state(db, self._clock, group)
 
-    def _member_view(self, session: Session) -> MemberView:
+    def _member_view(self, session: Session, claims: bool) -> MemberView:
         try:
             with self._transaction(_READ) as db:
-                return reads.member_view(db, self._clock, session, self._parts)
+                return reads.member_view(db, self._clock, session, self._parts, claims=claims)
         except SessionExpired:
             self._parts.forget(session)
             raise

@@ -214,8 +214,10 @@ Kept = KeptParts[tuple[int, frozenset[str]]]
 a session."""
 
 
-def member_view(db: sqlite3.Connection, clock: Clock, session: Session, kept: Kept) -> MemberView:
-    """:meth:`Backend.member_view`: what ``session`` is given and holds.
+def member_view(
+    db: sqlite3.Connection, clock: Clock, session: Session, kept: Kept, *, claims: bool
+) -> MemberView:
+    """:meth:`Backend.member_view`: what ``session`` is given and, if ``claims``, holds.
 
     The part of the target is read as a change where it can be: every target row carries the
     generation that wrote it, so a part kept (in ``kept``) from generation ``g`` is brought up
@@ -231,6 +233,17 @@ def member_view(db: sqlite3.Connection, clock: Clock, session: Session, kept: Ke
     generation = parse_count(session.group, "generation", generation, store=STORE)
     target = _part(db, session, generation, since, kept.get(session))
     kept.keep(session, (generation, target))
+    return MemberView(
+        generation,
+        parse_phase(session.group, phase, store=STORE),
+        target,
+        _owned(db, session) if claims else None,
+        parse_count(session.group, "target epoch", target_epoch, store=STORE),
+    )
+
+
+def _owned(db: sqlite3.Connection, session: Session) -> dict[str, int]:
+    """Resource id → epoch of every claim ``session`` holds."""
     rows = db.execute(
         "SELECT resource_id, epoch FROM ownership WHERE grp=? AND session_id=?",
         (session.group, session.session_id),
@@ -239,13 +252,7 @@ def member_view(db: sqlite3.Connection, clock: Clock, session: Session, kept: Ke
     if len(owned) < len(rows):  # raise on the first epoch that is not a count
         for rid, epoch in rows:
             parse_count(session.group, f"epoch of {rid!r}", epoch, store=STORE)
-    return MemberView(
-        generation,
-        parse_phase(session.group, phase, store=STORE),
-        target,
-        owned,
-        parse_count(session.group, "target epoch", target_epoch, store=STORE),
-    )
+    return owned
 
 
 def _part(

@@ -266,8 +266,8 @@ class ZookeeperBackend(Backend):
     def _member_head(self, session: Session) -> MemberHead:
         return ownership.member_head(self._hosted(session), self.settings)
 
-    def _member_view(self, session: Session) -> MemberView:
-        return ownership.member_view(self._hosted(session), self.settings)
+    def _member_view(self, session: Session, claims: bool) -> MemberView:
+        return ownership.member_view(self._hosted(session), self.settings, claims=claims)
 
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         paths = self._paths(group, create=False)

@@ -101,8 +101,9 @@ def member_head(zs: ZkSession, settings: Settings) -> MemberHead:
     return MemberHead(ptr.generation, ptr.phase, ptr.epoch)
 
 
-def member_view(zs: ZkSession, settings: Settings) -> MemberView:
-    """This member's part of the current target and the claims its session holds.
+def member_view(zs: ZkSession, settings: Settings, *, claims: bool = True) -> MemberView:
+    """This member's part of the current target and, if ``claims``, the claims its session
+    holds (those whose creation's answer was lost are read).
 
     Read through the session's own connection, so the view includes every write of the
     session (its claims, its releases), after a ``sync`` of that connection: the server it
@@ -116,29 +117,31 @@ def member_view(zs: ZkSession, settings: Settings) -> MemberView:
         synced = session_sync(zs, p.changes) if attempt == 0 else None
         reader = session_reader(zs, settings, what)
         alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
-        owned, uncertain = zs.held()
-        claims = [(r, reader.get(p.claim(r), RECORD_HINT)) for r in sorted(uncertain)]
+        owned, uncertain = zs.held() if claims else ({}, set())
+        pending = [(r, reader.get(p.claim(r), RECORD_HINT)) for r in sorted(uncertain)]
         if synced is not None:
             reader.send()  # the reads go out right behind the sync; then its answer is due
             wait(synced, settings, what, zs.expired(), p.changes)
         if alive() is None:
             raise session_gone(zs)
         found = pointer()
-        for resource, pending in claims:
-            held = pending()
+        for resource, answer in pending:
+            held = answer()
             if held is not None:
                 c = read_claim(resource, held[0], p.claim(resource))
                 if c.session_id == s.session_id:
                     owned[resource] = c.epoch
-        zs.forget(uncertain - set(owned), only_if_idle=True)
+        if claims:
+            zs.forget(uncertain - set(owned), only_if_idle=True)
+        known = owned if claims else None
         if found is None:
-            return MemberView(0, Phase.RUNNING, frozenset(), owned)
+            return MemberView(0, Phase.RUNNING, frozenset(), known)
         ptr = read_target_pointer(found[0], p.target, group=p.group)
         try:
             part = read_own_part(zs, session_reader(zs, settings, "reading"), ptr)()
         except Changed:
             continue  # the target moved on while being read
-        return MemberView(ptr.generation, ptr.phase, part, owned, ptr.epoch)
+        return MemberView(ptr.generation, ptr.phase, part, known, ptr.epoch)
     raise settings.unavailable("reading this member's view", "the target kept changing")
 
 

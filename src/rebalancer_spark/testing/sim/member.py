@@ -310,7 +310,7 @@ class SimMember:
         view_only = resources - set(owned)
         if view_only:
             view: MemberView = yield Call("member_view", lambda s, now: s.member_view(sid, now))
-            owned.update({r: e for r, e in view.owned.items() if r in view_only})
+            owned.update({r: e for r, e in (view.owned or {}).items() if r in view_only})
         if not self.bugs.never_release:
             yield Call("release", lambda s, now: s.release(sid, owned, now))
 

@@ -230,10 +230,11 @@ class DecodedView:
 
 
 def decode_member_view(
-    group: str, reply: Sequence[Any], kept: frozenset[str] = frozenset()
+    group: str, reply: Sequence[Any], kept: frozenset[str] = frozenset(), *, claims: bool = True
 ) -> DecodedView:
     """The MEMBER_VIEW script's reply. ``kept`` is the part the caller named to the script: a
-    reply that brings it up to date with the change log's entries is applied to it."""
+    reply that brings it up to date with the change log's entries is applied to it. Without
+    ``claims`` (not asked for) the view's ``owned`` is None."""
     generation, phase_text, target, owned, incarnation, epoch, how, token = reply
     flat = list(owned)
     view = MemberView(
@@ -247,7 +248,9 @@ def decode_member_view(
         owned={
             str(flat[i]): number(group, f"epoch of {str(flat[i])[:60]!r}", flat[i + 1])
             for i in range(0, len(flat) - 1, 2)
-        },
+        }
+        if claims
+        else None,
         coordinator_epoch=number(group, "target epoch", epoch),
     )
     return DecodedView(view, str(incarnation), str(token))
