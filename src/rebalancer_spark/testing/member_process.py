@@ -79,6 +79,11 @@ def command(
     return cmd
 
 
+_encode = json.JSONEncoder(sort_keys=True).encode
+"""``json.dumps(..., sort_keys=True)`` without building an encoder per line (a newcomer writes
+thousands of lines in one step)."""
+
+
 class Trail:
     """Appends JSON lines to a file, flushing each write, from any thread; as an event sink,
     one line per event (the events of one change in one write)."""
@@ -88,7 +93,7 @@ class Trail:
         self._lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
-        self._append(json.dumps(record, sort_keys=True) + "\n")
+        self._append(_encode(record) + "\n")
 
     def _append(self, text: str) -> None:
         with self._lock:
@@ -102,7 +107,7 @@ class Trail:
     def emit_many(self, events: Sequence[OwnershipEvent]) -> None:
         """The events of one change, written and flushed together (before the member goes
         on: a release's lines are in the file before its claims are freed)."""
-        self._append("".join(json.dumps(_line(e), sort_keys=True) + "\n" for e in events))
+        self._append("".join(_encode(_line(e)) + "\n" for e in events))
 
 
 def _line(event: OwnershipEvent) -> dict[str, Any]:
