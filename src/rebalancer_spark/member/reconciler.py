@@ -73,12 +73,12 @@ class Reconciler:
         self._lifecycle = lifecycle
         self._handled_generation = 0
         self._target: tuple[int, int] | None = None
+        """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._idle: tuple[str, MemberHead, int] | None = None
         """Set when a step found nothing to do (:func:`~.protocols.idle`): the session, the
         view's head and the ownership's version. While the session lives only this member's
         own calls change its claims, so until the head or what is held moves, a wake-up reads
         the head (O(1)) and neither the view nor the held set (O(owned))."""
-        """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._known: tuple[str, int] | None = None
         """Set at the end of a step after which the store's claims for the session are what
         the member holds: the session and the ownership's version then. While both stay the
