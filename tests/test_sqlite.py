@@ -11,7 +11,7 @@ from rebalancer_spark.backends.base import Session
 from rebalancer_spark.backends.sqlite import SqliteBackend
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.errors import CorruptStateError
-from rebalancer_spark.core.model import Freed, Grant, Phase, Resource, Target
+from rebalancer_spark.core.model import Freed, Grant, Phase, Target
 from rebalancer_spark.core.urls import parse_backend_url
 from tests.support.helpers import wait_for
 
@@ -474,62 +474,3 @@ def test_a_file_with_the_indexes_of_an_earlier_release_gains_the_covering_ones(
     assert "COVERING INDEX ownership_of_session" in plan[0][3]
     assert reopened.member_view(session).target == {"a"}
     reopened.close()
-
-
-def test_a_focused_watch_wakes_only_for_what_its_interest_covers(sqlite_path: Path) -> None:
-    # A join's claims, releases to other members, acknowledgements, drains and resource sets
-    # wake neither another member's reconciler nor a follower's coordinator thread; a new
-    # target, a release of what its target gives it, and control wake the member; joins,
-    # leaves, elections and resignations wake the follower. Every change wakes the
-    # coordinator's watch.
-    from rebalancer_spark.backends.base import Interest
-    from rebalancer_spark.backends.sqlite.ownership import _GIVEN_TO
-
-    store, coordinator, lead, m, epoch = _led(sqlite_path)
-    ids = ["a", "b", "c", "d"]
-    store.update_resources("g", replace=[Resource(r) for r in ids])
-    first = coordinator.publish(
-        lead, epoch, {"lead": ids, "m": []}, phase=Phase.RUNNING, resources_version=0
-    )
-    held = coordinator.claim(lead, ids, first.generation)
-    member, follower, every = store.watch("g"), store.watch("g"), store.watch("g")
-    try:
-        member.focus(Interest.MEMBER, "m")
-        follower.focus(Interest.SUCCESSION)
-        watches = {"member": member, "follower": follower, "all": every}
-
-        def woken() -> set[str]:
-            return {name for name, w in watches.items() if w.wait(0.1)}
-
-        assert woken() == set()  # narrowing from every change reports nothing by itself
-        moved = coordinator.publish(
-            lead,
-            epoch,
-            {"lead": ["b", "c", "d"], "m": ["a"]},
-            phase=Phase.RUNNING,
-            resources_version=0,
-            previous=first,
-        )
-        assert woken() == {"member", "all"}
-        coordinator.acknowledge(lead, moved.generation)
-        store.update_resources("g", add=[Resource("e")])
-        other = coordinator.join("g", "other", info={}, ttl=600.0, static=False)
-        assert woken() == {"member", "follower", "all"}  # the join
-        coordinator.set_leaving(other)
-        assert woken() == {"all"}
-        coordinator.release(lead, {"b": held["b"].epoch})  # given to nobody else: lead's own
-        assert woken() == {"all"}
-        coordinator.release(lead, {"a": held["a"].epoch})  # given to m
-        assert woken() == {"member", "all"}
-        store.claim(m, ["a"], moved.generation)
-        assert woken() == {"all"}
-        coordinator.leave(other)
-        assert woken() == {"member", "follower", "all"}
-        coordinator.resign(lead, epoch)
-        assert woken() == {"follower", "all"}
-    finally:
-        for w in (member, follower, every):
-            w.close()
-    query = f"EXPLAIN QUERY PLAN {_GIVEN_TO} (?, ?)"
-    plan = [row[3] for row in store._conn.execute(query, ("g", "a", "b")).fetchall()]
-    assert "(grp=? AND resource_id=?)" in plan[0], plan  # one lookup per id, not a walk

@@ -153,11 +153,11 @@ class Watch(abc.ABC):
     def focus(self, interest: Interest, member_id: str | None = None) -> None:
         """From now on, wake only for the changes ``interest`` covers (for
         :attr:`Interest.MEMBER`: the releases of resources that the target gives
-        ``member_id``, once its claim found them held). SQLite reads only the counters of the
-        interest and wakes once after any change of interest; Redis subscribes only to the
-        channels of the interest and wakes once when it widens (once the wider subscription
-        is confirmed); ZooKeeper watches only the znodes of the interest and wakes once when
-        it widens. Either way widening never loses a change."""
+        ``member_id``, once its claim found them held). A backend that cannot tell changes
+        apart wakes for all (SQLite). Redis subscribes only to the channels of the interest
+        and wakes once when it widens (once the wider subscription is confirmed); ZooKeeper
+        watches only the znodes of the interest and wakes once when it widens. Either way
+        widening never loses a change."""
         self.interest, self.member_id = interest, member_id
 
     @abc.abstractmethod

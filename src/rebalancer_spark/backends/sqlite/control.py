@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from rebalancer_spark.backends.sqlite.store.groups import MEMBERS, bump, ensure_group
+from rebalancer_spark.backends.sqlite.store.groups import bump, ensure_group
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import ControlConflict
 
@@ -38,5 +38,5 @@ def update_control(
         "ON CONFLICT(grp) DO UPDATE SET version=excluded.version, body=excluded.body",
         (group, stored.version, stored.encode()),
     )
-    bump(db, group, MEMBERS)
+    bump(db, group)
     return stored

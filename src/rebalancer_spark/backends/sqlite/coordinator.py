@@ -14,7 +14,7 @@ from rebalancer_spark.backends.base import Session, TargetChange, fenced_coordin
 from rebalancer_spark.backends.records import parse_count
 from rebalancer_spark.backends.sqlite.sessions import alive
 from rebalancer_spark.backends.sqlite.store.chain import end_sessions, wall_time
-from rebalancer_spark.backends.sqlite.store.groups import MEMBERS, SUCCESSION, bump
+from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import CoordinatorRecord, Freed, Phase, Target
 
@@ -40,7 +40,7 @@ def elect(
     for sid, _ in expired:
         db.execute("DELETE FROM members WHERE grp=? AND session_id=?", (group, sid))
     if expired:
-        bump(db, group, MEMBERS, SUCCESSION)
+        bump(db, group)
     member, sid, epoch = db.execute(
         "SELECT coord_member, coord_session, coord_epoch FROM groups WHERE name=?",
         (group,),
@@ -57,7 +57,7 @@ def elect(
         "UPDATE groups SET coord_member=?, coord_session=?, coord_epoch=? WHERE name=?",
         (session.member_id, session.session_id, epoch, group),
     )
-    bump(db, group, SUCCESSION)
+    bump(db, group)
     return CoordinatorRecord(session.member_id, session.session_id, epoch)
 
 
@@ -109,7 +109,7 @@ def publish(
         "WHERE name=?",
         (generation, epoch, phase.value, resources_version, bool(gone), generation, group),
     )
-    bump(db, group, MEMBERS)
+    bump(db, group)
     return Target(
         generation=generation,
         coordinator_epoch=epoch,
@@ -144,4 +144,4 @@ def resign(db: sqlite3.Connection, session: Session, epoch: int) -> None:
         (session.group, session.session_id, epoch),
     )
     if cur.rowcount:
-        bump(db, session.group, SUCCESSION)
+        bump(db, session.group)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping
 
-from rebalancer_spark.backends.sqlite.store.groups import MEMBERS, bump, ensure_group
+from rebalancer_spark.backends.sqlite.store.groups import bump, ensure_group
 
 __all__ = ["incarnation", "lift_epochs"]
 
@@ -39,5 +39,5 @@ def lift_epochs(db: sqlite3.Connection, group: str, floors: Mapping[str, int]) -
     )
     lifted = db.total_changes - before
     if lifted:
-        bump(db, group, MEMBERS)
+        bump(db, group)
     return lifted

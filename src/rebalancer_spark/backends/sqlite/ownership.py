@@ -28,7 +28,7 @@ from rebalancer_spark.backends.records import parse_count
 from rebalancer_spark.backends.sqlite.reads import chunks, progress
 from rebalancer_spark.backends.sqlite.sessions import alive, require_alive
 from rebalancer_spark.backends.sqlite.store.chain import wall_time
-from rebalancer_spark.backends.sqlite.store.groups import bump, released_to
+from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import Freed, Grant, Phase
 
@@ -239,7 +239,7 @@ def release(
     db: sqlite3.Connection, clock: Clock, session: Session, claims: Mapping[str, int]
 ) -> None:
     """:meth:`Backend.release`: drop each claim still held by ``session`` at its epoch, the
-    row keeping who released it and when; the members the target gives them to wake."""
+    row keeping who released it and when."""
     now = clock.wall()
     changed = db.executemany(
         "UPDATE ownership SET prev_member=member_id, prev_session=session_id, "
@@ -248,25 +248,7 @@ def release(
         [(now, session.group, rid, session.session_id, epoch) for rid, epoch in claims.items()],
     ).rowcount
     if changed:
-        bump(db, session.group, *(released_to(m) for m in _given_to(db, session.group, claims)))
-
-
-_GIVEN_TO = (
-    "SELECT DISTINCT member_id FROM targets INDEXED BY sqlite_autoindex_targets_1 "
-    "WHERE grp=? AND resource_id IN"
-)
-
-
-def _given_to(db: sqlite3.Connection, group: str, resources: Collection[str]) -> list[str]:
-    """The members the target gives any of ``resources`` to."""
-    members: set[str] = set()
-    for chunk in chunks(sorted(resources)):
-        # By the primary key, named: given a list of ids, SQLite would rather walk a covering
-        # index of the whole target (see _BY_KEY). Only '?' placeholders are formatted in.
-        marks = ",".join("?" * len(chunk))
-        query = f"{_GIVEN_TO} ({marks})"
-        members.update(m for (m,) in db.execute(query, (group, *chunk)).fetchall())
-    return sorted(members)
+        bump(db, session.group)
 
 
 def acknowledge(db: sqlite3.Connection, session: Session, generation: int) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from rebalancer_spark.backends.base import Session, expired
 from rebalancer_spark.backends.sqlite.store.chain import end_sessions, wall_time
-from rebalancer_spark.backends.sqlite.store.groups import MEMBERS, SUCCESSION, bump, ensure_group
+from rebalancer_spark.backends.sqlite.store.groups import bump, ensure_group
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import ConfigurationError, MemberIdInUse
 from rebalancer_spark.core.model import Freed
@@ -82,7 +82,7 @@ def join(
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         (group, member_id, session_id, json.dumps(dict(info)), now + ttl, int(static), host),
     )
-    bump(db, group, MEMBERS, SUCCESSION)
+    bump(db, group)
     return Session(group=group, member_id=member_id, session_id=session_id, ttl=ttl)
 
 
@@ -160,4 +160,4 @@ def leave(db: sqlite3.Connection, clock: Clock, session: Session) -> None:
         (session.group, session.session_id),
     )
     if cur.rowcount:
-        bump(db, session.group, MEMBERS, SUCCESSION)
+        bump(db, session.group)

@@ -1,13 +1,8 @@
 """A group's row, its change counter and its resource set.
 
 Every function runs inside a transaction the caller opened. ``change_seq`` counts the changes a
-:class:`~rebalancer_spark.backends.sqlite.watch.SqliteWatch` of :attr:`Interest.ALL` reports;
-lease renewals and progress commits do not bump it. The ``wakes`` table counts, per kind, the
-changes a narrower interest acts on (the same events as Redis' messages): :data:`MEMBERS`
-(joins, leaves, expiries, a new target, control, lifted epochs), :data:`SUCCESSION` (joins,
-leaves, expiries, elections, resignations), and :func:`released_to` a member (a release of
-resources its target gives it). Claims, acknowledgements, drains announced and resource sets
-concern the coordinator alone.
+:class:`~rebalancer_spark.backends.sqlite.watch.SqliteWatch` must report; lease renewals and
+progress commits do not bump it.
 """
 
 from __future__ import annotations
@@ -18,17 +13,7 @@ from collections.abc import Collection
 
 from rebalancer_spark.core.model import Resource
 
-__all__ = ["MEMBERS", "SUCCESSION", "bump", "ensure_group", "released_to", "update_resources"]
-
-MEMBERS = "member"
-"""The wake kind of what every member's reconciler acts on."""
-SUCCESSION = "succession"
-"""The wake kind of what a follower's coordinator thread acts on."""
-
-
-def released_to(member_id: str) -> str:
-    """The wake kind of the releases of resources that the target gives ``member_id``."""
-    return f"release:{member_id}"
+__all__ = ["bump", "ensure_group", "update_resources"]
 
 
 def ensure_group(db: sqlite3.Connection, group: str) -> None:
@@ -40,15 +25,9 @@ def ensure_group(db: sqlite3.Connection, group: str) -> None:
     )
 
 
-def bump(db: sqlite3.Connection, group: str, *wakes: str) -> None:
-    """Count one change of ``group``: its watches of every change wake, and those whose
-    interest covers one of the kinds ``wakes``."""
+def bump(db: sqlite3.Connection, group: str) -> None:
+    """Count one change of ``group``: its watches wake."""
     db.execute("UPDATE groups SET change_seq = change_seq + 1 WHERE name=?", (group,))
-    db.executemany(
-        "INSERT INTO wakes(grp, kind, seq) VALUES (?, ?, 1) "
-        "ON CONFLICT(grp, kind) DO UPDATE SET seq = seq + 1",
-        [(group, kind) for kind in wakes],
-    )
 
 
 def update_resources(

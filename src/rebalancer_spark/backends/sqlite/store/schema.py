@@ -103,8 +103,6 @@ CREATE TABLE IF NOT EXISTS progress(
     PRIMARY KEY(grp, resource_id));
 CREATE TABLE IF NOT EXISTS control(
     grp TEXT PRIMARY KEY, version INTEGER NOT NULL, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS wakes(
-    grp TEXT NOT NULL, kind TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(grp, kind));
 """
 
 TABLES = frozenset(
@@ -118,7 +116,6 @@ TABLES = frozenset(
         "ownership",
         "progress",
         "control",
-        "wakes",
     }
 )
 """Every table :data:`SCHEMA` creates."""
