@@ -33,7 +33,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.events import EventKind
-from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, idle, plan
+from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.lease import Lease
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
@@ -299,11 +299,11 @@ class Reconciler:
         view = backend.member_view(session, claims=not known)
         self._target = (view.generation, view.coordinator_epoch)
         agree = view.owned is None or epochs == view.owned
-        if idle(self._config.protocol, view, epochs, self._handled_generation):
+        step = plan(self._config.protocol, view, epochs, self._handled_generation)
+        if step.settled:  # nothing to do (protocols.idle), planned once per step
             self._idle = (session.session_id, head_of(view), version)
             self._known = (session.session_id, version)
             return wait
-        step = plan(self._config.protocol, view, epochs, self._handled_generation)
         if step.lost:
             self._ownership.lost(
                 self._lease.snapshot().session,
