@@ -14,6 +14,7 @@ claim."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -49,9 +50,17 @@ from rebalancer_spark.backends.zookeeper.store.records import (
 from rebalancer_spark.core.model import Claim, Freed, Grant, Phase, Progress
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 
-__all__ = ["Waiting", "claim", "member_head", "member_view", "release"]
+__all__ = ["IN_FLIGHT", "Waiting", "claim", "member_head", "member_view", "release"]
 
 _ATTEMPTS = 10
+
+IN_FLIGHT = 2
+"""Claim and release requests one session has sent and not yet seen answered, at most. The
+session's lease renewal is answered behind them on the same connection (and a read of the
+session waits for its writes on the server), so sending a claim of 100,000 resources at once
+(hundreds of requests of up to REQUEST_BYTES) would hold the renewal back for as long as the
+whole claim takes: beyond the lease, in a busy process. Two keep the server busy with one
+while the other's answer comes back."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -409,43 +418,44 @@ def _apply(
 ) -> tuple[dict[str, float | None], set[str], Op | None]:
     """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
 
-    Every request is sent before the first answer is awaited (the server serves them in
-    order and writes them to its log together): each is atomic on its own, so one refused
-    leaves the others as they were answered. A unit refused by one of its own operations is
-    dropped and the rest of its request sent again; a refused frame operation stops
-    everything (the requests already sent are still collected). Returns the tags applied
-    (each with the store time of its request, in seconds, from the ``mtime`` the last
-    ``set`` of the request returned, or None), the tags refused, and the frame operation that
-    stopped it (or None). ``follow`` makes reads to send right behind each request,
+    Requests go out :data:`IN_FLIGHT` at a time, the next as soon as the oldest is answered
+    (the server serves them in order and writes them to its log together): each is atomic on
+    its own, so one refused leaves the others as they were answered. A unit refused by one of
+    its own operations is dropped and the rest of its request sent again; a refused frame
+    operation stops everything (the requests already sent are still collected). Returns the
+    tags applied (each with the store time of its request, in seconds, from the ``mtime`` the
+    last ``set`` of the request returned, or None), the tags refused, and the frame operation
+    that stopped it (or None). ``follow`` makes reads to send right behind each request,
     collected into ``followed`` once it succeeded."""
     applied: dict[str, float | None] = {}
     refused: set[str] = set()
     stopped: Op | None = None
-    todo = _units(units, sum(op.cost for op in [*fixed, *tail]))
-    while todo and stopped is None:
-        sent = []
-        for batch in todo:
+    todo = collections.deque(_units(units, sum(op.cost for op in [*fixed, *tail])))
+    sent: collections.deque[tuple[list[tuple[str, list[Op]]], list[Op], Prefetch | None, Any]]
+    sent = collections.deque()
+    while sent or (todo and stopped is None):
+        while todo and stopped is None and len(sent) < IN_FLIGHT:
+            batch = todo.popleft()
             ops = [*fixed, *(op for _, unit in batch for op in unit), *tail]
             reads = None if follow is None else follow([r for r, _ in batch])
             sent.append((batch, ops, reads, send(zs.client, ops, settings)))
             if reads is not None:
                 reads.send()  # served right behind its request, before the next one
-        todo = []
-        for batch, ops, reads, pending in sent:
-            try:
-                results = session_answer(zs, settings, pending, ops, what)
-            except Refused as exc:
-                if not exc.op.tag:
-                    stopped = stopped or exc.op
-                    continue
-                refused.add(exc.op.tag)
-                rest = [(r, unit) for r, unit in batch if r != exc.op.tag]
-                if rest:
-                    todo.append(rest)
+        batch, ops, reads, pending = sent.popleft()
+        try:
+            results = session_answer(zs, settings, pending, ops, what)
+        except Refused as exc:
+            if not exc.op.tag:
+                stopped = stopped or exc.op
                 continue
-            applied.update(dict.fromkeys((r for r, _ in batch), _store_time(results)))
-            if reads is not None and followed is not None:
-                followed.update(reads.collect())
+            refused.add(exc.op.tag)
+            rest = [(r, unit) for r, unit in batch if r != exc.op.tag]
+            if rest:
+                todo.append(rest)
+            continue
+        applied.update(dict.fromkeys((r for r, _ in batch), _store_time(results)))
+        if reads is not None and followed is not None:
+            followed.update(reads.collect())
     return applied, refused, stopped
 
 
