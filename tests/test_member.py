@@ -952,34 +952,6 @@ def test_a_coordinator_step_reads_the_group_once_even_when_it_elects_and_lists(
         backend.close()
 
 
-def test_a_follower_reads_no_resource_set_until_it_takes_the_role(tmp_path: Any) -> None:
-    """Every member's coordinator thread used to keep the resource set, so 100 members
-    starting (or one listing that changed) parsed it 100 times; a follower now reads the
-    group's head only, and the resource set once the role is its own."""
-    url = f"sqlite://{tmp_path}/g.db"
-    backend = open_backend(url)
-    a = backend.join("g", "a", info={}, ttl=10.0, static=False)
-    b = backend.join("g", "b", info={}, ttl=10.0, static=False)
-    backend.update_resources("g", replace=[Resource("r1"), Resource("r2")])
-    config = MemberConfig(group="g", backend=url, member_id="b")
-    loop = CoordinatorLoop(config, backend, SystemClock(), lambda: b)
-    try:
-        assert backend.elect(a) is not None
-        loop.step()
-        assert _role(loop) is Role.FOLLOWER
-        backend.update_resources("g", add=[Resource("r3")])
-        loop.step()
-        assert _role(loop) is Role.FOLLOWER
-        assert loop.reads == {"head": 2, "resources": 0, "target": 0, "holders": 0}
-        backend.leave(a)  # the role is vacant: b takes it, with the set as it is now
-        loop.step()
-        assert loop.epoch is not None and _role(loop) is not Role.FOLLOWER
-        assert loop.reads["resources"] == 1
-        assert loop.listed_resources == 3
-    finally:
-        backend.close()
-
-
 def test_a_join_and_a_leave_cost_the_coordinator_no_read_of_resources_or_target(
     grp: Group,
 ) -> None:

@@ -764,14 +764,12 @@ class GroupReader:
         """How many reads of each kind this reader made (benchmarks, tests)."""
 
     def read(self, member_id: str, session_id: str) -> GroupView:
-        """The group as the coordinator rules need it. A follower (the role held by another
-        live session) reads no resource set and no target, which
+        """The group as the coordinator rules need it. Every member keeps the resource set
+        (read again only when its version moves: a listing that changed, not a rebalance), so
+        that any member can declare it again into a store that lost it. A follower (the role
+        held by another live session) reads no target, which
         :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
-        member holds the role: its view has an empty resource set (at the version the head
-        gives) and no target, so that 100 members starting, or a listing that changed, cost one
-        read of 100,000 resources, not 100. With the role vacant or held, the resource set (read
-        again only when its version moves: a listing that changed, not a rebalance) and the
-        target are brought up to date."""
+        member holds the role; with the role vacant or held, the target is brought up to date."""
         if session_id != self._session:
             # A new session: the store may have lost the group (and numbered it afresh) since
             # anything here was read, so nothing kept is trusted.
@@ -779,6 +777,10 @@ class GroupReader:
             self._session = session_id
         head = self._backend.head(self._group)
         self.reads["head"] += 1
+        if self._resources is None or self._resources[0] != head.resources_version:
+            self._resources = self._backend.resources(self._group)
+            self.reads["resources"] += 1
+        version, resources = self._resources
         coordinator = head.coordinator
         if coordinator is not None and coordinator.session_id != session_id:
             return GroupView(
@@ -786,15 +788,11 @@ class GroupReader:
                 session_id,
                 head.members,
                 coordinator,
-                {},
-                head.resources_version,
+                resources,
+                version,
                 None,
                 head.control,
             )
-        if self._resources is None or self._resources[0] != head.resources_version:
-            self._resources = self._backend.resources(self._group)
-            self.reads["resources"] += 1
-        version, resources = self._resources
         known = self._target
         if head.generation == 0:
             self._target = None
