@@ -183,6 +183,29 @@ def test_churn_never_makes_two_owners_and_loses_no_commit(procs: MemberProcesses
     assert handovers > 0, "the churn handed no committed progress over: the check saw nothing"
 
 
+def test_a_store_that_lost_the_group_with_its_coordinator_gets_the_set_back_from_a_follower(
+    procs: MemberProcesses, backend_url: str
+) -> None:
+    """The coordinator, which declared the resources, is killed and the store loses the group
+    at once: the two followers rejoin a group with no resource set, and one of them declares
+    it again. Every member's handle remembers the set because its coordinator thread reads it
+    follower or not (``GroupReader``; a session that skipped that read on followers left this
+    group with nothing to own)."""
+    from tests.support.store_loss import lose_state
+
+    procs.start("m0", RESOURCES)
+    procs.start("m1")
+    procs.start("m2")
+    before = procs.wait_stable(3)
+    assert before.coordinator is not None
+    coordinator = before.coordinator.member_id
+    procs.kill(coordinator)
+    lose_state(backend_url, procs.group)
+    state = procs.wait_stable(2, timeout=TTL + 20, resources=RESOURCES)
+    assert set(state.resources) == set(RESOURCES)
+    assert coordinator not in {c.member_id for c in state.claims.values()}
+
+
 def test_a_store_that_lost_the_group_never_sees_an_epoch_go_back(
     procs: MemberProcesses, backend_url: str
 ) -> None:

@@ -766,7 +766,13 @@ class GroupReader:
     def read(self, member_id: str, session_id: str) -> GroupView:
         """The group as the coordinator rules need it. Every member keeps the resource set
         (read again only when its version moves: a listing that changed, not a rebalance), so
-        that any member can declare it again into a store that lost it. A follower (the role
+        that any member can declare it again into a store that lost it: the front remembers
+        what :meth:`Backend.resources` returned (:class:`~.epochs.EpochMemory`), and a follower
+        that skipped this read would leave a store that lost the group together with its
+        coordinator with no resource set at all (session 18 tried it; see
+        ``test_a_store_that_lost_the_group_with_its_coordinator_gets_the_set_back_from_a_follower``).
+        The price: every member parses the whole set when it starts and after each listing
+        that changed it (100 times 100,000 resources at 100 members). A follower (the role
         held by another live session) reads no target, which
         :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
         member holds the role; with the role vacant or held, the target is brought up to date."""
