@@ -15,11 +15,11 @@ leave (SIGTERM: drain) and a crash (``kill -9``), each to the next stable assign
 Members: up to 16, each a process of ``rebalancer_spark.testing.member_process`` (the first
 through ``benchmarks/member_host.py one``, which hands it the resource list from a file: 100,000
 ids do not fit in one command-line argument); beyond 16, all but two are threads of
-``member_host.py threads`` processes of at most 25 threads each, and the member that leaves or
-crashes and the one that joins are processes (two processes, so that one of them is not the
-coordinator whichever member holds the role). The table says which (``p``/``t``). Members
-commit no progress (as in ``bench_peers.py``): the store operations counted are the
-rebalance's own, lease renewals and pings included.
+``member_host.py threads`` processes of at most 25 threads each (``--host-threads``), and the
+member that leaves or crashes and the one that joins are processes (two processes, so that one
+of them is not the coordinator whichever member holds the role). The table says which
+(``p``/``t``). Members commit no progress (as in ``bench_peers.py``): the store operations
+counted are the rebalance's own, lease renewals and pings included.
 
 *Stable* is read from the members' own trails, not from the store (its reads would be counted
 and, at 100,000 resources, would load the machine): every resource owned by exactly one of the
@@ -162,6 +162,7 @@ class Run:
         self.cell = cell
         self.ttl: float = args.session_timeout
         self.limit: float = args.cell_limit
+        self.host_threads: int = args.host_threads
         self.deadline = time.monotonic() + self.limit
         self.step = "start"
         self.workdir = workdir
@@ -356,8 +357,9 @@ class Run:
         size0 = self.counters.size(self.group.group) if self.counters else {}
         started = time.time()
         if self.cell.threads:
-            sizes = [HOST_THREADS] * (self.cell.threads // HOST_THREADS)
-            sizes += [self.cell.threads % HOST_THREADS] if self.cell.threads % HOST_THREADS else []
+            per = self.host_threads
+            sizes = [per] * (self.cell.threads // per)
+            sizes += [self.cell.threads % per] if self.cell.threads % per else []
             self.await_ready(self.spawn_threads(sizes[0], first=True))
             procs = [self.spawn_threads(size, first=False) for size in sizes[1:]]
             procs += [self.proc[self.spawn()] for _ in range(n - self.cell.threads)]
@@ -490,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1,000 x 4, one repeat")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the trails and the stores")
+    parser.add_argument("--host-threads", type=int, default=HOST_THREADS,
+                        help="most member threads per host process")  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.resources, args.members, args.repeats = "1000", "4", 1
@@ -500,9 +504,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--resources and --members take comma-separated whole numbers")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(backends) - set(BACKENDS))
-    if unknown or min(counts) < 2 or min(sizes) < 1 or args.repeats < 1:
+    if unknown or min(counts) < 2 or min(sizes) < 1 or args.repeats < 1 or args.host_threads < 1:
         parser.error(f"unknown backends {unknown} (known: {', '.join(BACKENDS)}), or "
-                     "members < 2, resources < 1 or repeats < 1")  # fmt: skip
+                     "members < 2, resources < 1, repeats < 1 or host threads < 1")  # fmt: skip
     given = {urlsplit(u).scheme.replace("rediss", "redis"): u for u in args.backend}
     workdir = Path(tempfile.mkdtemp(prefix="bench_scale-"))
     servers = Servers(workdir)
@@ -530,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{args.repeats} repeats, session timeout {args.session_timeout:g} s, cell limit "
         f"{args.cell_limit:g} s; members: p = processes, Nt = threads of host processes "
-        f"of at most {HOST_THREADS} each; "
+        f"of at most {args.host_threads} each; "
         f"store ops = ZooKeeper packets received / Redis commands (Lua's inner calls included), "
         f"bytes in/out at the server, pages = SQLite pages and log frames changed; servers "
         f"started here: ZooKeeper 3.8 standalone (tickTime 500 ms), redis-server without "
