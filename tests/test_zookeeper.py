@@ -1083,6 +1083,46 @@ def test_a_member_watch_wakes_when_the_holder_of_what_it_asked_for_ends(
             member.close()
 
 
+def test_a_release_wakes_the_member_that_follows_it_at_once_and_its_watches_still_hold(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A followed holder's release wakes the member without re-arming the watches of its
+    # interest (they did not fire: a round trip less between a release and the next claim);
+    # those watches are registered still, so a new target after it wakes the member too.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, epoch, target = _lead(store, group, {"m1": ["x", "z"]})
+        store.claim(s1, ["x", "z"], target.generation)
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        member = other.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m2")
+            target = _republish(store, s1, epoch, {"m1": ["z"], "m2": ["x"]}, target)
+            assert member.wait(5), "a new target"
+            _quiet(member)
+            assert other.claim(s2, ["x"], target.generation) == {}  # m2 follows m1's session
+            _quiet(member)
+            client = _zk(other)._client
+            sent: list[str] = []
+            exists = client.exists_async
+
+            def spy(path: str, *args: Any, **kwargs: Any) -> Any:
+                sent.append(path)
+                return exists(path, *args, **kwargs)
+
+            monkeypatch.setattr(client, "exists_async", spy)
+            store.release(s1, {"x": 1})
+            assert member.wait(5), "the release of what m2 asked for"
+            assert member.wait(0.3) is False  # (a re-arm would be answered by now)
+            assert sent == [], "woken without re-arming"
+            monkeypatch.undo()
+            assert set(other.claim(s2, ["x"], target.generation)) == {"x"}
+            _quiet(member)
+            _republish(store, s1, epoch, {"m1": [], "m2": ["x", "z"]}, target)
+            assert member.wait(5), "a new target after the release"
+        finally:
+            member.close()
+
+
 def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed(
     zookeeper_backend_url: str, group: str
 ) -> None:

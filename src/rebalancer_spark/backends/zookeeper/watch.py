@@ -22,8 +22,11 @@ Watches fire once, so each firing re-arms those of the current interest, and the
 woken only once the server has *answered* the re-arming requests: from then on the watches are
 registered on the server, and every change the waiter's next read does not see fires them
 again. (Waking the waiter at once would let a change land between its read and the re-arm's
-arrival, seen by neither.) Reads through another connection must also not lag behind the server
-the watches are on: :func:`.ownership.member_view` syncs the session's connection first.
+arrival, seen by neither.) A followed znode's firing is the exception: the interest's watches
+did not fire, so they are still registered, and the waiter wakes at once (one round trip less
+from a release to the claim it lets through). Reads through another connection must also not
+lag behind the server the watches are on: :func:`.ownership.member_view` syncs the session's
+connection first.
 :meth:`Backend.watch` likewise returns only once the first arm is answered. A dropped
 connection wakes the waiter at once (kazoo fires every watch when it disconnects); when the
 connection, or a new session of the shared client, is back the watches are re-armed, and the
@@ -53,6 +56,9 @@ class ZookeeperWatch(Watch):
         self._paths = paths
         self._event = threading.Event()
         self._closed = False
+        self._followed: set[str] = set()
+        """Znodes :meth:`follow` asked to watch whose watch has not fired yet."""
+        self._followed_lock = threading.Lock()
         self._timeout = timeout
         client.add_listener(self._on_state)
         armed = self._arm(wake=False)
@@ -87,6 +93,8 @@ class ZookeeperWatch(Watch):
             return
         if again:
             self._event.set()
+        with self._followed_lock:
+            self._followed.update(znodes)
         for path, version in znodes.items():
             pending = self._client.exists_async(path, watch=self._fired)
 
@@ -141,9 +149,19 @@ class ZookeeperWatch(Watch):
 
     def _fired(self, event: Any) -> None:
         """A watch fired (or the connection dropped): re-arm; the waiter wakes once the
-        server has answered the re-arm. (A followed znode is not watched again: the wake-up
-        makes the member claim again, which follows what is still held.)"""
+        server has answered the re-arm. A followed znode (a holder's release) wakes the waiter
+        at once instead: the watches of the interest did not fire, so they are registered still
+        and there is nothing to re-arm (a round trip less between a release and the claim that
+        follows it). A followed znode is not watched again: the wake-up makes the member claim
+        again, which follows what is still held."""
         if self._closed:
+            return
+        with self._followed_lock:
+            followed = event is not None and getattr(event, "path", None) in self._followed
+            if followed:
+                self._followed.discard(event.path)
+        if followed:
+            self._event.set()
             return
         self._arm()
 
