@@ -360,13 +360,8 @@ class Run:
             per = self.host_threads
             sizes = [per] * (self.cell.threads // per)
             sizes += [self.cell.threads % per] if self.cell.threads % per else []
-            # Every host starts at once: a first host awaited alone (as the processes' first
-            # member is) got the whole set when the coordinator published before the others
-            # joined, and its 25 members claiming 100,000 resources in one interpreter
-            # starved their own lease renewals (session 18: every collapsed start of ZooKeeper
-            # 100,000 x 100 had a first target of 17 or 25 members).
-            procs = [self.spawn_threads(sizes[0], first=True)]
-            procs += [self.spawn_threads(size, first=False) for size in sizes[1:]]
+            self.await_ready(self.spawn_threads(sizes[0], first=True))
+            procs = [self.spawn_threads(size, first=False) for size in sizes[1:]]
             procs += [self.proc[self.spawn()] for _ in range(n - self.cell.threads)]
         else:
             self.await_ready(self.proc[self.spawn(first=True)])
