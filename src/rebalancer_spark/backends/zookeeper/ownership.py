@@ -58,7 +58,7 @@ IN_FLIGHT = 2
 """Claim and release requests one session has sent and not yet seen answered, at most. The
 session's lease renewal is answered behind them on the same connection (and a read of the
 session waits for its writes on the server), so sending a claim of 100,000 resources at once
-(hundreds of requests of up to REQUEST_BYTES) would hold the renewal back for as long as the
+(over a hundred requests of up to REQUEST_BYTES) would hold the renewal back for as long as the
 whole claim takes: beyond the lease, in a busy process. Two keep the server busy with one
 while the other's answer comes back."""
 
