@@ -1126,9 +1126,11 @@ def test_a_release_wakes_the_member_that_follows_it_at_once_and_its_watches_stil
 def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed(
     zookeeper_backend_url: str, group: str
 ) -> None:
-    # A joining member asks for 600 resources held by m1 and m3. m1 releases its 300: the
-    # next attempt reads m1's records again and grants them; m3's session znode has not
-    # moved, so m3's 300 records are not read at all.
+    # A joining member asks for 600 resources held by m1 and m3. m1 releases 200 of its 300:
+    # the next attempt reads m1's session znode once, ahead of the rest, then m1's 300 records
+    # once each (no second read with the session: the znode was read before them), and
+    # grants the 200; m3's session znode has not moved, so m3's 300 records are not read at
+    # all. m1's last 100 follow once it releases them.
     a_ids = [f"a{i:03d}" for i in range(300)]
     c_ids = [f"c{i:03d}" for i in range(300)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
@@ -1140,14 +1142,18 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
         moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
         target = _republish(store, s1, epoch, moved, target)
         assert other.claim(s2, a_ids + c_ids, target.generation) == {}
-        store.release(s1, dict.fromkeys(a_ids, 1))
+        store.release(s1, dict.fromkeys(a_ids[:200], 1))
         read: list[str] = []
         _count_reads(other, s2, paths=read)
         grants = other.claim(s2, a_ids + c_ids, target.generation)
-        assert sorted(grants) == a_ids
+        assert sorted(grants) == a_ids[:200]
         paths = _zk(other)._group(group)
-        records = {p for p in read if p.startswith(paths.epochs + "/")}
-        assert records == {paths.resource_epoch(r) for r in a_ids}, len(records)
+        records = [p for p in read if p.startswith(paths.epochs + "/")]
+        assert sorted(records) == [paths.resource_epoch(r) for r in a_ids], len(records)
+        assert read.count(paths.session(s1.session_id)) == 1
+        assert read.count(paths.session(s3.session_id)) == 1
+        store.release(s1, dict.fromkeys(a_ids[200:], 1))
+        assert sorted(other.claim(s2, a_ids[200:] + c_ids, target.generation)) == a_ids[200:]
         store.release(s3, dict.fromkeys(c_ids, 1))
         assert sorted(other.claim(s2, c_ids, target.generation)) == c_ids
 

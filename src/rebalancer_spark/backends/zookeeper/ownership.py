@@ -165,6 +165,9 @@ def claim(
     p, s = zs.paths, zs.session
     reader = session_reader(zs, settings, what)
     alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+    asked = list(dict.fromkeys(resources))
+    known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
+    holders = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
     if alive() is None:
         raise session_gone(zs)
     found = pointer()
@@ -173,7 +176,8 @@ def claim(
     ptr = read_target_pointer(found[0], p.target, group=p.group)
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
         return {}, Waiting({})
-    read = _read_for_claims(zs, settings, ptr, resources)
+    versions = {h: None if (st := read()) is None else st.version for h, read in holders.items()}
+    read = _read_for_claims(zs, settings, ptr, asked, known, versions)
     if read is None:
         return {}, Waiting({})
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
@@ -254,69 +258,87 @@ class _ForClaims:
 
 
 def _read_for_claims(
-    zs: ZkSession, settings: Settings, ptr: TargetPointer, resources: Collection[str]
+    zs: ZkSession,
+    settings: Settings,
+    ptr: TargetPointer,
+    asked: list[str],
+    known: Mapping[str, tuple[str, int]],
+    versions: Mapping[str, int | None],
 ) -> _ForClaims | None:
-    """What :class:`_ForClaims` says, for the resources asked for (None: the target moved on
-    while being read).
+    """What :class:`_ForClaims` says, for the resources ``asked`` for (None: the target moved
+    on while being read).
 
     A resource's epoch record says who holds it (see :attr:`.EpochRecord.holder`); a
-    released one is free with no more reads. For those held by other sessions, one multiRead
-    (a consistent cut) reads each holder's session znode and their records again: a resource
-    whose holder's session znode exists at the cut is held (so is its claim), and that znode,
-    at its version at the cut, is to be followed: every release sets it and the session's end
-    deletes it, so a release made after the cut is either seen by the watch's registration
-    (another version) or fires it. The claims of the rest (holders gone, records that name no
-    session, this session's own) are read, each with its record again, in one multiRead (a
-    consistent cut: the holder may have released in between); a claim of another session found
-    there is followed itself. A refused grant costs nothing but the attempt: every claim is
-    fenced on the record's version.
+    released one is free with no more reads. A resource held by another session is held
+    while that session's znode exists (so does its claim, an ephemeral of that session), and
+    that znode is to be followed: every release sets it and the session's end deletes it.
+    What the member knows of a holder's znode must come from before the record that names it
+    (read in that order through this session's connection, which the server answers in order,
+    or in one multiRead, a consistent cut): then a release or an end after that read either
+    shows in the record or moves the znode off the version followed, which the watch's
+    registration sees (another version) or which fires it.
 
-    A resource the last claim found held (:attr:`.ZkSession.held_by_others`) is not read
-    again while its holder's session znode, read in the first multiRead, is at the same
-    version: that holder released nothing since. So after the first attempt a claim reads the
-    records of what its holders' releases may have freed, not all it waits for."""
+    ``known``: the resources the last claim found held (:attr:`.ZkSession.held_by_others`),
+    each with its holder and the version of the holder's znode then; ``versions``: those
+    holders' znodes, as the claim's first read found them (None: gone), which came before
+    this function's reads. A known resource whose holder's znode did not move is held still
+    and not read at all: that holder released nothing since. The records of the rest are
+    read together with this member's part of the target; one that names a holder read in
+    ``versions`` is decided there. Only a record naming another holder (the first claim of a
+    resource, or one granted anew since) costs one more multiRead: those holders' znodes with
+    the records again. The claims of the resources whose holder is gone (or that name no
+    session, or this session) are read, each with its record again, in one multiRead (the
+    holder may have released in between); a claim of another session found there is
+    followed itself. A refused grant costs nothing but the attempt: every claim is fenced on
+    the record's version."""
     what = "claiming resources"
     p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
     part = read_own_part(zs, reader, ptr)
-    asked = list(dict.fromkeys(resources))
-    known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
-    before = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
-    reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in asked if r not in known}
+    still = {r: hv for r, hv in known.items() if versions.get(hv[0]) == hv[1]}
+    reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in asked if r not in still}
     try:
         mine = part()
     except Changed:
         return None
-    versions = {h: None if (st := read()) is None else st.version for h, read in before.items()}
-    still = {r: hv for r, hv in known.items() if r in mine and versions[hv[0]] == hv[1]}
-    # Every read answered, wanted or not; a known resource whose holder moved is read below.
+    # Every read answered, wanted or not.
     found = {r: read() for r, read in reads.items()}
     wanted = [r for r in asked if r in mine]
+    still = {r: hv for r, hv in still.items() if r in mine}
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
     unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
-    others = {r: h for r, e in unsure.items() if (h := e.holder) is not None and h != own}
-    recheck = [r for r in wanted if r in known and r not in still]
     waiting = {p.session(h): v for h, v in still.values()}
     held_by_others = dict(still)
     taken: set[str] = set(still)
-    if others or recheck:
+    others: dict[str, str] = {}
+    for r, e in list(unsure.items()):
+        holder = e.holder
+        if holder is None or holder == own:
+            continue  # its claim is read below
+        if holder not in versions:
+            others[r] = holder  # a holder not read before this record: the cut below
+        elif (version := versions[holder]) is not None:
+            taken.add(r)  # held by a live session: follow that session
+            waiting[p.session(holder)] = version
+            held_by_others[r] = (holder, version)
+        # else: its holder's session was gone before this record was read: its claim below
+    if others:
         cut = session_reader(zs, settings, what)
-        holders = set(others.values()) | {known[r][0] for r in recheck}
-        alive = {h: cut.stat(p.session(h)) for h in sorted(holders)}
-        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in [*others, *recheck]}
+        alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
+        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
         stats = {h: read() for h, read in alive.items()}
         for r, read in again.items():
-            e = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
-            holder = None if e is None else e.holder
+            now = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
+            holder = None if now is None else now.holder
             stat = None if holder is None else stats.get(holder)
-            if e is None or e.released:
+            if now is None or now.released:
                 unsure.pop(r, None)  # released since it was read: free now
             elif holder is not None and stat is not None:
                 taken.add(r)  # still held by a live session: follow that session
                 waiting[p.session(holder)] = stat.version
                 held_by_others[r] = (holder, stat.version)
             else:
-                unsure[r] = e  # its holder changed or is gone: its claim is read below
+                unsure[r] = now  # its holder changed or is gone: its claim is read below
     zs.held_by_others = held_by_others
     wanted = [r for r in wanted if r not in taken]
     unsure = {r: e for r, e in unsure.items() if r not in taken}
