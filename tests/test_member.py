@@ -974,6 +974,41 @@ def test_a_join_and_a_leave_cost_the_coordinator_no_read_of_resources_or_target(
     assert a.is_coordinator  # the same coordinator did it all
 
 
+def test_a_follower_reads_nothing_until_its_watch_reports_a_change(grp: Group) -> None:
+    """A follower acts only when the coordinator goes (or a static member comes): it used to
+    read the group's head every second all the same, 100 reads a second in an idle group of
+    100 members. Now it reads when its watch reports a change, and still on each one."""
+    a = grp.start("a", resources=RESOURCES)
+    wait_for(lambda: a.is_coordinator, timeout=10, what="a to coordinate")
+    b = grp.start("b")
+    grp.wait_settled(2)
+    loop = b._coordinator
+    assert loop is not None
+    wait_for(lambda: _role(loop) is Role.FOLLOWER, timeout=10, what="b to follow")
+    witness = grp.observer.watch(grp.name)  # every change (SQLite's follower wakes for all)
+    try:
+        wait_for(lambda: not witness.wait(0.5), timeout=10, what="the group to go quiet")
+        before = loop.reads["head"]
+        # Three of the one-second waits that each read the head before, watched throughout.
+        end, changes = time.monotonic() + 3.5, 0
+        while (left := end - time.monotonic()) > 0:
+            changes += witness.wait(left)
+        assert changes == 0, "the group changed: the figure below would mean nothing"
+    finally:
+        witness.close()
+    assert loop.reads["head"] == before, loop.reads
+    grp.start("c")
+    wait_for(lambda: loop.reads["head"] > before, timeout=10, what="b to read c's join")
+    grp.wait_settled(3)
+    a.stop()  # the coordinator goes: a follower takes over
+    wait_for(
+        lambda: b.is_coordinator or grp.members[-1].is_coordinator,
+        timeout=15,
+        what="b or c to coordinate after a left",
+    )
+    grp.wait_settled(2)
+
+
 def _role(loop: CoordinatorLoop) -> Role:
     return loop.role
 
