@@ -1189,6 +1189,34 @@ def test_a_grant_refused_by_its_record_wakes_the_member_to_try_again(
             member.close()
 
 
+def test_a_follower_remembers_the_resource_set_without_building_it(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 100 followers each built 100,000 resources, together, when a group of 100 started: a
+    # follower keeps the chunks as read, and the set is built only if a store that lost the
+    # group needs it declared again.
+    from rebalancer_spark.backends.zookeeper import reads
+    from rebalancer_spark.backends.zookeeper.store import records
+
+    ids = [f"r{i:05d}" for i in range(3000)]
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        version = store.update_resources(group, replace=[Resource(i) for i in ids])
+        built: list[str] = []
+        parse = records.read_resource_chunk
+
+        def counting(data: bytes, path: str) -> list[Resource]:
+            built.append(path)
+            return parse(data, path)
+
+        monkeypatch.setattr(reads, "read_resource_chunk", counting)
+        assert other.remember_resources(group) == version
+        assert built == []
+        assert sorted(r.id for r in other.epochs.resources(group)) == ids
+        chunks = len(built)
+        assert chunks >= 1
+        assert len(other.epochs.resources(group)) == len(ids) and len(built) == chunks  # once
+
+
 def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_their_claims(
     zookeeper_backend_url: str, group: str
 ) -> None:

@@ -300,6 +300,10 @@ def test_head_resources_target_and_holders_agree_with_the_snapshot(
     version = a.update_resources(group, replace=[Resource("r", 2.0), Resource("q")])
     _agree(b, group)
     assert a.resources(group)[0] == version == a.head(group).resources_version
+    # A follower's read: the version, and the set remembered (to declare it again into a
+    # store that lost the group), whether built now or when needed.
+    assert b.remember_resources(group) == version
+    assert sorted(b.epochs.resources(group)) == [Resource("q"), Resource("r", 2.0)]
     gen = a.publish(
         s1, epoch, {"m1": ["r"], "m2": ["q"]}, phase=Phase.RUNNING, resources_version=version
     ).generation

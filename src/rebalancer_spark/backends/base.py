@@ -342,6 +342,20 @@ class Backend(abc.ABC):
         self.epochs.saw_resources(group, resources)
         return version, resources
 
+    def remember_resources(self, group: str) -> int:
+        """Read the group's resource set only to remember it (:class:`~.epochs.EpochMemory`:
+        to declare it again into a store that lost the group) and return its version: what a
+        follower's coordinator thread needs of it. A backend that can keep the set as read,
+        and build it only if it is ever needed, does (ZooKeeper: 100 followers each built
+        100,000 resources at once when a group of 100 started); the others read it as
+        :meth:`resources` does."""
+        validate_group(group)
+        return self._remember_resources(group)
+
+    def _remember_resources(self, group: str) -> int:
+        version, _ = self.resources(group)
+        return version
+
     def target(self, group: str) -> Target | None:
         """The current target (None if none was published), read whole and consistently."""
         validate_group(group)
@@ -758,6 +772,8 @@ class GroupReader:
         self._backend = backend
         self._group = group
         self._resources: tuple[int, Mapping[str, Resource]] | None = None
+        self._remembered: int | None = None
+        """The version of the set last remembered as a follower (not built here)."""
         self._target: Target | None = None
         self._session: str | None = None
         self.reads = {"head": 0, "resources": 0, "target": 0, "holders": 0}
@@ -767,15 +783,17 @@ class GroupReader:
         """The group as the coordinator rules need it. Every member keeps the resource set
         (read again only when its version moves: a listing that changed, not a rebalance), so
         that any member can declare it again into a store that lost it: the front remembers
-        what :meth:`Backend.resources` returned (:class:`~.epochs.EpochMemory`), and a follower
-        that skipped this read would leave a store that lost the group together with its
-        coordinator with no resource set at all (session 18 tried it; see
+        what it read (:class:`~.epochs.EpochMemory`), and a follower that skipped this read
+        would leave a store that lost the group together with its coordinator with no resource
+        set at all (session 18 tried it; see
         ``test_a_store_that_lost_the_group_with_its_coordinator_gets_the_set_back_from_a_follower``).
-        The price: every member parses the whole set when it starts and after each listing
-        that changed it (100 times 100,000 resources at 100 members). A follower (the role
-        held by another live session) reads no target, which
-        :func:`~rebalancer_spark.core.coordinator_rules.decide` never looks at before this
-        member holds the role; with the role vacant or held, the target is brought up to date."""
+        A follower (the role held by another live session) only remembers the set
+        (:meth:`Backend.remember_resources`: on ZooKeeper the chunks as read, built only if a
+        store that lost the group needs them; 100 followers built 100,000 resources each,
+        together, when a group of 100 started) and reads no target:
+        :func:`~rebalancer_spark.core.coordinator_rules.decide` looks at neither before this
+        member holds the role. With the role vacant or held, the set is read and built, and
+        the target brought up to date."""
         if session_id != self._session:
             # A new session: the store may have lost the group (and numbered it afresh) since
             # anything here was read, so nothing kept is trusted.
@@ -783,22 +801,29 @@ class GroupReader:
             self._session = session_id
         head = self._backend.head(self._group)
         self.reads["head"] += 1
-        if self._resources is None or self._resources[0] != head.resources_version:
-            self._resources = self._backend.resources(self._group)
-            self.reads["resources"] += 1
-        version, resources = self._resources
         coordinator = head.coordinator
         if coordinator is not None and coordinator.session_id != session_id:
+            # A follower: decide() looks at neither the set nor the target before this
+            # member holds the role, so the set is only remembered (built if ever needed).
+            kept = self._remembered if self._resources is None else self._resources[0]
+            if kept != head.resources_version:
+                self._remembered = self._backend.remember_resources(self._group)
+                self._resources = None
+                self.reads["resources"] += 1
             return GroupView(
                 member_id,
                 session_id,
                 head.members,
                 coordinator,
-                resources,
-                version,
+                {},
+                head.resources_version,
                 None,
                 head.control,
             )
+        if self._resources is None or self._resources[0] != head.resources_version:
+            self._resources = self._backend.resources(self._group)
+            self.reads["resources"] += 1
+        version, resources = self._resources
         known = self._target
         if head.generation == 0:
             self._target = None
@@ -842,4 +867,5 @@ class GroupReader:
     def forget(self) -> None:
         """Drop what is kept (after an error: the next read starts afresh)."""
         self._resources = None
+        self._remembered = None
         self._target = None

@@ -14,7 +14,9 @@ that were running still know better, and so does the audit table. This memory ke
   told of (:meth:`~.base.Backend.remember_epochs`: the audit table, an operator's floor);
 * ``high`` and ``resources``: the highest epoch of any claim in a group snapshot this handle
   read (``state``), and the last non-empty resource set it read (``state`` or ``resources``,
-  as the coordinator reads it; a reference, not a copy: the caller does not change it).
+  as the coordinator reads it; a reference, not a copy: the caller does not change it), or
+  kept unparsed (``remember_resources``, as a follower reads it: a loader that builds the set
+  only if it is ever needed, for a declaration into a store that lost the group).
 
 On a new incarnation the front lifts every remembered epoch into the store before anything is
 granted (each resource of the remembered set at least to ``high``: an epoch that jumps is
@@ -26,7 +28,7 @@ incarnation has none, and never passes on a grant at or below a remembered epoch
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from rebalancer_spark.core.model import GroupState, Resource
 
@@ -42,7 +44,7 @@ class EpochMemory:
         self._floors: dict[str, dict[str, tuple[int, str | None]]] = {}
         self._incarnations: dict[str, str | None] = {}
         self._high: dict[str, int] = {}
-        self._resources: dict[str, Mapping[str, Resource]] = {}
+        self._resources: dict[str, Mapping[str, Resource] | Callable[[], list[Resource]]] = {}
 
     def saw_state(self, state: GroupState) -> None:
         """A snapshot of the group was read: keep its highest claim epoch and its resource set
@@ -60,10 +62,23 @@ class EpochMemory:
             with self._lock:
                 self._resources[group] = resources
 
+    def keep_resources(self, group: str, load: Callable[[], list[Resource]]) -> None:
+        """The group's non-empty resource set was read but not built: ``load`` builds it
+        (from bytes already read: it reads nothing), if :meth:`resources` is ever asked."""
+        with self._lock:
+            self._resources[group] = load
+
     def resources(self, group: str) -> list[Resource]:
         """The last non-empty resource set read of ``group`` (empty if none)."""
         with self._lock:
-            return list(self._resources.get(group, {}).values())
+            kept = self._resources.get(group, {})
+        if not callable(kept):
+            return list(kept.values())
+        built = kept()
+        with self._lock:
+            if self._resources.get(group) is kept:  # built once
+                self._resources[group] = {r.id: r for r in built}
+        return built
 
     def see(
         self,
@@ -104,10 +119,10 @@ class EpochMemory:
         with self._lock:
             own = {r: e for r, (e, _) in self._floors.get(group, {}).items()}
             high = max(self._high.get(group, 0), max(own.values(), default=0))
-            if high:
-                for r in self._resources.get(group, {}):
-                    own[r] = high
-            return own
+        if high:
+            for r in self.resources(group):
+                own[r.id] = high
+        return own
 
     def incarnation(self, group: str) -> str | None:
         """The incarnation of ``group`` this handle last joined (None: none yet)."""

@@ -32,7 +32,7 @@ from rebalancer_spark.backends.base import (
 )
 from rebalancer_spark.backends.zookeeper import coordination, floors, ownership, progress, sessions
 from rebalancer_spark.backends.zookeeper.control import update_control
-from rebalancer_spark.backends.zookeeper.reads import SnapshotReader
+from rebalancer_spark.backends.zookeeper.reads import SnapshotReader, build_resources
 from rebalancer_spark.backends.zookeeper.resources import update_resources
 from rebalancer_spark.backends.zookeeper.store.client import (
     OPTIONS,
@@ -254,6 +254,15 @@ class ZookeeperBackend(Backend):
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         paths = self._paths(group, create=False)
         return (0, {}) if paths is None else self._snapshot(paths).resources()
+
+    def _remember_resources(self, group: str) -> int:
+        paths = self._paths(group, create=False)
+        if paths is None:
+            return 0
+        version, chunks = self._snapshot(paths).resource_chunks()
+        if chunks:  # built only if a store that lost the group needs it declared again
+            self.epochs.keep_resources(group, lambda: list(build_resources(chunks).values()))
+        return version
 
     def _target(self, group: str) -> Target | None:
         paths = self._paths(group, create=False)

@@ -64,8 +64,17 @@ def read_resources(
     reader: Reader, paths: GroupPaths, pointer: ResourcesPointer | None
 ) -> Callable[[], dict[str, Resource]]:
     """Issue the reads of a resource set's chunks; the thunk collects them."""
+    chunks = read_resource_chunks(reader, paths, pointer)
+    return lambda: build_resources(chunks())
+
+
+def read_resource_chunks(
+    reader: Reader, paths: GroupPaths, pointer: ResourcesPointer | None
+) -> Callable[[], list[tuple[str, bytes]]]:
+    """Issue the reads of a resource set's chunks; the thunk collects them as read (each
+    with its path), unparsed."""
     if pointer is None:
-        return dict
+        return list
     chunks = [
         (
             paths.resource_chunk(pointer.name, k),
@@ -73,15 +82,15 @@ def read_resources(
         )
         for k in range(pointer.chunks)
     ]
+    return lambda: [(path, _need(pending())[0]) for path, pending in chunks]
 
-    def collect() -> dict[str, Resource]:
-        out: dict[str, Resource] = {}
-        for path, pending in chunks:
-            data, _ = _need(pending())
-            out.update((r.id, r) for r in read_resource_chunk(data, path))
-        return out
 
-    return collect
+def build_resources(chunks: list[tuple[str, bytes]]) -> dict[str, Resource]:
+    """The resource set of the chunks :func:`read_resource_chunks` collected."""
+    out: dict[str, Resource] = {}
+    for path, data in chunks:
+        out.update((r.id, r) for r in read_resource_chunk(data, path))
+    return out
 
 
 def _read_part(
@@ -291,6 +300,19 @@ class SnapshotReader:
             if rptr is None:
                 return 0, {}
             return rptr.version, read_resources(self._reader(), self._paths, rptr)()
+
+        return self._retry(attempt)
+
+    def resource_chunks(self) -> tuple[int, list[tuple[str, bytes]]]:
+        """The resource set's version and its chunks as read, unparsed (for
+        :meth:`Backend.remember_resources`): read as :meth:`resources` reads them."""
+
+        def attempt() -> tuple[int, list[tuple[str, bytes]]]:
+            found = self._reader().get(self._paths.resources)()
+            rptr, _ = self._pointers(found, None)
+            if rptr is None:
+                return 0, []
+            return rptr.version, read_resource_chunks(self._reader(), self._paths, rptr)()
 
         return self._retry(attempt)
 
