@@ -774,6 +774,7 @@ class GroupReader:
         self._resources: tuple[int, Mapping[str, Resource]] | None = None
         self._remembered: int | None = None
         """The version of the set last remembered as a follower (not built here)."""
+        self._head: GroupHead | None = None
         self._target: Target | None = None
         self._session: str | None = None
         self.reads = {"head": 0, "resources": 0, "target": 0, "holders": 0}
@@ -792,34 +793,48 @@ class GroupReader:
         store that lost the group needs them; 100 followers built 100,000 resources each,
         together, when a group of 100 started) and reads no target:
         :func:`~rebalancer_spark.core.coordinator_rules.decide` looks at neither before this
-        member holds the role. With the role vacant or held, the set is read and built, and
-        the target brought up to date."""
+        member holds the role (a vacant role is an election at once: a candidate's read is the
+        head alone, and :meth:`won` completes it). With the role held, the set is read and
+        built, and the target brought up to date."""
         if session_id != self._session:
             # A new session: the store may have lost the group (and numbered it afresh) since
             # anything here was read, so nothing kept is trusted.
             self.forget()
             self._session = session_id
-        head = self._backend.head(self._group)
+        head = self._head = self._backend.head(self._group)
         self.reads["head"] += 1
         coordinator = head.coordinator
-        if coordinator is not None and coordinator.session_id != session_id:
-            # A follower: decide() looks at neither the set nor the target before this
-            # member holds the role, so the set is only remembered (built if ever needed).
+        if coordinator is not None and coordinator.session_id == session_id:
+            return self._whole(member_id, session_id, head, coordinator)
+        if coordinator is not None:
+            # A follower: only remembers the set. (A candidate reads nothing more: when a
+            # coordinator left, 99 followers each built 100,000 resources for an election
+            # that one of them wins.)
             kept = self._remembered if self._resources is None else self._resources[0]
             if kept != head.resources_version:
                 self._remembered = self._backend.remember_resources(self._group)
                 self._resources = None
                 self.reads["resources"] += 1
-            return GroupView(
-                member_id,
-                session_id,
-                head.members,
-                coordinator,
-                {},
-                head.resources_version,
-                None,
-                head.control,
-            )
+        return GroupView(
+            member_id,
+            session_id,
+            head.members,
+            coordinator,
+            {},
+            head.resources_version,
+            None,
+            head.control,
+        )
+
+    def won(self, view: GroupView, record: CoordinatorRecord) -> GroupView:
+        """``view``, the read of the step whose election ``record`` answered (won), completed
+        with what a coordinator decides on: the set and the target, on the same head."""
+        assert self._head is not None and record.session_id == view.session_id
+        return self._whole(view.member_id, view.session_id, self._head, record)
+
+    def _whole(
+        self, member_id: str, session_id: str, head: GroupHead, coordinator: CoordinatorRecord
+    ) -> GroupView:
         if self._resources is None or self._resources[0] != head.resources_version:
             self._resources = self._backend.resources(self._group)
             self.reads["resources"] += 1
@@ -834,7 +849,7 @@ class GroupReader:
             member_id,
             session_id,
             head.members,
-            head.coordinator,
+            coordinator,
             resources,
             version,
             self._target,

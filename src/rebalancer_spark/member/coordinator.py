@@ -275,7 +275,12 @@ class CoordinatorLoop:
             assert session is not None and view is not None, "decided on a read"
             if isinstance(last, Elect):
                 record = self._backend.elect(session)
-                view = view.with_coordinator(record)
+                if record is not None and record.session_id == session.session_id:
+                    # Won: read what a coordinator decides on (the set, the target), which a
+                    # candidate's read left out.
+                    view = self._reader.won(view, record)
+                else:
+                    view = view.with_coordinator(record)
                 state, actions = rules.elected(state, record, view, now)
             else:
                 changed = self._list(session, view.resources_version)
