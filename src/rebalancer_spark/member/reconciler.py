@@ -44,7 +44,8 @@ __all__ = ["MAX_WAIT", "Reconciler"]
 log = logging.getLogger("rebalancer_spark.member")
 
 MAX_WAIT = 1.0
-"""The longest a member's loops wait at once before they look again (seconds)."""
+"""The longest a member's loops wait at once (seconds) before they look at the lease and at
+stop() again; the store is read again only if the watch reported a change meanwhile."""
 
 
 class Reconciler:
