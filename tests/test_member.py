@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, TypeVar
 
 import pytest
 
@@ -36,6 +36,7 @@ from rebalancer_spark.member.state import TRANSITIONS, MemberState
 from tests.support.helpers import FlakyStore, wait_for
 
 RESOURCES = [f"r{i:02d}" for i in range(12)]
+_T = TypeVar("_T")
 
 
 class Recorder:
@@ -1008,6 +1009,23 @@ def test_a_join_and_a_leave_cost_the_coordinator_no_read_of_resources_or_target(
     assert a.is_coordinator  # the same coordinator did it all
 
 
+def _quiet_for(grp: Group, seconds: float, count: Callable[[], _T]) -> _T:
+    """Wait for the group to go quiet, take ``count()``, and watch every change (SQLite's
+    members wake for all) for ``seconds`` (three of the one-second waits that each read the
+    store before): none may come, or the figures taken would mean nothing."""
+    witness = grp.observer.watch(grp.name)
+    try:
+        wait_for(lambda: not witness.wait(0.5), timeout=10, what="the group to go quiet")
+        before = count()
+        end, changes = time.monotonic() + seconds, 0
+        while (left := end - time.monotonic()) > 0:
+            changes += witness.wait(left)
+        assert changes == 0, "the group changed: the figures taken would mean nothing"
+    finally:
+        witness.close()
+    return before
+
+
 def test_a_follower_reads_nothing_until_its_watch_reports_a_change(grp: Group) -> None:
     """A follower acts only when the coordinator goes (or a static member comes): it used to
     read the group's head every second all the same, 100 reads a second in an idle group of
@@ -1019,17 +1037,7 @@ def test_a_follower_reads_nothing_until_its_watch_reports_a_change(grp: Group) -
     loop = b._coordinator
     assert loop is not None
     wait_for(lambda: _role(loop) is Role.FOLLOWER, timeout=10, what="b to follow")
-    witness = grp.observer.watch(grp.name)  # every change (SQLite's follower wakes for all)
-    try:
-        wait_for(lambda: not witness.wait(0.5), timeout=10, what="the group to go quiet")
-        before = loop.reads["head"]
-        # Three of the one-second waits that each read the head before, watched throughout.
-        end, changes = time.monotonic() + 3.5, 0
-        while (left := end - time.monotonic()) > 0:
-            changes += witness.wait(left)
-        assert changes == 0, "the group changed: the figure below would mean nothing"
-    finally:
-        witness.close()
+    before = _quiet_for(grp, 3.5, lambda: loop.reads["head"])
     assert loop.reads["head"] == before, loop.reads
     grp.start("c")
     wait_for(lambda: loop.reads["head"] > before, timeout=10, what="b to read c's join")
@@ -1123,17 +1131,7 @@ def test_an_idle_member_reads_nothing_until_its_watch_reports_a_change(grp: Grou
     # A member whose last step claimed looks once more to know itself idle: have it look.
     grp.observer.update_control(grp.name, control.version, control.noted(time.time(), "idle?"))
     wait_for(lambda: store.heads + store.views > looked, timeout=10, what="a to look")
-    witness = grp.observer.watch(grp.name)  # every change (SQLite's member wakes for all)
-    try:
-        wait_for(lambda: not witness.wait(0.5), timeout=10, what="the group to go quiet")
-        heads, views = store.heads, store.views
-        # Three of the one-second waits that each read the head before, watched throughout.
-        end, changes = time.monotonic() + 3.5, 0
-        while (left := end - time.monotonic()) > 0:
-            changes += witness.wait(left)
-        assert changes == 0, "the group changed: the figures below would mean nothing"
-    finally:
-        witness.close()
+    heads, views = _quiet_for(grp, 3.5, lambda: (store.heads, store.views))
     assert (store.heads, store.views) == (heads, views)
     control = grp.observer.state(grp.name).control
     grp.observer.update_control(grp.name, control.version, control.noted(time.time(), "look"))
