@@ -44,8 +44,7 @@ __all__ = ["MAX_WAIT", "Reconciler"]
 log = logging.getLogger("rebalancer_spark.member")
 
 MAX_WAIT = 1.0
-"""The longest a member's loops wait at once (seconds) before they look at the lease and at
-stop() again; the store is read again only if the watch reported a change meanwhile."""
+"""The longest a member's loops wait at once before they look again (seconds)."""
 
 
 class Reconciler:
@@ -76,8 +75,6 @@ class Reconciler:
         self._target: tuple[int, int] | None = None
         """(generation, coordinator epoch) of the latest target read: what ``lost`` rows name."""
         self._idle: tuple[str, MemberHead, int] | None = None
-        self._quiet = False
-        """The last wait ran out without the watch reporting a change."""
         """Set when a step found nothing to do (:func:`~.protocols.idle`): the session, the
         view's head and the ownership's version. While the session lives only this member's
         own calls change its claims, so until the head or what is held moves, a wake-up reads
@@ -197,13 +194,13 @@ class Reconciler:
                     continue
                 self._lease.changed.clear()
                 timeout = self._guarded_step(backend)
-                self._quiet = False
-                if timeout > 0 and not self._lease.changed.is_set():
-                    woke = self._wait(watch, timeout)
-                    if woke is None:
-                        watch.close()
-                        watch = None
-                    self._quiet = woke is False
+                if (
+                    timeout > 0
+                    and not self._lease.changed.is_set()
+                    and not self._wait(watch, timeout)
+                ):
+                    watch.close()
+                    watch = None
         except Exception as exc:
             log.exception("member thread of %s died; it leaves the group", self._member_id)
             self._died(backend, exc)
@@ -224,15 +221,15 @@ class Reconciler:
         watch.focus(Interest.MEMBER, self._member_id)
         return watch
 
-    def _wait(self, watch: Watch, timeout: float) -> bool | None:
-        """Wait for a change: True if the watch reported one, False if the time ran out
-        without one, None (after a pause) when the watch failed and must be renewed."""
+    def _wait(self, watch: Watch, timeout: float) -> bool:
+        """Wait for a change; False (after a pause) when the watch failed and must be renewed."""
         try:
-            return watch.wait(timeout)
+            watch.wait(timeout)
         except BackendError as exc:
             log.warning("member %s: watch failed, watching anew: %s", self._member_id, exc)
             self._stop.wait(self._config.effective_heartbeat_interval)
-            return None
+            return False
+        return True
 
     def _guarded_step(self, backend: Backend) -> float:
         """One step; store errors and refusals become a retry after the returned delay."""
@@ -293,13 +290,9 @@ class Reconciler:
             mark is not None
             and mark[0] == session.session_id
             and mark[2] == self._ownership.version
-            and (self._quiet or backend.member_head(session) == mark[1])
+            and backend.member_head(session) == mark[1]
         ):
-            # Nothing to do, and nothing that could give us any has changed: the watch
-            # reported nothing since the last look (it covers a new target, control and the
-            # releases this member waits for), or the head is where it was. An idle member
-            # read the head on every one-second wait: 100 reads a second in a group of 100.
-            return wait
+            return wait  # nothing to do, and nothing that could give us any has changed
         self._idle = None
         version, epochs = self._ownership.version, self._ownership.epochs()
         known, self._known = self._known == (session.session_id, version), None
