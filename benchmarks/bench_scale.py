@@ -29,8 +29,9 @@ measurement, outside its window. A join is timed from the new member's ``started
 its join write), a leave from SIGTERM, a crash from ``kill -9``; ``crash - session timeout``
 subtracts ``--session-timeout`` as ``bench_rebalance.py`` does. The first complete assignment is
 timed from the start of the first member process. With threads, the host whose first member
-declares the resources starts last, once every other member joined (a host that took 100,000
-resources alone, 25 members in one interpreter, starved its own lease renewals on two cores).
+declares the resources starts last, once every other member joined: the first target with
+resources then covers the whole group, as when a group of jobs starts before its source is
+listed.
 
 Per measurement also: resources moved next to ``assignors.minimum_moves``; resources without an
 owner inside the window (count, longest gap, from the trails' ownership intervals, a killed
@@ -362,11 +363,12 @@ class Run:
             per = self.host_threads
             sizes = [per] * (self.cell.threads // per)
             sizes += [self.cell.threads % per] if self.cell.threads % per else []
-            # The host that declares the resources starts once every other member joined: a
-            # first host awaited alone got the whole set while the others were starting, and
-            # its 25 member threads taking 100,000 resources in one interpreter starved their
-            # own lease renewals (session 18: 8 of 20 starts of ZooKeeper 100,000 x 100 fell
-            # apart, each with a first target of 17 to 55 members).
+            # The host that declares the resources starts once every other member joined, so
+            # that the first target with resources covers the group: a first host awaited
+            # alone got the whole set while the others were starting (session 18's collapsed
+            # ZooKeeper 100,000 x 100 starts had first targets of 17 to 55 members). This alone
+            # did not end the collapses; the followers' reads of the whole set were what starved
+            # the lease renewals (docs/benchmarks.md, session 19).
             procs = [self.spawn_threads(size, first=False) for size in sizes[1:]]
             procs += [self.proc[self.spawn()] for _ in range(n - self.cell.threads)]
             for proc in procs:
