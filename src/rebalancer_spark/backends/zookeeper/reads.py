@@ -290,22 +290,14 @@ class SnapshotReader:
         return record if record.session_id in live else None
 
     def resources(self) -> tuple[int, dict[str, Resource]]:
-        """:meth:`Backend.resources`: the pointer, then its chunks (a set replaced meanwhile
-        loses its chunks: read again)."""
-
-        def attempt() -> tuple[int, dict[str, Resource]]:
-            r1 = self._reader()
-            found = r1.get(self._paths.resources)()
-            rptr, _ = self._pointers(found, None)
-            if rptr is None:
-                return 0, {}
-            return rptr.version, read_resources(self._reader(), self._paths, rptr)()
-
-        return self._retry(attempt)
+        """:meth:`Backend.resources`: :meth:`resource_chunks`, built."""
+        version, chunks = self.resource_chunks()
+        return version, build_resources(chunks)
 
     def resource_chunks(self) -> tuple[int, list[tuple[str, bytes]]]:
-        """The resource set's version and its chunks as read, unparsed (for
-        :meth:`Backend.remember_resources`): read as :meth:`resources` reads them."""
+        """The resource set's version and its chunks as read, unparsed (what
+        :meth:`Backend.remember_resources` keeps): the pointer, then its chunks (a set replaced
+        meanwhile loses its chunks: read again)."""
 
         def attempt() -> tuple[int, list[tuple[str, bytes]]]:
             found = self._reader().get(self._paths.resources)()
