@@ -5,6 +5,7 @@ Multi-process behaviour (kill -9, SIGSTOP) is in test_multiprocess.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -1068,16 +1069,21 @@ class CountingViews(FlakyStore):
         """Per view, whether it was asked with the session's claims."""
         self.lose_next_answer = threading.Event()
         """Set: the next claim is carried out by the store and its answer lost on the way."""
+        self.calls: list[str] = []
+        """The member thread's views and claims in order: ``view``, ``claim+`` (granted
+        something), ``claim-`` (granted nothing)."""
 
     def member_view(self, session: Session, *, claims: bool = True) -> MemberView:
         self.views += 1
         self.claims.append(claims)
+        self.calls.append("view")
         view = super().member_view(session, claims=claims)
         self.generations.append(view.generation)
         return view
 
     def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
         granted = super()._claim(session, resources, generation)
+        self.calls.append("claim+" if granted else "claim-")
         if self.lose_next_answer.is_set():
             self.lose_next_answer.clear()
             raise BackendUnavailable("the answer to a claim was lost on the way (the test)")
@@ -1163,3 +1169,30 @@ def test_an_old_owner_reads_no_view_again_after_giving_back_what_moved(grp: Grou
     seen = store.generations[before:]
     assert seen and len(seen) == len(set(seen)), seen
     assert len(a.assigned()) == len(RESOURCES) // 2
+
+
+def test_a_member_claims_each_holders_release_without_reading_its_view_again(
+    grp: Group,
+) -> None:
+    """A newcomer whose part two old owners still hold (their on_revoked takes 0.3 s and
+    1.5 s) claims again on each release without reading its view again: the claim is fenced
+    on the target's generation and the session itself, and nothing else could change the
+    view. One round trip less between a release and the grant it lets through."""
+
+    def slow(seconds: float) -> Callable[[Sequence[OwnedResource]], None]:
+        return lambda owned: time.sleep(seconds)
+
+    for member_id, seconds, resources in (("a", 0.3, RESOURCES), ("b", 1.5, None)):
+        m = Member(grp.config(member_id=member_id), resources=resources, on_revoked=slow(seconds))
+        grp.members.append(m.start())
+    grp.wait_settled(2)
+    store = CountingViews(open_backend(grp.url))
+    c = grp.start("c", backend=store)
+    state = grp.wait_settled(3)
+    assert _counts(state) == {"a": 4, "b": 4, "c": 4}
+    assert len(c.assigned()) == 4
+    calls = list(store.calls)
+    # Old code: every claim right after a view. Now a release is claimed with no view first.
+    assert any(
+        prev.startswith("claim") and now == "claim+" for prev, now in itertools.pairwise(calls)
+    ), calls

@@ -118,6 +118,11 @@ class Ownership:
         with self._changed:
             return {r: e for r, e in granted.items() if r not in self._held}
 
+    def missing(self, resources: Collection[str]) -> frozenset[str]:
+        """Those of ``resources`` not held."""
+        with self._changed:
+            return frozenset(r for r in resources if r not in self._held)
+
     def wait_until(self, predicate: Callable[[], bool], timeout: float, step: float) -> bool:
         """Wait until ``predicate()`` holds, checking it under the lock after every change and
         at least every ``step`` seconds, at most ``timeout`` seconds; return whether it held."""

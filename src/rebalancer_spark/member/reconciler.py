@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from rebalancer_spark.backends.base import Backend, Interest, Session, Watch
 from rebalancer_spark.core.clock import Clock
@@ -33,6 +34,7 @@ from rebalancer_spark.core.errors import (
     SessionExpired,
 )
 from rebalancer_spark.core.events import EventKind
+from rebalancer_spark.core.model import Grant
 from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.lease import Lease
@@ -45,6 +47,18 @@ log = logging.getLogger("rebalancer_spark.member")
 
 MAX_WAIT = 1.0
 """The longest a member's loops wait at once before they look again (seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rest:
+    """What a step claimed and the store did not grant (other sessions held it still): the
+    session, the ownership's version at the end of the step, what is still wanted, and the
+    view the claim was planned on."""
+
+    session_id: str
+    version: int
+    wanted: frozenset[str]
+    view: MemberView
 
 
 class Reconciler:
@@ -86,6 +100,14 @@ class Reconciler:
         view's claims agreed with what was held, and every call since returned (a call that
         raised may have been carried out with its answer lost: the mark is taken at the
         start of each step and set again only at its end)."""
+        self._rest: _Rest | None = None
+        """Set at the end of a step that claimed and was not granted everything: until the
+        member holds it all, a wake-up (a holder's release) claims the rest again on the same
+        view without reading it: the claim itself is fenced on the target's generation and
+        phase and on the session, and while the session lives only this member's calls
+        change its claims, so the view could only say the same. A claim that grants nothing
+        (the wake-up was a new target, a timer, a store that lost the group) ends it: that
+        step reads the view as any other."""
         self._backend: Backend | None = None
         self._coordinator: CoordinatorLoop | None = None
         self._stop = threading.Event()
@@ -272,19 +294,14 @@ class Reconciler:
     def _step(self, backend: Backend) -> float:
         snap = self._lease.snapshot()
         if snap.lapsed:
-            if self._stop.is_set():
-                return 0.0
-            self._self_fence(backend, snap.session, snap.deadline)
-            self._lifecycle.move_from(MemberState.RUNNING, MemberState.REJOINING)
-            self.join(backend)
-            # stop() may have begun meanwhile; it then ends this new session itself.
-            self._lifecycle.move_from(MemberState.REJOINING, MemberState.RUNNING)
-            if self._coordinator is not None:
-                self._coordinator.wake()
+            if not self._stop.is_set():
+                self._rejoin(backend, snap.session, snap.deadline)
             return 0.0
         session = snap.session
         assert session is not None
         wait = max(min(snap.deadline - self._clock.monotonic(), MAX_WAIT), 0.0)
+        if self._claim_rest(backend, session):
+            return wait
         mark = self._idle
         if (
             mark is not None
@@ -338,12 +355,53 @@ class Reconciler:
             self._known = (session.session_id, self._ownership.version)
         return wait
 
+    def _rejoin(self, backend: Backend, session: Session | None, deadline: float) -> None:
+        """The lease lapsed: fence, then join again with a new session."""
+        self._self_fence(backend, session, deadline)
+        self._lifecycle.move_from(MemberState.RUNNING, MemberState.REJOINING)
+        self.join(backend)
+        # stop() may have begun meanwhile; it then ends this new session itself.
+        self._lifecycle.move_from(MemberState.REJOINING, MemberState.RUNNING)
+        if self._coordinator is not None:
+            self._coordinator.wake()
+
+    def _claim_rest(self, backend: Backend, session: Session) -> bool:
+        """Claim what the last step was not granted, on its view (see :attr:`_rest`); whether
+        that was the step (False: read the view)."""
+        rest, self._rest = self._rest, None
+        if (
+            rest is None
+            or rest.session_id != session.session_id
+            or rest.version != self._ownership.version
+            or self._draining.is_set()
+        ):
+            return False
+        known = self._known == (session.session_id, rest.version)
+        self._known = None
+        agree = self._acquire(backend, session, rest.wanted, rest.view)
+        if known and agree:
+            self._known = (session.session_id, self._ownership.version)
+        if self._ownership.version == rest.version:
+            self._rest = None
+            return False  # nothing granted: the target may have moved on
+        return True
+
     def _acquire(
         self, backend: Backend, session: Session, wanted: Collection[str], view: MemberView
     ) -> bool:
         """Claim ``wanted`` and hold what is granted; whether the member holds every grant
-        (False: granted after the lease lapsed, and not taken)."""
-        granted = backend.claim(session, wanted, view.generation)
+        (False: granted after the lease lapsed, and not taken). What is not granted is kept
+        for the next wake-up (:attr:`_rest`)."""
+        agree = self._hold(backend, session, backend.claim(session, wanted, view.generation), view)
+        rest = self._ownership.missing(wanted)
+        if rest and agree and not self._draining.is_set():
+            self._rest = _Rest(session.session_id, self._ownership.version, rest, view)
+        return agree
+
+    def _hold(
+        self, backend: Backend, session: Session, granted: Mapping[str, Grant], view: MemberView
+    ) -> bool:
+        """Hold what ``granted`` gives that is not held yet; see :meth:`_acquire`."""
         fresh = self._ownership.not_held(granted)
         if not fresh:
             return True
