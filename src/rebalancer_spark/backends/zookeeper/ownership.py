@@ -163,11 +163,17 @@ def claim(
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
+    # A member claims again on a holder's release without reading its view first (the
+    # reconciler's rest): the sync that member_view sends ahead of its reads goes here too,
+    # so that the claim sees what the watch that woke the member saw (see member_view).
+    synced = session_sync(zs, p.changes)
     reader = session_reader(zs, settings, what)
     alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
     asked = list(dict.fromkeys(resources))
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
     holders = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
+    reader.send()
+    wait(synced, settings, what, zs.expired(), p.changes)
     if alive() is None:
         raise session_gone(zs)
     found = pointer()
