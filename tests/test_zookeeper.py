@@ -1017,9 +1017,9 @@ def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
     zookeeper_backend_url: str, group: str
 ) -> None:
     # In a group of 100 members every claim and acknowledgement woke 200 watches, each of
-    # which read the store: a member's watch follows the target, control, membership and the
-    # holders of what it asked for (any release of such a holder wakes it); a follower's the
-    # coordinator and membership.
+    # which read the store: a member's watch follows the target, control, its own membership
+    # and the holders of what it asked for (any release of such a holder wakes it); a
+    # follower's the coordinator and membership.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         s1, epoch, target = _lead(store, group, {"m1": ["x", "z"], "m4": ["y"]})
         s4 = store.join(group, "m4", info={}, ttl=10, static=False)
@@ -1053,6 +1053,17 @@ def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
             assert follower.wait(0.3) is False, "a release"
             store.leave(s1)
             assert follower.wait(5), "the coordinator left"
+            for watch in (member, follower, witness):
+                _quiet(watch)
+            # Others joining and leaving: nothing m2 acts on until a target says so.
+            s5 = store.join(group, "m5", info={}, ttl=10, static=False)
+            assert witness.wait(5) and follower.wait(5), "m5 joined"
+            assert member.wait(0.3) is False, "m5 joined"
+            store.leave(s5)
+            assert witness.wait(5) and follower.wait(5), "m5 left"
+            assert member.wait(0.3) is False, "m5 left"
+            other.leave(s2)
+            assert member.wait(5), "m2's own session ended"
             member.focus(Interest.ALL)
             assert member.wait(5), "a wider interest reports what it may have missed"
         finally:

@@ -134,9 +134,11 @@ class Interest(StrEnum):
     ALL = "all"
     """Every change: the coordinator, and operators' tools (the default)."""
     MEMBER = "member"
-    """What a member's reconciler acts on: a new target, control, membership and lease
-    events, and releases of resources that the target gives this member (on ZooKeeper,
-    those its last claim found held: the reconciler claims on every new target)."""
+    """What a member's reconciler acts on: a new target, control, the end of its own session
+    (ZooKeeper wakes for that one member's record, not for others joining or leaving, which
+    change nothing a member acts on until a target says so), and releases of resources that
+    the target gives this member (on ZooKeeper, those its last claim found held: the
+    reconciler claims on every new target)."""
     SUCCESSION = "succession"
     """What a member that does not coordinate watches for: the coordinator going away
     (membership and lease events, resignations, elections)."""

@@ -10,10 +10,12 @@ each read the store for nothing:
 * :attr:`Interest.ALL`: a data watch on ``changes`` and a child watch on ``members/``;
 * :attr:`Interest.SUCCESSION`: the ``coordinator`` znode (an ephemeral that an election
   creates and a resignation or the coordinator's end deletes) and ``members/``;
-* :attr:`Interest.MEMBER`: the ``target`` pointer (a publication), ``control``,
-  ``members/`` (joins, leaves, ended sessions), and the znodes :meth:`ZookeeperWatch.follow`
-  names: after a claim found resources held by another live session, that session's
-  znode (``sessions/<id>``), which every release sets in its multi-op and which goes with the
+* :attr:`Interest.MEMBER`: the ``target`` pointer (a publication), ``control``, the
+  member's own ``members/<id>`` (an ephemeral of its session, which the session's end
+  deletes; other members' joins and leaves wake none of the 100, since nothing a member acts
+  on changes until a target says so), and the znodes :meth:`ZookeeperWatch.follow` names:
+  after a claim found resources held by another live session, that session's znode
+  (``sessions/<id>``), which every release sets in its multi-op and which goes with the
   session; after a claim found a claim of a session that does not say which, that claim.
   So a member wakes for the releases of resources its target gives it once it asked for
   them, which is what the reconciler does on every new target.
@@ -116,10 +118,15 @@ class ZookeeperWatch(Watch):
             Interest.SUCCESSION: [p.coordinator],
             Interest.MEMBER: [p.target, p.control],
         }[self.interest]
-        return [
-            *(client.exists_async(path, watch=self._fired) for path in nodes),
-            client.get_children_async(p.members, watch=self._fired),
-        ]
+        pending = [client.exists_async(path, watch=self._fired) for path in nodes]
+        if self.interest is Interest.MEMBER and self.member_id is not None:
+            # Its own membership only (an ephemeral of its session: the session's end
+            # deletes it): others joining or leaving change nothing it acts on until a target
+            # says so, and the holders it waits for are followed themselves.
+            pending.append(client.exists_async(p.member(self.member_id), watch=self._fired))
+        else:
+            pending.append(client.get_children_async(p.members, watch=self._fired))
+        return pending
 
     def _arm(self, wake: bool = True) -> threading.Event:
         """Ask ZooKeeper to notify the next change, without blocking. The event returned is
