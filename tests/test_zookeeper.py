@@ -702,9 +702,14 @@ def test_a_members_view_syncs_its_sessions_connection_ahead_of_its_reads(
 # -- what a rebalance reads ----------------------------------------------------------------------
 
 
-def _count_reads(store: Backend, session: Session, paths: list[str] | None = None) -> list[int]:
+def _count_reads(
+    store: Backend,
+    session: Session,
+    paths: list[str] | None = None,
+    requests: list[list[str]] | None = None,
+) -> list[int]:
     """Spy on ``session``'s own client: the number of reads of each multiRead it sends (and
-    the paths they read, into ``paths``)."""
+    the paths they read, into ``paths``; each multiRead's paths, into ``requests``)."""
     hosted = _zk(store)._sessions.get(session.session_id)
     assert hosted is not None
     client = hosted.client
@@ -714,6 +719,8 @@ def _count_reads(store: Backend, session: Session, paths: list[str] | None = Non
     def spy(request: Any, result: Any) -> Any:
         if type(request).__name__ == "MultiRead":
             counts.append(len(request.operations))
+            if requests is not None:
+                requests.append([op.path for op in request.operations])
             if paths is not None:
                 paths.extend(op.path for op in request.operations)
         elif paths is not None and hasattr(request, "path"):
@@ -1167,6 +1174,46 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
         assert sorted(other.claim(s2, a_ids[200:] + c_ids, target.generation)) == a_ids[200:]
         store.release(s3, dict.fromkeys(c_ids, 1))
         assert sorted(other.claim(s2, c_ids, target.generation)) == c_ids
+
+
+def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # The member's watch knows which holder's znode fired: the claim that follows reads that
+    # holder's records in its first multiRead, right after the holders' znodes, instead of in
+    # a second one once it found the znode moved. One round trip less from a release to the
+    # grant; m3's records, whose holder did not fire, are still not read.
+    a_ids = [f"a{i:03d}" for i in range(300)]
+    c_ids = [f"c{i:03d}" for i in range(300)]
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, epoch, target = _lead(store, group, {"m1": a_ids, "m3": c_ids})
+        s3 = store.join(group, "m3", info={}, ttl=10, static=False)
+        store.claim(s1, a_ids, target.generation)
+        store.claim(s3, c_ids, target.generation)
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        member = other.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m2")
+            moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
+            target = _republish(store, s1, epoch, moved, target)
+            assert other.claim(s2, a_ids + c_ids, target.generation) == {}
+            _quiet(member)
+            store.release(s1, dict.fromkeys(a_ids[:200], 1))
+            assert member.wait(5), "m1's release"
+            read: list[str] = []
+            requests: list[list[str]] = []
+            _count_reads(other, s2, paths=read, requests=requests)
+            grants = other.claim(s2, a_ids + c_ids, target.generation)
+            assert sorted(grants) == a_ids[:200]
+            paths = _zk(other)._group(group)
+            first = requests[0]  # the first multiRead: the znodes, then m1's records
+            records = [p for p in first if p.startswith(paths.epochs + "/")]
+            assert sorted(records) == [paths.resource_epoch(r) for r in a_ids], len(records)
+            assert first.index(paths.session(s1.session_id)) < first.index(records[0])
+            everywhere = [p for p in read if p.startswith(paths.epochs + "/")]
+            assert len(everywhere) == len(records)  # none read again, and none of m3's
+        finally:
+            member.close()
 
 
 def test_a_grant_refused_by_its_record_wakes_the_member_to_try_again(

@@ -355,18 +355,20 @@ class ZookeeperBackend(Backend):
 
     def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
         zs = self._hosted(session)
-        grants, waiting = ownership.claim(zs, self.settings, resources, generation)
+        # The member's own watches: which holders released since (their records are read
+        # with their znodes), and they follow what keeps the rest from it (see .watch).
+        with self._lock:
+            watches = [
+                w
+                for w in self._watches
+                if not w.closed
+                and w.interest is Interest.MEMBER
+                and w.member_id == session.member_id
+                and w.paths == zs.paths
+            ]
+        moved = set().union(*(w.take_moved() for w in watches))
+        grants, waiting = ownership.claim(zs, self.settings, resources, generation, moved)
         if waiting.znodes or waiting.again:
-            # The member's own watches follow what keeps the rest from it (see .watch).
-            with self._lock:
-                watches = [
-                    w
-                    for w in self._watches
-                    if not w.closed
-                    and w.interest is Interest.MEMBER
-                    and w.member_id == session.member_id
-                    and w.paths == zs.paths
-                ]
             for watch in watches:
                 watch.follow(waiting.znodes, again=waiting.again)
         return grants

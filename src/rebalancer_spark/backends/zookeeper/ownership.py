@@ -155,11 +155,18 @@ def member_view(zs: ZkSession, settings: Settings, *, claims: bool = True) -> Me
 
 
 def claim(
-    zs: ZkSession, settings: Settings, resources: Collection[str], generation: int
+    zs: ZkSession,
+    settings: Settings,
+    resources: Collection[str],
+    generation: int,
+    moved: Collection[str] = (),
 ) -> tuple[dict[str, Grant], Waiting]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
     each grant with the progress it hands over (:func:`_hand_over`). Also what to wait for
-    about the rest."""
+    about the rest. ``moved``: the followed znodes whose watch fired since the last claim
+    (:meth:`.ZookeeperWatch.take_moved`): the records of what those holders held are read
+    together with their znodes, in the first read (after them: the order the cut needs),
+    rather than in a second one once their znodes are found moved."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -172,6 +179,11 @@ def claim(
     asked = list(dict.fromkeys(resources))
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
     holders = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
+    early = {
+        r: reader.get(p.resource_epoch(r), RECORD_HINT)
+        for r, (h, _) in known.items()
+        if p.session(h) in moved
+    }
     reader.send()
     wait(synced, settings, what, zs.expired(), p.changes)
     if alive() is None:
@@ -183,7 +195,7 @@ def claim(
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
         return {}, Waiting({})
     versions = {h: None if (st := read()) is None else st.version for h, read in holders.items()}
-    read = _read_for_claims(zs, settings, ptr, asked, known, versions)
+    read = _read_for_claims(zs, settings, ptr, asked, known, versions, early)
     if read is None:
         return {}, Waiting({})
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
@@ -270,6 +282,7 @@ def _read_for_claims(
     asked: list[str],
     known: Mapping[str, tuple[str, int]],
     versions: Mapping[str, int | None],
+    early: Mapping[str, Callable[[], Record]],
 ) -> _ForClaims | None:
     """What :class:`_ForClaims` says, for the resources ``asked`` for (None: the target moved
     on while being read).
@@ -287,9 +300,11 @@ def _read_for_claims(
     ``known``: the resources the last claim found held (:attr:`.ZkSession.held_by_others`),
     each with its holder and the version of the holder's znode then; ``versions``: those
     holders' znodes, as the claim's first read found them (None: gone), which came before
-    this function's reads. A known resource whose holder's znode did not move is held still
-    and not read at all: that holder released nothing since. The records of the rest are
-    read together with this member's part of the target; one that names a holder read in
+    this function's reads; ``early``: records that read already read after those znodes
+    (those of holders whose znode fired), used instead of reading them again. A known
+    resource whose holder's znode did not move is held still and not read at all: that
+    holder released nothing since. The records of the rest are read together with this
+    member's part of the target (unless read early); one that names a holder read in
     ``versions`` is decided there. Only a record naming another holder (the first claim of a
     resource, or one granted anew since) costs one more multiRead: those holders' znodes with
     the records again. The claims of the resources whose holder is gone (or that name no
@@ -302,7 +317,11 @@ def _read_for_claims(
     reader = session_reader(zs, settings, what)
     part = read_own_part(zs, reader, ptr)
     still = {r: hv for r, hv in known.items() if versions.get(hv[0]) == hv[1]}
-    reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in asked if r not in still}
+    reads = {
+        r: early[r] if r in early else reader.get(p.resource_epoch(r), RECORD_HINT)
+        for r in asked
+        if r not in still
+    }
     try:
         mine = part()
     except Changed:
