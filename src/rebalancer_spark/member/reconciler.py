@@ -5,7 +5,9 @@ Each step reads the member's view from the store and lets :func:`core.protocols.
 to do: forget what the store no longer holds for it, release what the target moved away
 (``on_revoked`` first), acknowledge the generation, claim what it is given (``on_assigned``
 after). A step runs on every change the store's watch reports, when the heartbeat finds the
-lease lapsed or rejoined, and at least every second.
+lease lapsed or rejoined, and at least every second. A member whose claim found part of what
+it was given still held claims the rest again on each wake-up without reading its view (a
+holder's release: one round trip less to the grant), until a claim grants nothing.
 
 When the lease lapses the member *self-fences*: everything it held is lost as of the lease
 deadline (``on_lost``), the lapsed session is given up, and the member joins again with a new
