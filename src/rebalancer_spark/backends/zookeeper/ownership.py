@@ -163,10 +163,15 @@ def claim(
 ) -> tuple[dict[str, Grant], Waiting]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
     each grant with the progress it hands over (:func:`_hand_over`). Also what to wait for
-    about the rest. ``moved``: the followed znodes whose watch fired since the last claim
-    (:meth:`.ZookeeperWatch.take_moved`): the records of what those holders held are read
-    together with their znodes, in the first read (after them: the order the cut needs),
-    rather than in a second one once their znodes are found moved."""
+    about the rest.
+
+    The first read (one multiRead) holds this session's znode, the target pointer, the
+    znodes of the holders the last claim found, and then the records of every resource it
+    will read anyway: those no holder was known for, and those of the holders among
+    ``moved``, the followed znodes whose watch fired since the last claim
+    (:meth:`.ZookeeperWatch.take_moved`). After the holders' znodes: the order the cut needs
+    (:func:`_read_for_claims`). Only the records of holders that moved unannounced are left
+    for a second read."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -181,8 +186,8 @@ def claim(
     holders = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
     early = {
         r: reader.get(p.resource_epoch(r), RECORD_HINT)
-        for r, (h, _) in known.items()
-        if p.session(h) in moved
+        for r in asked
+        if r not in known or p.session(known[r][0]) in moved
     }
     reader.send()
     wait(synced, settings, what, zs.expired(), p.changes)
