@@ -1020,22 +1020,6 @@ def _quiet(watch: Any) -> None:
     raise AssertionError("the watch kept waking with nothing changing")
 
 
-def _ask(
-    store: Backend, session: Session, ids: list[str], generation: int, watch: Any = None
-) -> dict[str, Grant]:
-    """A claim of resources whose holders the member has not read yet, as the reconciler
-    makes it: the first call grants what is free and asks to be called again at once (it
-    wakes ``watch``, the member's own); the second reads those holders' znodes ahead of their
-    records and follows them. Both calls' grants."""
-    grants = dict(store.claim(session, ids, generation))
-    if watch is not None:
-        assert watch.wait(5), "the claim asks to be claimed again at once"
-    grants |= store.claim(session, [r for r in ids if r not in grants], generation)
-    if watch is not None:
-        _quiet(watch)
-    return grants
-
-
 def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
     zookeeper_backend_url: str, group: str
 ) -> None:
@@ -1060,7 +1044,7 @@ def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
             assert witness.wait(5)
             for watch in (member, follower, witness):
                 _quiet(watch)
-            assert _ask(other, s2, ["x"], target.generation, member) == {}  # m1 holds it
+            assert other.claim(s2, ["x"], target.generation) == {}  # m1 holds it still
             changes: dict[str, Callable[[], object]] = {
                 "an acknowledgement": lambda: other.acknowledge(s3, target.generation),
                 "a release meant for m3": lambda: store.release(s4, {"y": 1}),
@@ -1107,7 +1091,7 @@ def test_a_member_watch_wakes_when_the_holder_of_what_it_asked_for_ends(
             target = _republish(store, s1, epoch, {"m1": [], "m2": ["x"]}, target)
             assert member.wait(5), "a new target"
             _quiet(member)
-            assert _ask(other, s2, ["x"], target.generation, member) == {}
+            assert other.claim(s2, ["x"], target.generation) == {}
             assert member.wait(0.3) is False
             store.leave(s1)  # its session ends, unreleased
             assert member.wait(5), "the holder's session ended"
@@ -1133,7 +1117,7 @@ def test_a_release_wakes_the_member_that_follows_it_at_once_and_its_watches_stil
             target = _republish(store, s1, epoch, {"m1": ["z"], "m2": ["x"]}, target)
             assert member.wait(5), "a new target"
             _quiet(member)
-            assert _ask(other, s2, ["x"], target.generation, member) == {}  # m2 follows m1
+            assert other.claim(s2, ["x"], target.generation) == {}  # m2 follows m1's session
             _quiet(member)
             client = _zk(other)._client
             sent: list[str] = []
@@ -1175,7 +1159,7 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
         s2 = other.join(group, "m2", info={}, ttl=10, static=False)
         moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
         target = _republish(store, s1, epoch, moved, target)
-        assert _ask(other, s2, a_ids + c_ids, target.generation) == {}
+        assert other.claim(s2, a_ids + c_ids, target.generation) == {}
         store.release(s1, dict.fromkeys(a_ids[:200], 1))
         read: list[str] = []
         _count_reads(other, s2, paths=read)
@@ -1217,10 +1201,9 @@ def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
             read: list[str] = []
             requests: list[list[str]] = []
             _count_reads(other, s2, paths=read, requests=requests)
-            assert _ask(other, s2, a_ids + c_ids, target.generation, member) == {}
-            # The first claim knows no holder: it reads every record in its first multiRead,
-            # then the holders' znodes alone; the claim it asks for reads them again after
-            # the znodes.
+            assert other.claim(s2, a_ids + c_ids, target.generation) == {}
+            # The first claim knows no holder: it reads every record in its first multiRead
+            # (then the cut: the holders' znodes, with the records again).
             first = requests[0]
             assert sorted(p for p in first if p.startswith(paths.epochs + "/")) == sorted(
                 paths.resource_epoch(r) for r in a_ids + c_ids

@@ -67,7 +67,7 @@ while the other's answer comes back."""
 class Waiting:
     """What keeps the rest of a claim from its member: the znodes to follow (path -> version
     read; see :func:`_read_for_claims`), and whether to try again at once (a grant refused by
-    its own record, or resources held by holders not read before their records)."""
+    its own record)."""
 
     znodes: dict[str, int]
     again: bool = False
@@ -187,7 +187,7 @@ def claim(
     early = {
         r: reader.get(p.resource_epoch(r), RECORD_HINT)
         for r in asked
-        if r not in known or known[r][1] == UNCONFIRMED or p.session(known[r][0]) in moved
+        if r not in known or p.session(known[r][0]) in moved
     }
     reader.send()
     wait(synced, settings, what, zs.expired(), p.changes)
@@ -206,7 +206,7 @@ def claim(
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
     if not units:
         zs.confirm(_held(granted, read.epochs, written=False))
-        return _hand_over(zs, settings, granted, {}), Waiting(read.waiting, again=read.again)
+        return _hand_over(zs, settings, granted, {}), Waiting(read.waiting)
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
     zs.begin_claim({r for r, _ in units})
@@ -241,7 +241,7 @@ def claim(
     # A grant refused by its own record (another claim, a lift, a release since the read):
     # the member tries again at once. (A refused frame means a new target, which wakes it
     # anyway, or the end of its session.)
-    waiting = Waiting(read.waiting, again=(bool(refused) or read.again) and stopped is None)
+    waiting = Waiting(read.waiting, again=bool(refused) and stopped is None)
     return _hand_over(zs, settings, granted, handed), waiting
 
 
@@ -278,13 +278,6 @@ class _ForClaims:
     held: dict[str, Record]
     epochs: dict[str, EpochRecord | None]
     waiting: dict[str, int]
-    again: bool = False
-    """Records named holders not read before them: claim again at once to confirm them."""
-
-
-UNCONFIRMED = -1
-"""The holder version kept for a resource whose record named a holder not read before it
-(no znode has it: the next claim reads the record again, after the holder's znode)."""
 
 
 def _read_for_claims(
@@ -318,9 +311,8 @@ def _read_for_claims(
     holder released nothing since. The records of the rest are read together with this
     member's part of the target (unless read early); one that names a holder read in
     ``versions`` is decided there. Only a record naming another holder (the first claim of a
-    resource, or one granted anew since) costs one more multiRead: those holders' znodes
-    (a gone holder's resource is decided below; a live one's is confirmed by the claim asked
-    for at once, ``again``). The claims of the resources whose holder is gone (or that name no
+    resource, or one granted anew since) costs one more multiRead: those holders' znodes with
+    the records again. The claims of the resources whose holder is gone (or that name no
     session, or this session) are read, each with its record again, in one multiRead (the
     holder may have released in between); a claim of another session found there is
     followed itself. A refused grant costs nothing but the attempt: every claim is fenced on
@@ -360,31 +352,30 @@ def _read_for_claims(
             waiting[p.session(holder)] = version
             held_by_others[r] = (holder, version)
         # else: its holder's session was gone before this record was read: its claim below
-    confirm = False
     if others:
-        # Holders not read before their records. Their znodes are read now (the cut): a
-        # holder gone by then held nothing any more, and its resources' claims are read below
-        # as any other's. A live one's resources are left for the claim that this one asks
-        # for at once (``again``): it reads the holder's znode ahead of the record
-        # (UNCONFIRMED is no znode's version, so the record is read again) and follows the
-        # holder from there. Re-reading every record here, after the znodes, held back the
-        # grants of what was free until then: a newcomer's first claim in a join of 100
-        # members read its 990 records twice before it wrote anything.
         cut = session_reader(zs, settings, what)
         alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
+        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
         stats = {h: read() for h, read in alive.items()}
-        for r, holder in others.items():
-            if stats[holder] is not None:
-                taken.add(r)
-                held_by_others[r] = (holder, UNCONFIRMED)
-                confirm = True
+        for r, read in again.items():
+            now = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
+            holder = None if now is None else now.holder
+            stat = None if holder is None else stats.get(holder)
+            if now is None or now.released:
+                unsure.pop(r, None)  # released since it was read: free now
+            elif holder is not None and stat is not None:
+                taken.add(r)  # still held by a live session: follow that session
+                waiting[p.session(holder)] = stat.version
+                held_by_others[r] = (holder, stat.version)
+            else:
+                unsure[r] = now  # its holder changed or is gone: its claim is read below
     zs.held_by_others = held_by_others
     wanted = [r for r in wanted if r not in taken]
     unsure = {r: e for r, e in unsure.items() if r not in taken}
     held: dict[str, Record] = dict.fromkeys(wanted)
     if unsure:
         _read_claims(zs, settings, unsure, held, epochs, waiting)
-    return _ForClaims(wanted, held, epochs, waiting, again=confirm)
+    return _ForClaims(wanted, held, epochs, waiting)
 
 
 def _read_claims(
