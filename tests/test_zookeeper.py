@@ -1141,6 +1141,22 @@ def test_a_release_wakes_the_member_that_follows_it_at_once_and_its_watches_stil
             member.close()
 
 
+def _held_by_m1_and_m3(
+    store: Backend, other: Backend, group: str, count: int
+) -> tuple[list[str], list[str], tuple[Session, Session, Session], int, Target]:
+    """``count`` resources held by m1 (``a...``) and as many by m3 (``c...``), both of
+    ``store``, and m2 joined through ``other``: the ids, the sessions of m1, m2 and m3, the
+    coordinator epoch and the target."""
+    a_ids = [f"a{i:03d}" for i in range(count)]
+    c_ids = [f"c{i:03d}" for i in range(count)]
+    s1, epoch, target = _lead(store, group, {"m1": a_ids, "m3": c_ids})
+    s3 = store.join(group, "m3", info={}, ttl=10, static=False)
+    store.claim(s1, a_ids, target.generation)
+    store.claim(s3, c_ids, target.generation)
+    s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+    return a_ids, c_ids, (s1, s2, s3), epoch, target
+
+
 def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed(
     zookeeper_backend_url: str, group: str
 ) -> None:
@@ -1149,14 +1165,8 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
     # once each (no second read with the session: the znode was read before them), and
     # grants the 200; m3's session znode has not moved, so m3's 300 records are not read at
     # all. m1's last 100 follow once it releases them.
-    a_ids = [f"a{i:03d}" for i in range(300)]
-    c_ids = [f"c{i:03d}" for i in range(300)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        s1, epoch, target = _lead(store, group, {"m1": a_ids, "m3": c_ids})
-        s3 = store.join(group, "m3", info={}, ttl=10, static=False)
-        store.claim(s1, a_ids, target.generation)
-        store.claim(s3, c_ids, target.generation)
-        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        a_ids, c_ids, (s1, s2, s3), epoch, target = _held_by_m1_and_m3(store, other, group, 300)
         moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
         target = _republish(store, s1, epoch, moved, target)
         assert other.claim(s2, a_ids + c_ids, target.generation) == {}
@@ -1184,14 +1194,9 @@ def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
     # a second one once it found the znode moved. One round trip less from a release to the
     # grant; m3's records, whose holder did not fire, are still not read. A first claim,
     # which knows no holder, reads every record in its first multiRead too.
-    a_ids = [f"a{i:03d}" for i in range(150)]  # 300 records fit in one multiRead
-    c_ids = [f"c{i:03d}" for i in range(150)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        s1, epoch, target = _lead(store, group, {"m1": a_ids, "m3": c_ids})
-        s3 = store.join(group, "m3", info={}, ttl=10, static=False)
-        store.claim(s1, a_ids, target.generation)
-        store.claim(s3, c_ids, target.generation)
-        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        # 150 each: the 300 records fit in one multiRead.
+        a_ids, c_ids, (s1, s2, _), epoch, target = _held_by_m1_and_m3(store, other, group, 150)
         member = other.watch(group)
         try:
             member.focus(Interest.MEMBER, "m2")
