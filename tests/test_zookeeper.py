@@ -1006,9 +1006,9 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         grants = store.claim(new, moved, target.generation)
         assert grant_epochs(grants) == dict.fromkeys(moved, 2)
         assert all(g.freed is Freed.RELEASED and g.prev_member_id == "m1" for g in grants.values())
-        # The pointer and session, the target's part and 600 records, then 600 progress
-        # reads behind the claim's requests; no claim znode is read.
-        assert sum(reads) <= 2 + 1 + 600 + 600, reads
+        # The pointer, the session and the changes mark, the target's part and 600 records,
+        # then 600 progress reads behind the claim's requests; no claim znode is read.
+        assert sum(reads) <= 3 + 1 + 600 + 600, reads
 
 
 def _quiet(watch: Any) -> None:
@@ -1293,10 +1293,10 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
     zookeeper_backend_url: str, group: str
 ) -> None:
     # While the holder's session znode exists so do its claims (ephemerals of one session):
-    # a joining member that asks before the releases land reads each record, then the
-    # holder's session with the records again (a consistent cut: its version is what the
-    # member's watch follows), not 600 claims; once the holder is gone, its claims are read
-    # and granted.
+    # a joining member that asks before the releases land reads each record once, then the
+    # holder's session znode, last set before the records were read (its version is what
+    # the member's watch follows), not 600 claims; once the holder is gone, its claims are
+    # read and granted.
     moved = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
@@ -1312,15 +1312,61 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
         paths = _zk(other)._group(group)
         assert not [p for p in read if p.startswith(paths.claims + "/")]
         assert read.count(paths.session(old.session_id)) == 1
-        # The pointer and session, the target's part and 600 records, the holder's session
-        # and the records again.
-        assert sum(reads) <= 2 + 1 + 600 + 1 + 600, reads
+        records = [p for p in read if p.startswith(paths.epochs + "/")]
+        assert len(records) == len(set(records)) == 600  # each once: the holder did not move
+        # The pointer, the session and the changes mark, the target's part and 600 records,
+        # the holder's session.
+        assert sum(reads) <= 3 + 1 + 600 + 1, reads
         store.leave(old)  # its session ends: its claims go with it, unreleased
         read.clear()
         grants = other.claim(new, moved, target.generation)
         assert grant_epochs(grants) == dict.fromkeys(moved, 2)
         assert all(g.freed is Freed.EXPIRED and g.prev_member_id == "m1" for g in grants.values())
         assert len([p for p in read if p.startswith(paths.claims + "/")]) == 600
+
+
+def test_a_holder_that_releases_between_the_records_and_its_znode_read_is_read_again(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim reads the records, then the holder's znode: a release that lands between
+    # the two has set the znode after the mark, so the holder's records are read once more
+    # (the 200 it released are granted at once), and the rest follow the znode at the
+    # version read after the release, so its next release wakes the member.
+    from rebalancer_spark.backends.zookeeper import ownership
+
+    moved = [f"r{i:03d}" for i in range(300)]
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
+        assert len(store.claim(old, moved, generation)) == 300
+        new = other.join(group, "m2", info={}, ttl=10, static=False)
+        version = store.resources(group)[0]
+        target = store.publish(
+            old, epoch, {"m2": moved}, phase=Phase.RUNNING, resources_version=version
+        )
+        member = other.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m2")
+            read_for_claims = ownership._read_for_claims
+
+            def release_first(*args: Any) -> Any:
+                store.release(old, dict.fromkeys(moved[:200], 1))
+                return read_for_claims(*args)
+
+            monkeypatch.setattr(ownership, "_read_for_claims", release_first)
+            read: list[str] = []
+            _count_reads(other, new, paths=read)
+            grants = other.claim(new, moved, target.generation)
+            monkeypatch.setattr(ownership, "_read_for_claims", read_for_claims)
+            assert sorted(grants) == moved[:200]
+            paths = _zk(other)._group(group)
+            records = [p for p in read if p.startswith(paths.epochs + "/")]
+            assert len(records) == 600, len(records)  # the first read, then after the znode
+            _quiet(member)
+            store.release(old, dict.fromkeys(moved[200:], 1))
+            assert member.wait(5), "the holder's second release"
+            assert sorted(other.claim(new, moved[200:], target.generation)) == moved[200:]
+        finally:
+            member.close()
 
 
 def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_the_rest(

@@ -184,6 +184,7 @@ def claim(
     asked = list(dict.fromkeys(resources))
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
     holders = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
+    mark = reader.stat(p.changes)  # before every record: see _read_for_claims
     early = {
         r: reader.get(p.resource_epoch(r), RECORD_HINT)
         for r in asked
@@ -200,7 +201,7 @@ def claim(
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
         return {}, Waiting({})
     versions = {h: None if (st := read()) is None else st.version for h, read in holders.items()}
-    read = _read_for_claims(zs, settings, ptr, asked, known, versions, early)
+    read = _read_for_claims(zs, settings, ptr, asked, known, versions, early, _zxid(mark()))
     if read is None:
         return {}, Waiting({})
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
@@ -264,6 +265,11 @@ Record = tuple[bytes, Any] | None
 """A znode's data and stat as read, or None: no such znode."""
 
 
+def _zxid(stat: Any) -> int:
+    """The ``mzxid`` of a znode's stat (0: no such znode)."""
+    return 0 if stat is None else int(stat.mzxid)
+
+
 def _epoch_record(found: Record, path: str) -> EpochRecord | None:
     return None if found is None else read_record(found[0], found[1], path)
 
@@ -288,6 +294,7 @@ def _read_for_claims(
     known: Mapping[str, tuple[str, int]],
     versions: Mapping[str, int | None],
     early: Mapping[str, Callable[[], Record]],
+    mark: int,
 ) -> _ForClaims | None:
     """What :class:`_ForClaims` says, for the resources ``asked`` for (None: the target moved
     on while being read).
@@ -298,9 +305,15 @@ def _read_for_claims(
     that znode is to be followed: every release sets it and the session's end deletes it.
     What the member knows of a holder's znode must come from before the record that names it
     (read in that order through this session's connection, which the server answers in order,
-    or in one multiRead, a consistent cut): then a release or an end after that read either
-    shows in the record or moves the znode off the version followed, which the watch's
-    registration sees (another version) or which fires it.
+    or in one multiRead, a consistent cut), or be proved no newer than the record: then a
+    release or an end after that read either shows in the record or moves the znode off the
+    version followed, which the watch's registration sees (another version) or which fires it.
+
+    ``mark``: the ``mzxid`` of the group's ``changes`` znode, read before any record. Every
+    release sets it in the multi-op that rewrites the records and sets the holder's znode, and
+    a server applies transactions in zxid order: a holder's znode read after the records whose
+    ``mzxid`` is no later than ``mark`` was last set before the records were read, so they
+    show everything it released, and it is followed at the version read.
 
     ``known``: the resources the last claim found held (:attr:`.ZkSession.held_by_others`),
     each with its holder and the version of the holder's znode then; ``versions``: those
@@ -311,12 +324,13 @@ def _read_for_claims(
     holder released nothing since. The records of the rest are read together with this
     member's part of the target (unless read early); one that names a holder read in
     ``versions`` is decided there. Only a record naming another holder (the first claim of a
-    resource, or one granted anew since) costs one more multiRead: those holders' znodes with
-    the records again. The claims of the resources whose holder is gone (or that name no
-    session, or this session) are read, each with its record again, in one multiRead (the
-    holder may have released in between); a claim of another session found there is
-    followed itself. A refused grant costs nothing but the attempt: every claim is fenced on
-    the record's version."""
+    resource, or one granted anew since) costs one more multiRead, of those holders' znodes;
+    the records of the holders whose znode is newer than ``mark`` (they released since, or
+    ended) are read once more after it (:func:`_cut`). The claims of the resources whose
+    holder is gone (or that name no session, or this session) are read, each with its record
+    again, in one multiRead (the holder may have released in between); a claim of another
+    session found there is followed itself. A refused grant costs nothing but the attempt:
+    every claim is fenced on the record's version."""
     what = "claiming resources"
     p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
@@ -337,9 +351,7 @@ def _read_for_claims(
     still = {r: hv for r, hv in still.items() if r in mine}
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
     unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
-    waiting = {p.session(h): v for h, v in still.values()}
-    held_by_others = dict(still)
-    taken: set[str] = set(still)
+    held_by = _HeldBy(zs, dict(still))
     others: dict[str, str] = {}
     for r, e in list(unsure.items()):
         holder = e.holder
@@ -348,34 +360,75 @@ def _read_for_claims(
         if holder not in versions:
             others[r] = holder  # a holder not read before this record: the cut below
         elif (version := versions[holder]) is not None:
-            taken.add(r)  # held by a live session: follow that session
-            waiting[p.session(holder)] = version
-            held_by_others[r] = (holder, version)
+            held_by.follow(r, holder, version)  # held by a live session
         # else: its holder's session was gone before this record was read: its claim below
     if others:
-        cut = session_reader(zs, settings, what)
-        alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
-        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
-        stats = {h: read() for h, read in alive.items()}
-        for r, read in again.items():
-            now = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
-            holder = None if now is None else now.holder
-            stat = None if holder is None else stats.get(holder)
-            if now is None or now.released:
-                unsure.pop(r, None)  # released since it was read: free now
-            elif holder is not None and stat is not None:
-                taken.add(r)  # still held by a live session: follow that session
-                waiting[p.session(holder)] = stat.version
-                held_by_others[r] = (holder, stat.version)
-            else:
-                unsure[r] = now  # its holder changed or is gone: its claim is read below
-    zs.held_by_others = held_by_others
-    wanted = [r for r in wanted if r not in taken]
-    unsure = {r: e for r, e in unsure.items() if r not in taken}
+        _cut(zs, settings, others, mark, epochs, unsure, held_by)
+    zs.held_by_others = held_by.resources
+    wanted = [r for r in wanted if r not in held_by.resources]
+    unsure = {r: e for r, e in unsure.items() if r not in held_by.resources}
     held: dict[str, Record] = dict.fromkeys(wanted)
+    waiting = held_by.znodes()
     if unsure:
         _read_claims(zs, settings, unsure, held, epochs, waiting)
     return _ForClaims(wanted, held, epochs, waiting)
+
+
+class _HeldBy:
+    """The resources a claim found held by other live sessions, each with its holder and
+    the version of the holder's znode to follow (:attr:`.ZkSession.held_by_others`)."""
+
+    def __init__(self, zs: ZkSession, resources: dict[str, tuple[str, int]]) -> None:
+        self._paths = zs.paths
+        self.resources = resources
+
+    def follow(self, resource: str, holder: str, version: int) -> None:
+        self.resources[resource] = (holder, version)
+
+    def znodes(self) -> dict[str, int]:
+        """The holders' znodes to follow: path -> version."""
+        return {self._paths.session(h): v for h, v in self.resources.values()}
+
+
+def _cut(
+    zs: ZkSession,
+    settings: Settings,
+    others: Mapping[str, str],
+    mark: int,
+    epochs: dict[str, EpochRecord | None],
+    unsure: dict[str, EpochRecord],
+    held_by: _HeldBy,
+) -> None:
+    """Decide ``others``, resources whose records (read after ``mark``) name holders whose
+    znodes were not read before them (resource -> holder): read those znodes. A znode last
+    set at or before the mark was set before the records were read, which show what that
+    holder holds: its resources are followed at the version read. The records of the
+    holders whose znode is newer (a release or an end since) are read again after it, into
+    ``epochs``: free (dropped from ``unsure``), held by a live session read here (followed),
+    or to have their claims read (kept in ``unsure``)."""
+    what = "claiming resources"
+    p = zs.paths
+    cut = session_reader(zs, settings, what)
+    alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
+    stats = {h: read() for h, read in alive.items()}
+    later = session_reader(zs, settings, what)
+    again: dict[str, Callable[[], Record]] = {}
+    for r, holder in others.items():
+        st = stats[holder]
+        if st is not None and st.mzxid <= mark:
+            held_by.follow(r, holder, st.version)  # held by a live session
+        else:
+            again[r] = later.get(p.resource_epoch(r), RECORD_HINT)
+    for r, read in again.items():
+        now = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
+        current = None if now is None else now.holder
+        stat = None if current is None else stats.get(current)
+        if now is None or now.released:
+            unsure.pop(r, None)  # released since it was read: free now
+        elif current is not None and stat is not None:
+            held_by.follow(r, current, stat.version)  # still held by a live session
+        else:
+            unsure[r] = now  # its holder changed or is gone: its claim is read below
 
 
 def _read_claims(
