@@ -709,7 +709,8 @@ def _count_reads(
     requests: list[list[str]] | None = None,
 ) -> list[int]:
     """Spy on ``session``'s own client: the number of reads of each multiRead it sends (and
-    the paths they read, into ``paths``; each multiRead's paths, into ``requests``)."""
+    the paths they read, into ``paths``; each multiRead's paths, and ``["<write>"]`` for each
+    multi-op write, into ``requests``, in the order sent)."""
     hosted = _zk(store)._sessions.get(session.session_id)
     assert hosted is not None
     client = hosted.client
@@ -723,6 +724,9 @@ def _count_reads(
                 requests.append([op.path for op in request.operations])
             if paths is not None:
                 paths.extend(op.path for op in request.operations)
+        elif type(request).__name__ == "Transaction":
+            if requests is not None:
+                requests.append(["<write>"])
         elif paths is not None and hasattr(request, "path"):
             paths.append(request.path)
         return call(request, result)
@@ -1186,14 +1190,15 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
         assert sorted(other.claim(s2, c_ids, target.generation)) == c_ids
 
 
-def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
+def test_a_claim_woken_by_a_holders_release_writes_its_grants_without_reading_them(
     zookeeper_backend_url: str, group: str
 ) -> None:
-    # The member's watch knows which holder's znode fired: the claim that follows reads that
-    # holder's records in its first multiRead, right after the holders' znodes, instead of in
-    # a second one once it found the znode moved. One round trip less from a release to the
-    # grant; m3's records, whose holder did not fire, are still not read. A first claim,
-    # which knows no holder, reads every record in its first multiRead too.
+    # The member's watch knows which holder's znode fired: the claim that follows writes its
+    # grants on the records as that holder's release left them, right behind its first read
+    # (one round trip from a release to the grant), reading none of them; m3's records, whose
+    # holder did not fire, are not read either. The release is dated at the grant's own
+    # store time (not read). A first claim, which knows no holder, reads every record in its
+    # first multiRead.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         # 150 each: the 300 records fit in one multiRead.
         a_ids, c_ids, (s1, s2, _), epoch, target = _held_by_m1_and_m3(store, other, group, 150)
@@ -1207,25 +1212,68 @@ def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
             requests: list[list[str]] = []
             _count_reads(other, s2, paths=read, requests=requests)
             assert other.claim(s2, a_ids + c_ids, target.generation) == {}
-            # The first claim knows no holder: it reads every record in its first multiRead
-            # (then the cut: the holders' znodes, with the records again).
             first = requests[0]
             assert sorted(p for p in first if p.startswith(paths.epochs + "/")) == sorted(
                 paths.resource_epoch(r) for r in a_ids + c_ids
             )
             _quiet(member)
-            store.release(s1, dict.fromkeys(a_ids[:100], 1))
+            before = time.time()
+            store.release(s1, dict.fromkeys(a_ids, 1))
             assert member.wait(5), "m1's release"
             read.clear()
             requests.clear()
             grants = other.claim(s2, a_ids + c_ids, target.generation)
-            assert sorted(grants) == a_ids[:100]
-            first = requests[0]  # the first multiRead: the znodes, then m1's records
-            records = [p for p in first if p.startswith(paths.epochs + "/")]
-            assert sorted(records) == [paths.resource_epoch(r) for r in a_ids], len(records)
-            assert first.index(paths.session(s1.session_id)) < first.index(records[0])
-            everywhere = [p for p in read if p.startswith(paths.epochs + "/")]
-            assert len(everywhere) == len(records)  # none read again, and none of m3's
+            assert sorted(grants) == a_ids
+            assert not [p for p in read if p.startswith(paths.epochs + "/")]
+            assert requests[1] == ["<write>"], requests  # right behind the first read
+            assert paths.session(s1.session_id) in requests[0]
+            for g in grants.values():
+                assert (g.epoch, g.freed, g.prev_member_id, g.prev_epoch) == (
+                    2,
+                    Freed.RELEASED,
+                    "m1",
+                    1,
+                )
+                assert g.freed_at is not None and before - 1 < g.freed_at < time.time() + 1
+            # The store holds them for m2 as granted.
+            assert other.member_view(s2).owned == dict.fromkeys(a_ids, 2)
+        finally:
+            member.close()
+
+
+def test_a_claim_without_a_read_that_the_records_refuse_reads_them_and_follows_the_rest(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # m1's znode fires for a release of one of the 150 resources m2 waits for: the claim
+    # written on all 150 as released is refused (by their own records: one request for the
+    # holder, not sent again 149 times), the claim reads the records, grants the one, and
+    # follows m1 for the rest. m3's session then ends: its claims, refused too, are read
+    # and granted as expired.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        a_ids, c_ids, (s1, s2, s3), epoch, target = _held_by_m1_and_m3(store, other, group, 150)
+        member = other.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m2")
+            moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
+            target = _republish(store, s1, epoch, moved, target)
+            assert other.claim(s2, a_ids + c_ids, target.generation) == {}
+            _quiet(member)
+            store.release(s1, {a_ids[0]: 1})
+            assert member.wait(5), "m1's release"
+            requests: list[list[str]] = []
+            _count_reads(other, s2, requests=requests)
+            grants = other.claim(s2, a_ids + c_ids, target.generation)
+            assert sorted(grants) == [a_ids[0]]
+            assert requests.count(["<write>"]) == 2, requests  # refused once, then the one
+            _quiet(member)
+            store.release(s1, dict.fromkeys(a_ids[1:], 1))
+            assert member.wait(5), "m1's second release"
+            assert sorted(other.claim(s2, a_ids[1:] + c_ids, target.generation)) == a_ids[1:]
+            store.leave(s3)  # its session ends without a release
+            assert member.wait(5), "m3's end"
+            grants = other.claim(s2, c_ids, target.generation)
+            assert sorted(grants) == c_ids
+            assert all(g.freed is Freed.EXPIRED for g in grants.values())
         finally:
             member.close()
 
@@ -1400,8 +1448,10 @@ def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_th
 
         zs.client._call = spy_call
         monkeypatch.setattr(ownership, "session_answer", spy_answer)
+        tail = [Op("check", f"{base}/changes")]
+        batches = ownership._units(units, sum(op.cost for op in tail))
         applied, refused, stopped = ownership._apply(
-            zs, _zk(store).settings, units, [], [Op("check", f"{base}/changes")], "test"
+            zs, _zk(store).settings, batches, [], tail, "test"
         )
         assert stopped is None and refused == {"n007", "n093"}
         assert set(applied) == set(names) - refused
@@ -1419,8 +1469,9 @@ def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_th
         assert max(outstanding) == ownership.IN_FLIGHT, events
         # A refused frame operation stops it: nothing more is written.
         more = [(n, [Op("create", f"{base}/progress/x{n}", b"1", tag=n)]) for n in names]
+        fixed = [Op("check", f"{base}/no-such-znode")]
         applied, refused, stopped = ownership._apply(
-            zs, _zk(store).settings, more, [Op("check", f"{base}/no-such-znode")], [], "test"
+            zs, _zk(store).settings, ownership._units(more, fixed[0].cost), fixed, [], "test"
         )
         assert applied == {} and stopped is not None and stopped.path.endswith("no-such-znode")
         assert not any(n.startswith("x") for n in raw.get_children(f"{base}/progress"))

@@ -23,6 +23,7 @@ from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progress
 from rebalancer_spark.backends.zookeeper.reads import Changed, read_own_part
 from rebalancer_spark.backends.zookeeper.store.chain import (
     EpochRecord,
+    as_released,
     grant_data,
     held_grant,
     next_grant,
@@ -30,7 +31,12 @@ from rebalancer_spark.backends.zookeeper.store.chain import (
     released_data,
 )
 from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
-from rebalancer_spark.backends.zookeeper.store.connection import Held, SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.connection import (
+    Held,
+    HeldElsewhere,
+    SessionState,
+    ZkSession,
+)
 from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     require_live,
@@ -167,11 +173,13 @@ def claim(
 
     The first read (one multiRead) holds this session's znode, the target pointer, the
     znodes of the holders the last claim found, and then the records of every resource it
-    will read anyway: those no holder was known for, and those of the holders among
-    ``moved``, the followed znodes whose watch fired since the last claim
-    (:meth:`.ZookeeperWatch.take_moved`). After the holders' znodes: the order the cut needs
-    (:func:`_read_for_claims`). Only the records of holders that moved unannounced are left
-    for a second read."""
+    will read anyway: those no holder was known for. After the holders' znodes: the order
+    the cut needs (:func:`_read_for_claims`). The resources of the holders among ``moved``,
+    the followed znodes whose watch fired since the last claim (a release, mostly:
+    :meth:`.ZookeeperWatch.take_moved`), are claimed in the same round trip, right behind
+    that read, without reading them (:func:`_claim_released`; their records are read in
+    the first read instead when the last claim read another target); only what that
+    refuses is read, with the records of holders that moved unannounced, in a second read."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -183,37 +191,86 @@ def claim(
     alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
     asked = list(dict.fromkeys(resources))
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
-    holders = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
+    holders = {h: reader.stat(p.session(h)) for h in sorted({k.holder for k in known.values()})}
     mark = reader.stat(p.changes)  # before every record: see _read_for_claims
+    unread = _released_unread(zs, generation, known, moved)
     early = {
         r: reader.get(p.resource_epoch(r), RECORD_HINT)
         for r in asked
-        if r not in known or p.session(known[r][0]) in moved
+        if r not in known or (p.session(known[r].holder) in moved and r not in unread)
     }
     reader.send()
+    released = _claim_released(zs, settings, unread)
     wait(synced, settings, what, zs.expired(), p.changes)
     if alive() is None:
         raise session_gone(zs)
     found = pointer()
     if found is None:
-        return {}, Waiting({})
+        return _hand_over(zs, settings, released.granted, released.handed), Waiting({})
     ptr = read_target_pointer(found[0], p.target, group=p.group)
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
-        return {}, Waiting({})
+        return _hand_over(zs, settings, released.granted, released.handed), Waiting({})
+    zs.claim_target = (generation, found[1].version)
+    asked = [r for r in asked if r not in released.granted]
     versions = {h: None if (st := read()) is None else st.version for h, read in holders.items()}
     read = _read_for_claims(zs, settings, ptr, asked, known, versions, early, _zxid(mark()))
     if read is None:
-        return {}, Waiting({})
+        return _hand_over(zs, settings, released.granted, released.handed), Waiting({})
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
+    granted.update(released.granted)
     if not units:
         zs.confirm(_held(granted, read.epochs, written=False))
-        return _hand_over(zs, settings, granted, {}), Waiting(read.waiting)
-    fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
-    marker = Op("set", p.changes)
-    zs.begin_claim({r for r, _ in units})
+        return _hand_over(zs, settings, granted, released.handed), Waiting(read.waiting)
+    zs.confirm(
+        _held({r: g for r, g in granted.items() if r not in released.granted}, read.epochs, False)
+    )
+    written = _write(zs, settings, [units], grants, read.epochs, found[1].version)
+    granted.update(written.granted)
+    # A grant refused by its own record (another claim, a lift, a release since the read):
+    # the member tries again at once. (A refused frame means a new target, which wakes it
+    # anyway, or the end of its session.)
+    waiting = Waiting(read.waiting, again=bool(written.refused) and written.stopped is None)
+    return _hand_over(zs, settings, granted, {**released.handed, **written.handed}), waiting
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Written:
+    """What a claim's writes did: the grants applied, the progress read right behind them,
+    the resources refused, and the frame operation that stopped them (or None)."""
+
+    granted: dict[str, Grant]
+    handed: dict[str, Progress | None]
+    refused: set[str]
+    stopped: Op | None
+
+
+def _write(
+    zs: ZkSession,
+    settings: Settings,
+    groups: list[list[tuple[str, list[Op]]]],
+    grants: Mapping[str, Grant],
+    epochs: Mapping[str, EpochRecord | None],
+    target_version: int,
+    *,
+    whole: bool = False,
+) -> _Written:
+    """Write the claims in ``groups`` of units (planned as ``grants`` on ``epochs``), each
+    group in requests of its own, each request fenced on this session and on the target
+    pointer's version and followed by the progress of its resources. ``whole``: a request
+    refused by one of its resources is not sent again without it (all of its resources are
+    refused). Raises if the session ended."""
+    what = "claiming resources"
+    p = zs.paths
+    fixed = [alive_op(zs), Op("check", p.target, version=target_version)]
+    tail = [Op("set", p.changes)]
+    cost = sum(op.cost for op in [*fixed, *tail])
+    batches = [batch for units in groups for batch in _units(units, cost)]
+    every = {r for batch in batches for r, _ in batch}
+    zs.begin_claim(every)
     refused: set[str] = set()
     confirmed: dict[str, Held] = {}
     handed: dict[str, Progress | None] = {}
+    granted: dict[str, Grant] = {}
     stopped: Op | None = None
     try:
 
@@ -221,29 +278,66 @@ def claim(
             return Prefetch(zs, settings, tags)
 
         applied, refused, stopped = _apply(
-            zs, settings, units, fixed, [marker], what, follow, handed
+            zs, settings, batches, fixed, tail, what, follow, handed, whole=whole
         )
         for r, at in applied.items():
             grant = grants[r]
-            if grant.freed is Freed.EXPIRED:
-                # ZooKeeper keeps no time of a session's end: the grant's own time bounds it.
+            if grant.freed_at is None and grant.freed in (Freed.EXPIRED, Freed.RELEASED):
+                # ZooKeeper keeps no time of a session's end, and a release claimed without
+                # a read was not read: the grant's own time bounds it.
                 grant = dataclasses.replace(grant, freed_at=at)
             granted[r] = grant
-        confirmed = {
-            **_held({r: g for r, g in granted.items() if r not in grants}, read.epochs, False),
-            **_held({r: granted[r] for r in applied}, read.epochs, written=True),
-        }
+        confirmed = _held(granted, epochs, written=True)
         if stopped is not None:  # the session or the target moved on: nothing more to grant
-            refused = {r for r, _ in units} - set(applied)
-            if stopped.path == p.session(s.session_id):
+            refused = every - set(applied)
+            if stopped.path == p.session(zs.session.session_id):
                 raise session_gone(zs)
     finally:
         zs.end_claim(refused, confirmed)  # none confirmed if a request got no answer
-    # A grant refused by its own record (another claim, a lift, a release since the read):
-    # the member tries again at once. (A refused frame means a new target, which wakes it
-    # anyway, or the end of its session.)
-    waiting = Waiting(read.waiting, again=bool(refused) and stopped is None)
-    return _hand_over(zs, settings, granted, handed), waiting
+    return _Written(granted, handed, refused, stopped)
+
+
+def _released_unread(
+    zs: ZkSession, generation: int, known: Mapping[str, HeldElsewhere], moved: Collection[str]
+) -> dict[str, tuple[str, EpochRecord]]:
+    """The resources to claim without a read (:func:`_claim_released`): those of the holders
+    whose znodes fired (``moved``), each with its holder and its record as the holder's
+    release leaves it (:func:`.chain.as_released`). None unless the last claim read the
+    target at ``generation`` (its pointer's version fences them)."""
+    target = zs.claim_target
+    if not moved or target is None or target[0] != generation:
+        return {}
+    p = zs.paths
+    return {
+        r: (k.holder, after)
+        for r, k in known.items()
+        if p.session(k.holder) in moved and (after := as_released(k.record)) is not None
+    }
+
+
+def _claim_released(
+    zs: ZkSession, settings: Settings, unread: Mapping[str, tuple[str, EpochRecord]]
+) -> _Written:
+    """Claim ``unread`` (see :func:`_released_unread`) on their records as their holders'
+    releases leave them, without reading them, fenced on the target pointer's version the
+    last claim read. A release sets the holder's znode in its multi-op, but the znode also
+    moves for other reasons (the holder released resources of others, its session ended):
+    then the claims are refused by their own records, one request per holder, not sent
+    again; the claim reads those records instead."""
+    target = zs.claim_target
+    if not unread or target is None:
+        return _Written({}, {}, set(), None)
+    epochs: dict[str, EpochRecord | None] = {r: record for r, (_, record) in unread.items()}
+    by_holder: dict[str, list[str]] = collections.defaultdict(list)
+    for r, (holder, _) in unread.items():
+        by_holder[holder].append(r)
+    groups: list[list[tuple[str, list[Op]]]] = []
+    grants: dict[str, Grant] = {}
+    for holder in sorted(by_holder):
+        _, planned, units = _plan_claims(zs, by_holder[holder], {}, epochs)
+        grants.update(planned)
+        groups.append(units)
+    return _write(zs, settings, groups, grants, epochs, target[1], whole=True)
 
 
 def _held(
@@ -291,7 +385,7 @@ def _read_for_claims(
     settings: Settings,
     ptr: TargetPointer,
     asked: list[str],
-    known: Mapping[str, tuple[str, int]],
+    known: Mapping[str, HeldElsewhere],
     versions: Mapping[str, int | None],
     early: Mapping[str, Callable[[], Record]],
     mark: int,
@@ -335,7 +429,7 @@ def _read_for_claims(
     p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
     part = read_own_part(zs, reader, ptr)
-    still = {r: hv for r, hv in known.items() if versions.get(hv[0]) == hv[1]}
+    still = {r: k for r, k in known.items() if versions.get(k.holder) == k.version}
     reads = {
         r: early[r] if r in early else reader.get(p.resource_epoch(r), RECORD_HINT)
         for r in asked
@@ -348,7 +442,7 @@ def _read_for_claims(
     # Every read answered, wanted or not.
     found = {r: read() for r, read in reads.items()}
     wanted = [r for r in asked if r in mine]
-    still = {r: hv for r, hv in still.items() if r in mine}
+    still = {r: k for r, k in still.items() if r in mine}
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
     unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
     held_by = _HeldBy(zs, dict(still))
@@ -360,7 +454,7 @@ def _read_for_claims(
         if holder not in versions:
             others[r] = holder  # a holder not read before this record: the cut below
         elif (version := versions[holder]) is not None:
-            held_by.follow(r, holder, version)  # held by a live session
+            held_by.follow(r, holder, version, e)  # held by a live session
         # else: its holder's session was gone before this record was read: its claim below
     if others:
         _cut(zs, settings, others, mark, epochs, unsure, held_by)
@@ -378,16 +472,16 @@ class _HeldBy:
     """The resources a claim found held by other live sessions, each with its holder and
     the version of the holder's znode to follow (:attr:`.ZkSession.held_by_others`)."""
 
-    def __init__(self, zs: ZkSession, resources: dict[str, tuple[str, int]]) -> None:
+    def __init__(self, zs: ZkSession, resources: dict[str, HeldElsewhere]) -> None:
         self._paths = zs.paths
         self.resources = resources
 
-    def follow(self, resource: str, holder: str, version: int) -> None:
-        self.resources[resource] = (holder, version)
+    def follow(self, resource: str, holder: str, version: int, record: EpochRecord) -> None:
+        self.resources[resource] = HeldElsewhere(holder, version, record)
 
     def znodes(self) -> dict[str, int]:
         """The holders' znodes to follow: path -> version."""
-        return {self._paths.session(h): v for h, v in self.resources.values()}
+        return {self._paths.session(k.holder): k.version for k in self.resources.values()}
 
 
 def _cut(
@@ -416,7 +510,7 @@ def _cut(
     for r, holder in others.items():
         st = stats[holder]
         if st is not None and st.mzxid <= mark:
-            held_by.follow(r, holder, st.version)  # held by a live session
+            held_by.follow(r, holder, st.version, unsure[r])  # held by a live session
         else:
             again[r] = later.get(p.resource_epoch(r), RECORD_HINT)
     for r, read in again.items():
@@ -426,7 +520,7 @@ def _cut(
         if now is None or now.released:
             unsure.pop(r, None)  # released since it was read: free now
         elif current is not None and stat is not None:
-            held_by.follow(r, current, stat.version)  # still held by a live session
+            held_by.follow(r, current, stat.version, now)  # still held by a live session
         else:
             unsure[r] = now  # its holder changed or is gone: its claim is read below
 
@@ -468,7 +562,7 @@ def _plan_claims(
     grants: dict[str, Grant] = {}
     units: list[tuple[str, list[Op]]] = []
     for r in wanted:
-        current, seen = held[r], epochs[r]
+        current, seen = held.get(r), epochs[r]
         path = p.resource_epoch(r)
         if current is not None:
             c = read_claim(r, current[0], p.claim(r))
@@ -514,19 +608,23 @@ def _hand_over(
 def _apply(
     zs: ZkSession,
     settings: Settings,
-    units: list[tuple[str, list[Op]]],
+    batches: list[list[tuple[str, list[Op]]]],
     fixed: list[Op],
     tail: list[Op],
     what: str,
     follow: Callable[[list[str]], Prefetch] | None = None,
     followed: dict[str, Progress | None] | None = None,
+    *,
+    whole: bool = False,
 ) -> tuple[dict[str, float | None], set[str], Op | None]:
-    """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
+    """Apply ``batches`` of per-resource units of operations (:func:`_units`), one request
+    each, framed by ``fixed`` and ``tail``.
 
     Requests go out :data:`IN_FLIGHT` at a time, the next as soon as the oldest is answered
     (the server serves them in order and writes them to its log together): each is atomic on
     its own, so one refused leaves the others as they were answered. A unit refused by one of
-    its own operations is dropped and the rest of its request sent again; a refused frame
+    its own operations is dropped and the rest of its request sent again (``whole``: the
+    request's units are all refused, and none sent again); a refused frame
     operation stops everything (the requests already sent are still collected). Returns the
     tags applied (each with the store time of its request, in seconds, from the ``mtime`` the
     last ``set`` of the request returned, or None), the tags refused, and the frame operation
@@ -535,7 +633,7 @@ def _apply(
     applied: dict[str, float | None] = {}
     refused: set[str] = set()
     stopped: Op | None = None
-    todo = collections.deque(_units(units, sum(op.cost for op in [*fixed, *tail])))
+    todo = collections.deque(batches)
     sent: collections.deque[tuple[list[tuple[str, list[Op]]], list[Op], Prefetch | None, Any]]
     sent = collections.deque()
     while sent or (todo and stopped is None):
@@ -552,6 +650,9 @@ def _apply(
         except Refused as exc:
             if not exc.op.tag:
                 stopped = stopped or exc.op
+                continue
+            if whole:
+                refused.update(r for r, _ in batch)
                 continue
             refused.add(exc.op.tag)
             rest = [(r, unit) for r, unit in batch if r != exc.op.tag]
@@ -619,8 +720,9 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
     # Setting this session's own znode wakes the members whose claims found these resources
     # held by it (they follow it: see the watch's module).
     tail = [Op("set", p.changes), Op("set", p.session(s.session_id))]
+    batches = _units(units, sum(op.cost for op in tail))
     try:
-        released, refused, _ = _apply(zs, settings, units, [], tail, what)
+        released, refused, _ = _apply(zs, settings, batches, [], tail, what)
     except BaseException:
         for r in known:  # a request without an answer may have applied: read them next time
             zs.doubt(r)
