@@ -1241,14 +1241,52 @@ def test_a_claim_woken_by_a_holders_release_writes_its_grants_without_reading_th
             member.close()
 
 
+def test_a_watch_tells_which_followed_znodes_moved_and_which_are_gone(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # What the next claim writes without a read comes from here: a followed znode that
+    # fired, or that had moved already when it was followed, is reported once, with whether
+    # it is gone (an ended holder, whose resources are read, not claimed blind).
+    with open_backend(zookeeper_backend_url) as store:
+        _lead_and_publish(store, group, {"m1": ["x"]})
+        base = _zk(store)._group(group).base
+        one, two, three = (f"{base}/follow-{n}" for n in ("one", "two", "three"))
+        for path in (one, two, three):
+            raw.create(path, b"")
+        raw.set(two, b"moved")  # version 1: followed below at version 0
+        member = store.watch(group)
+        try:
+            member.focus(Interest.MEMBER, "m1")
+            _quiet(member)
+            watch = cast(Any, member)
+            seen: dict[str, bool] = {}
+
+            def two_moved() -> bool:
+                seen.update(watch.take_moved())
+                return len(seen) == 2
+
+            watch.follow({one: 0, two: 0, three: 0, f"{base}/follow-none": 0})
+            assert member.wait(5), "followed at a version it no longer has"
+            wait_for(two_moved, timeout=5, what="the two found moved when followed")
+            assert seen == {two: False, f"{base}/follow-none": True}
+            seen.clear()
+            raw.set(one, b"released")
+            raw.delete(three)
+            wait_for(two_moved, timeout=5, what="the two that fired")
+            assert seen == {one: False, three: True}
+            assert watch.take_moved() == {}
+        finally:
+            member.close()
+
+
 def test_a_claim_without_a_read_that_the_records_refuse_reads_them_and_follows_the_rest(
     zookeeper_backend_url: str, group: str
 ) -> None:
     # m1's znode fires for a release of one of the 150 resources m2 waits for: the claim
-    # written on all 150 as released is refused (by their own records: one request for the
-    # holder, not sent again 149 times), the claim reads the records, grants the one, and
-    # follows m1 for the rest. m3's session then ends: its claims, refused too, are read
-    # and granted as expired.
+    # written on all 150 as released is refused by their records as a whole (not sent again
+    # 149 times), the claim reads the records, grants the one, and follows m1 for the rest.
+    # m3's session then ends: its znode is gone, so its resources are not claimed without a
+    # read; their records and claims are read and they are granted as expired.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         a_ids, c_ids, (s1, s2, s3), epoch, target = _held_by_m1_and_m3(store, other, group, 150)
         member = other.watch(group)
@@ -1271,8 +1309,10 @@ def test_a_claim_without_a_read_that_the_records_refuse_reads_them_and_follows_t
             assert sorted(other.claim(s2, a_ids[1:] + c_ids, target.generation)) == a_ids[1:]
             store.leave(s3)  # its session ends without a release
             assert member.wait(5), "m3's end"
+            requests.clear()
             grants = other.claim(s2, c_ids, target.generation)
             assert sorted(grants) == c_ids
+            assert requests.count(["<write>"]) == 1, requests
             assert all(g.freed is Freed.EXPIRED for g in grants.values())
         finally:
             member.close()

@@ -165,7 +165,7 @@ def claim(
     settings: Settings,
     resources: Collection[str],
     generation: int,
-    moved: Collection[str] = (),
+    moved: Mapping[str, bool] | None = None,
 ) -> tuple[dict[str, Grant], Waiting]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
     each grant with the progress it hands over (:func:`_hand_over`). Also what to wait for
@@ -174,12 +174,14 @@ def claim(
     The first read (one multiRead) holds this session's znode, the target pointer, the
     znodes of the holders the last claim found, and then the records of every resource it
     will read anyway: those no holder was known for. After the holders' znodes: the order
-    the cut needs (:func:`_read_for_claims`). The resources of the holders among ``moved``,
-    the followed znodes whose watch fired since the last claim (a release, mostly:
-    :meth:`.ZookeeperWatch.take_moved`), are claimed in the same round trip, right behind
-    that read, without reading them (:func:`_claim_released`; their records are read in
-    the first read instead when the last claim read another target); only what that
-    refuses is read, with the records of holders that moved unannounced, in a second read."""
+    the cut needs (:func:`_read_for_claims`). ``moved``: the followed znodes that moved
+    since the last claim (:meth:`.ZookeeperWatch.take_moved`), each with whether it is gone.
+    The resources of the holders whose znode moved and is there (a release, mostly) are
+    claimed in the same round trip, right behind that read, without reading them
+    (:func:`_claim_released`); the records of those whose znode is gone (or of all, when
+    the last claim read another target) are read in the first read. Only what the claim
+    without a read refuses is read, with the records of holders that moved unannounced, in
+    a second read."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -193,6 +195,7 @@ def claim(
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
     holders = {h: reader.stat(p.session(h)) for h in sorted({k.holder for k in known.values()})}
     mark = reader.stat(p.changes)  # before every record: see _read_for_claims
+    moved = moved or {}
     unread = _released_unread(zs, generation, known, moved)
     early = {
         r: reader.get(p.resource_epoch(r), RECORD_HINT)
@@ -224,7 +227,7 @@ def claim(
     zs.confirm(
         _held({r: g for r, g in granted.items() if r not in released.granted}, read.epochs, False)
     )
-    written = _write(zs, settings, [units], grants, read.epochs, found[1].version)
+    written = _write(zs, settings, units, grants, read.epochs, found[1].version)
     granted.update(written.granted)
     # A grant refused by its own record (another claim, a lift, a release since the read):
     # the member tries again at once. (A refused frame means a new target, which wakes it
@@ -247,24 +250,23 @@ class _Written:
 def _write(
     zs: ZkSession,
     settings: Settings,
-    groups: list[list[tuple[str, list[Op]]]],
+    units: list[tuple[str, list[Op]]],
     grants: Mapping[str, Grant],
     epochs: Mapping[str, EpochRecord | None],
     target_version: int,
     *,
     whole: bool = False,
 ) -> _Written:
-    """Write the claims in ``groups`` of units (planned as ``grants`` on ``epochs``), each
-    group in requests of its own, each request fenced on this session and on the target
-    pointer's version and followed by the progress of its resources. ``whole``: a request
-    refused by one of its resources is not sent again without it (all of its resources are
-    refused). Raises if the session ended."""
+    """Write the claims ``units`` (planned as ``grants`` on ``epochs``) in requests fenced
+    on this session and on the target pointer's version, each followed by a read of the
+    progress of its resources. ``whole``: a request refused by one of its resources is not
+    sent again without it (all of its resources are refused). Raises if the session ended."""
     what = "claiming resources"
     p = zs.paths
     fixed = [alive_op(zs), Op("check", p.target, version=target_version)]
     tail = [Op("set", p.changes)]
     cost = sum(op.cost for op in [*fixed, *tail])
-    batches = [batch for units in groups for batch in _units(units, cost)]
+    batches = _units(units, cost)
     every = {r for batch in batches for r, _ in batch}
     zs.begin_claim(every)
     refused: set[str] = set()
@@ -298,12 +300,13 @@ def _write(
 
 
 def _released_unread(
-    zs: ZkSession, generation: int, known: Mapping[str, HeldElsewhere], moved: Collection[str]
+    zs: ZkSession, generation: int, known: Mapping[str, HeldElsewhere], moved: Mapping[str, bool]
 ) -> dict[str, tuple[str, EpochRecord]]:
     """The resources to claim without a read (:func:`_claim_released`): those of the holders
-    whose znodes fired (``moved``), each with its holder and its record as the holder's
-    release leaves it (:func:`.chain.as_released`). None unless the last claim read the
-    target at ``generation`` (its pointer's version fences them)."""
+    whose znodes moved and are still there (``moved``; a gone one is an ended session, whose
+    claims are read), each with its holder and its record as the holder's release leaves it
+    (:func:`.chain.as_released`). None unless the last claim read the target at
+    ``generation`` (its pointer's version fences them)."""
     target = zs.claim_target
     if not moved or target is None or target[0] != generation:
         return {}
@@ -311,7 +314,7 @@ def _released_unread(
     return {
         r: (k.holder, after)
         for r, k in known.items()
-        if p.session(k.holder) in moved and (after := as_released(k.record)) is not None
+        if moved.get(p.session(k.holder)) is False and (after := as_released(k.record)) is not None
     }
 
 
@@ -320,24 +323,17 @@ def _claim_released(
 ) -> _Written:
     """Claim ``unread`` (see :func:`_released_unread`) on their records as their holders'
     releases leave them, without reading them, fenced on the target pointer's version the
-    last claim read. A release sets the holder's znode in its multi-op, but the znode also
-    moves for other reasons (the holder released resources of others, its session ended):
-    then the claims are refused by their own records, one request per holder, not sent
-    again; the claim reads those records instead."""
+    last claim read, in as few requests as their size allows. A release sets the holder's
+    znode in its multi-op, but the znode also moves when the holder releases the resources
+    of others: then a request is refused by a record, as a whole, and not sent again
+    without it; the claim reads the records of all it held instead (one round trip, as
+    before this claim was written without a read)."""
     target = zs.claim_target
     if not unread or target is None:
         return _Written({}, {}, set(), None)
     epochs: dict[str, EpochRecord | None] = {r: record for r, (_, record) in unread.items()}
-    by_holder: dict[str, list[str]] = collections.defaultdict(list)
-    for r, (holder, _) in unread.items():
-        by_holder[holder].append(r)
-    groups: list[list[tuple[str, list[Op]]]] = []
-    grants: dict[str, Grant] = {}
-    for holder in sorted(by_holder):
-        _, planned, units = _plan_claims(zs, by_holder[holder], {}, epochs)
-        grants.update(planned)
-        groups.append(units)
-    return _write(zs, settings, groups, grants, epochs, target[1], whole=True)
+    _, grants, units = _plan_claims(zs, sorted(unread), {}, epochs)
+    return _write(zs, settings, units, grants, epochs, target[1], whole=True)
 
 
 def _held(
