@@ -1217,6 +1217,7 @@ def test_a_claim_woken_by_a_holders_release_writes_its_grants_without_reading_th
                 paths.resource_epoch(r) for r in a_ids + c_ids
             )
             _quiet(member)
+            store.commit(s1, a_ids[0], 1, {"n": 7})  # handed over with the grant
             before = time.time()
             store.release(s1, dict.fromkeys(a_ids, 1))
             assert member.wait(5), "m1's release"
@@ -1235,6 +1236,9 @@ def test_a_claim_woken_by_a_holders_release_writes_its_grants_without_reading_th
                     1,
                 )
                 assert g.freed_at is not None and before - 1 < g.freed_at < time.time() + 1
+            handed = grants[a_ids[0]].progress
+            assert handed is not None and handed.value == {"n": 7}
+            assert all(grants[r].progress is None for r in a_ids[1:])
             # The store holds them for m2 as granted.
             assert other.member_view(s2).owned == dict.fromkeys(a_ids, 2)
         finally:
@@ -1413,13 +1417,16 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
         assert len([p for p in read if p.startswith(paths.claims + "/")]) == 600
 
 
-def test_a_holder_that_releases_between_the_records_and_its_znode_read_is_read_again(
-    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("released", [300, 200])
+def test_a_holder_that_releases_between_the_records_and_its_znode_read_is_claimed_unread(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch, released: int
 ) -> None:
     # The claim reads the records, then the holder's znode: a release that lands between
-    # the two has set the znode after the mark, so the holder's records are read once more
-    # (the 200 it released are granted at once), and the rest follow the znode at the
-    # version read after the release, so its next release wakes the member.
+    # the two has set the znode after the mark, so the holder's resources are claimed on
+    # their records as a release leaves them, without reading them again. All released:
+    # granted in that claim. Only some: the request is refused as a whole, the member is
+    # woken at once, and the next claim reads the records, grants what was released and
+    # follows the holder for the rest, whose release wakes it.
     from rebalancer_spark.backends.zookeeper import ownership
 
     moved = [f"r{i:03d}" for i in range(300)]
@@ -1434,10 +1441,11 @@ def test_a_holder_that_releases_between_the_records_and_its_znode_read_is_read_a
         member = other.watch(group)
         try:
             member.focus(Interest.MEMBER, "m2")
+            _quiet(member)
             read_for_claims = ownership._read_for_claims
 
             def release_first(*args: Any) -> Any:
-                store.release(old, dict.fromkeys(moved[:200], 1))
+                store.release(old, dict.fromkeys(moved[:released], 1))
                 return read_for_claims(*args)
 
             monkeypatch.setattr(ownership, "_read_for_claims", release_first)
@@ -1445,10 +1453,16 @@ def test_a_holder_that_releases_between_the_records_and_its_znode_read_is_read_a
             _count_reads(other, new, paths=read)
             grants = other.claim(new, moved, target.generation)
             monkeypatch.setattr(ownership, "_read_for_claims", read_for_claims)
-            assert sorted(grants) == moved[:200]
             paths = _zk(other)._group(group)
             records = [p for p in read if p.startswith(paths.epochs + "/")]
-            assert len(records) == 600, len(records)  # the first read, then after the znode
+            assert len(records) == 300, len(records)  # the first read only
+            if released == 300:
+                assert sorted(grants) == moved
+                assert all(g.freed is Freed.RELEASED for g in grants.values())
+                return
+            assert grants == {}
+            assert member.wait(5), "the refused claim wakes the member at once"
+            assert sorted(other.claim(new, moved, target.generation)) == moved[:200]
             _quiet(member)
             store.release(old, dict.fromkeys(moved[200:], 1))
             assert member.wait(5), "the holder's second release"

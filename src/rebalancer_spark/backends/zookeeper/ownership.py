@@ -227,11 +227,12 @@ def claim(
     zs.confirm(
         _held({r: g for r, g in granted.items() if r not in released.granted}, read.epochs, False)
     )
-    written = _write(zs, settings, units, grants, read.epochs, found[1].version)
+    written = _write(zs, settings, units, grants, read.epochs, found[1].version, read.blind)
     granted.update(written.granted)
-    # A grant refused by its own record (another claim, a lift, a release since the read):
-    # the member tries again at once. (A refused frame means a new target, which wakes it
-    # anyway, or the end of its session.)
+    # A grant refused by its own record (another claim, a lift, a release since the read, a
+    # holder that had not released what was claimed without a read): the member tries again
+    # at once. (A refused frame means a new target, which wakes it anyway, or the end of its
+    # session.)
     waiting = Waiting(read.waiting, again=bool(written.refused) and written.stopped is None)
     return _hand_over(zs, settings, granted, {**released.handed, **written.handed}), waiting
 
@@ -254,19 +255,22 @@ def _write(
     grants: Mapping[str, Grant],
     epochs: Mapping[str, EpochRecord | None],
     target_version: int,
-    *,
-    whole: bool = False,
+    blind: Collection[str] = (),
 ) -> _Written:
     """Write the claims ``units`` (planned as ``grants`` on ``epochs``) in requests fenced
     on this session and on the target pointer's version, each followed by a read of the
-    progress of its resources. ``whole``: a request refused by one of its resources is not
-    sent again without it (all of its resources are refused). Raises if the session ended."""
+    progress of its resources. Those ``blind`` (claimed without a read) go in requests of
+    their own, and one of them refused refuses its request as a whole, not sent again
+    without it (:func:`_apply`). Raises if the session ended."""
     what = "claiming resources"
     p = zs.paths
     fixed = [alive_op(zs), Op("check", p.target, version=target_version)]
     tail = [Op("set", p.changes)]
     cost = sum(op.cost for op in [*fixed, *tail])
-    batches = _units(units, cost)
+    batches = [
+        *_units([u for u in units if u[0] not in blind], cost),
+        *_units([u for u in units if u[0] in blind], cost),
+    ]
     every = {r for batch in batches for r, _ in batch}
     zs.begin_claim(every)
     refused: set[str] = set()
@@ -280,7 +284,7 @@ def _write(
             return Prefetch(zs, settings, tags)
 
         applied, refused, stopped = _apply(
-            zs, settings, batches, fixed, tail, what, follow, handed, whole=whole
+            zs, settings, batches, fixed, tail, what, follow, handed, whole=blind
         )
         for r, at in applied.items():
             grant = grants[r]
@@ -333,7 +337,7 @@ def _claim_released(
         return _Written({}, {}, set(), None)
     epochs: dict[str, EpochRecord | None] = {r: record for r, (_, record) in unread.items()}
     _, grants, units = _plan_claims(zs, sorted(unread), {}, epochs)
-    return _write(zs, settings, units, grants, epochs, target[1], whole=True)
+    return _write(zs, settings, units, grants, epochs, target[1], blind=unread.keys())
 
 
 def _held(
@@ -374,6 +378,9 @@ class _ForClaims:
     held: dict[str, Record]
     epochs: dict[str, EpochRecord | None]
     waiting: dict[str, int]
+    blind: frozenset[str] = frozenset()
+    """Those of ``wanted`` to claim without a read (:func:`_cut`): their ``epochs`` are as
+    their holders' releases leave them."""
 
 
 def _read_for_claims(
@@ -452,8 +459,7 @@ def _read_for_claims(
         elif (version := versions[holder]) is not None:
             held_by.follow(r, holder, version, e)  # held by a live session
         # else: its holder's session was gone before this record was read: its claim below
-    if others:
-        _cut(zs, settings, others, mark, epochs, unsure, held_by)
+    blind = _cut(zs, settings, others, mark, epochs, unsure, held_by) if others else set()
     zs.held_by_others = held_by.resources
     wanted = [r for r in wanted if r not in held_by.resources]
     unsure = {r: e for r, e in unsure.items() if r not in held_by.resources}
@@ -461,7 +467,7 @@ def _read_for_claims(
     waiting = held_by.znodes()
     if unsure:
         _read_claims(zs, settings, unsure, held, epochs, waiting)
-    return _ForClaims(wanted, held, epochs, waiting)
+    return _ForClaims(wanted, held, epochs, waiting, frozenset(blind))
 
 
 class _HeldBy:
@@ -488,14 +494,17 @@ def _cut(
     epochs: dict[str, EpochRecord | None],
     unsure: dict[str, EpochRecord],
     held_by: _HeldBy,
-) -> None:
+) -> set[str]:
     """Decide ``others``, resources whose records (read after ``mark``) name holders whose
     znodes were not read before them (resource -> holder): read those znodes. A znode last
     set at or before the mark was set before the records were read, which show what that
-    holder holds: its resources are followed at the version read. The records of the
-    holders whose znode is newer (a release or an end since) are read again after it, into
-    ``epochs``: free (dropped from ``unsure``), held by a live session read here (followed),
-    or to have their claims read (kept in ``unsure``)."""
+    holder holds: its resources are followed at the version read. A newer one, still there,
+    most likely released them since: they are to be claimed without reading them again, on
+    their records as the release leaves them (put in ``epochs``, dropped from ``unsure``,
+    returned; see :func:`_claim_released`). A gone holder's resources are kept in ``unsure``
+    (their claims are read). The records of the rest (a record of an older version) are read
+    again after the znodes, into ``epochs``: free (dropped from ``unsure``), held by a live
+    session read here (followed), or to have their claims read (kept in ``unsure``)."""
     what = "claiming resources"
     p = zs.paths
     cut = session_reader(zs, settings, what)
@@ -503,10 +512,17 @@ def _cut(
     stats = {h: read() for h, read in alive.items()}
     later = session_reader(zs, settings, what)
     again: dict[str, Callable[[], Record]] = {}
+    blind: set[str] = set()
     for r, holder in others.items():
         st = stats[holder]
-        if st is not None and st.mzxid <= mark:
+        if st is None:
+            continue  # its session ended: its claim is read below
+        if st.mzxid <= mark:
             held_by.follow(r, holder, st.version, unsure[r])  # held by a live session
+        elif (after := as_released(unsure[r])) is not None:
+            epochs[r] = after
+            del unsure[r]
+            blind.add(r)
         else:
             again[r] = later.get(p.resource_epoch(r), RECORD_HINT)
     for r, read in again.items():
@@ -519,6 +535,7 @@ def _cut(
             held_by.follow(r, current, stat.version, now)  # still held by a live session
         else:
             unsure[r] = now  # its holder changed or is gone: its claim is read below
+    return blind
 
 
 def _read_claims(
@@ -611,7 +628,7 @@ def _apply(
     follow: Callable[[list[str]], Prefetch] | None = None,
     followed: dict[str, Progress | None] | None = None,
     *,
-    whole: bool = False,
+    whole: Collection[str] = (),
 ) -> tuple[dict[str, float | None], set[str], Op | None]:
     """Apply ``batches`` of per-resource units of operations (:func:`_units`), one request
     each, framed by ``fixed`` and ``tail``.
@@ -619,8 +636,8 @@ def _apply(
     Requests go out :data:`IN_FLIGHT` at a time, the next as soon as the oldest is answered
     (the server serves them in order and writes them to its log together): each is atomic on
     its own, so one refused leaves the others as they were answered. A unit refused by one of
-    its own operations is dropped and the rest of its request sent again (``whole``: the
-    request's units are all refused, and none sent again); a refused frame
+    its own operations is dropped and the rest of its request sent again (one of ``whole``:
+    the request's units are all refused, and none sent again); a refused frame
     operation stops everything (the requests already sent are still collected). Returns the
     tags applied (each with the store time of its request, in seconds, from the ``mtime`` the
     last ``set`` of the request returned, or None), the tags refused, and the frame operation
@@ -647,7 +664,7 @@ def _apply(
             if not exc.op.tag:
                 stopped = stopped or exc.op
                 continue
-            if whole:
+            if exc.op.tag in whole:
                 refused.update(r for r, _ in batch)
                 continue
             refused.add(exc.op.tag)
