@@ -416,18 +416,20 @@ def _read_for_claims(
     each with its holder and the version of the holder's znode then; ``versions``: those
     holders' znodes, as the claim's first read found them (None: gone), which came before
     this function's reads; ``early``: records that read already read after those znodes
-    (those of holders whose znode fired), used instead of reading them again. A known
-    resource whose holder's znode did not move is held still and not read at all: that
-    holder released nothing since. The records of the rest are read together with this
+    (of resources no holder was known for, and of moved holders not claimed without a read),
+    used instead of reading them again. A known resource whose holder's znode did not move
+    is held still and not read at all: that holder released nothing since (those of holders
+    that moved and were claimed without a read are not asked for here). The records of the
+    rest are read together with this
     member's part of the target (unless read early); one that names a holder read in
     ``versions`` is decided there. Only a record naming another holder (the first claim of a
     resource, or one granted anew since) costs one more multiRead, of those holders' znodes;
-    the records of the holders whose znode is newer than ``mark`` (they released since, or
-    ended) are read once more after it (:func:`_cut`). The claims of the resources whose
-    holder is gone (or that name no session, or this session) are read, each with its record
-    again, in one multiRead (the holder may have released in between); a claim of another
-    session found there is followed itself. A refused grant costs nothing but the attempt:
-    every claim is fenced on the record's version."""
+    the resources of the holders whose znode is newer than ``mark`` (they released since)
+    are claimed without reading them again (:func:`_cut`, :attr:`_ForClaims.blind`). The
+    claims of the resources whose holder is gone (or that name no session, or this session)
+    are read, each with its record again, in one multiRead (the holder may have released in
+    between); a claim of another session found there is followed itself. A refused grant
+    costs nothing but the attempt: every claim is fenced on the record's version."""
     what = "claiming resources"
     p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
