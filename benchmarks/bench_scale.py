@@ -42,9 +42,11 @@ member that left or crashed not). Per cell: the store's size once assigned, and 
 ownerships over every trail of the cell (0 is the only right answer; printed, not asserted).
 
 A cell that does not finish within ``--cell-limit`` seconds prints ``did not settle within N s``
-with the step it was at, and the run goes on with the next cell. Each cell's table goes to
-stderr as soon as it ends (and ``--json`` is rewritten), the tables per backend to stdout at the
-end.
+with the step it was at, and the run goes on with the next cell. The trails and the store of a
+cell that did not finish, moved more than the minimum or saw a double ownership are kept (the
+last line names the directory and why), the others removed unless ``--keep``. Each cell's
+table goes to stderr as soon as it ends (and ``--json`` is rewritten), the tables per backend
+to stdout at the end.
 """
 
 from __future__ import annotations
@@ -554,6 +556,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.keep:
         print(f"trails and stores kept in {workdir}")
+        return 0
+    kept = []
+    for cell in cells:
+        celldir = workdir / f"{cell.backend}-{cell.resources}x{cell.members}"
+        why = cell.anomalous
+        if why is None:
+            shutil.rmtree(celldir, ignore_errors=True)
+        else:
+            kept.append(f"{celldir} ({why})")
+    if kept:
+        # What went wrong is in the members' own trails: keep them for a look.
+        print("trails and stores kept, for a look: " + "; ".join(kept))
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -39,6 +39,19 @@ class Cell:
     double: int | None = None
     failure: str | None = None
 
+    @property
+    def anomalous(self) -> str | None:
+        """Why this cell's trails are worth keeping (it failed, moved more than the minimum,
+        or saw two owners at once), or None."""
+        if self.failure is not None:
+            return "it did not finish"
+        if self.double:
+            return f"{self.double} double ownerships"
+        extra = [p.scenario for p in self.points if p.moved > p.minimum]
+        if extra:
+            return f"more moves than the minimum in: {', '.join(sorted(set(extra)))}"
+        return None
+
 
 def _num(value: float | None, unit: str = "") -> str:
     if value is None:
