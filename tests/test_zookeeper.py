@@ -709,8 +709,7 @@ def _count_reads(
     requests: list[list[str]] | None = None,
 ) -> list[int]:
     """Spy on ``session``'s own client: the number of reads of each multiRead it sends (and
-    the paths they read, into ``paths``; each multiRead's paths, and ``["<write>"]`` for each
-    multi-op write, into ``requests``, in the order sent)."""
+    the paths they read, into ``paths``; each multiRead's paths, into ``requests``)."""
     hosted = _zk(store)._sessions.get(session.session_id)
     assert hosted is not None
     client = hosted.client
@@ -724,9 +723,6 @@ def _count_reads(
                 requests.append([op.path for op in request.operations])
             if paths is not None:
                 paths.extend(op.path for op in request.operations)
-        elif type(request).__name__ == "Transaction":
-            if requests is not None:
-                requests.append(["<write>"])
         elif paths is not None and hasattr(request, "path"):
             paths.append(request.path)
         return call(request, result)
@@ -1010,9 +1006,9 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         grants = store.claim(new, moved, target.generation)
         assert grant_epochs(grants) == dict.fromkeys(moved, 2)
         assert all(g.freed is Freed.RELEASED and g.prev_member_id == "m1" for g in grants.values())
-        # The pointer, the session and the changes mark, the target's part and 600 records,
-        # then 600 progress reads behind the claim's requests; no claim znode is read.
-        assert sum(reads) <= 3 + 1 + 600 + 600, reads
+        # The pointer and session, the target's part and 600 records, then 600 progress
+        # reads behind the claim's requests; no claim znode is read.
+        assert sum(reads) <= 2 + 1 + 600 + 600, reads
 
 
 def _quiet(watch: Any) -> None:
@@ -1190,15 +1186,14 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
         assert sorted(other.claim(s2, c_ids, target.generation)) == c_ids
 
 
-def test_a_claim_woken_by_a_holders_release_writes_its_grants_without_reading_them(
+def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
     zookeeper_backend_url: str, group: str
 ) -> None:
-    # The member's watch knows which holder's znode fired: the claim that follows writes its
-    # grants on the records as that holder's release left them, right behind its first read
-    # (one round trip from a release to the grant), reading none of them; m3's records, whose
-    # holder did not fire, are not read either. The release is dated at the grant's own
-    # store time (not read). A first claim, which knows no holder, reads every record in its
-    # first multiRead.
+    # The member's watch knows which holder's znode fired: the claim that follows reads that
+    # holder's records in its first multiRead, right after the holders' znodes, instead of in
+    # a second one once it found the znode moved. One round trip less from a release to the
+    # grant; m3's records, whose holder did not fire, are still not read. A first claim,
+    # which knows no holder, reads every record in its first multiRead too.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         # 150 each: the 300 records fit in one multiRead.
         a_ids, c_ids, (s1, s2, _), epoch, target = _held_by_m1_and_m3(store, other, group, 150)
@@ -1212,112 +1207,25 @@ def test_a_claim_woken_by_a_holders_release_writes_its_grants_without_reading_th
             requests: list[list[str]] = []
             _count_reads(other, s2, paths=read, requests=requests)
             assert other.claim(s2, a_ids + c_ids, target.generation) == {}
+            # The first claim knows no holder: it reads every record in its first multiRead
+            # (then the cut: the holders' znodes, with the records again).
             first = requests[0]
             assert sorted(p for p in first if p.startswith(paths.epochs + "/")) == sorted(
                 paths.resource_epoch(r) for r in a_ids + c_ids
             )
             _quiet(member)
-            store.commit(s1, a_ids[0], 1, {"n": 7})  # handed over with the grant
-            before = time.time()
-            store.release(s1, dict.fromkeys(a_ids, 1))
+            store.release(s1, dict.fromkeys(a_ids[:100], 1))
             assert member.wait(5), "m1's release"
             read.clear()
             requests.clear()
             grants = other.claim(s2, a_ids + c_ids, target.generation)
-            assert sorted(grants) == a_ids
-            assert not [p for p in read if p.startswith(paths.epochs + "/")]
-            assert requests[1] == ["<write>"], requests  # right behind the first read
-            assert paths.session(s1.session_id) in requests[0]
-            for g in grants.values():
-                assert (g.epoch, g.freed, g.prev_member_id, g.prev_epoch) == (
-                    2,
-                    Freed.RELEASED,
-                    "m1",
-                    1,
-                )
-                assert g.freed_at is not None and before - 1 < g.freed_at < time.time() + 1
-            handed = grants[a_ids[0]].progress
-            assert handed is not None and handed.value == {"n": 7}
-            assert all(grants[r].progress is None for r in a_ids[1:])
-            # The store holds them for m2 as granted.
-            assert other.member_view(s2).owned == dict.fromkeys(a_ids, 2)
-        finally:
-            member.close()
-
-
-def test_a_watch_tells_which_followed_znodes_moved_and_which_are_gone(
-    zookeeper_backend_url: str, group: str, raw: Any
-) -> None:
-    # What the next claim writes without a read comes from here: a followed znode that
-    # fired, or that had moved already when it was followed, is reported once, with whether
-    # it is gone (an ended holder, whose resources are read, not claimed blind).
-    with open_backend(zookeeper_backend_url) as store:
-        _lead_and_publish(store, group, {"m1": ["x"]})
-        base = _zk(store)._group(group).base
-        one, two, three = (f"{base}/follow-{n}" for n in ("one", "two", "three"))
-        for path in (one, two, three):
-            raw.create(path, b"")
-        raw.set(two, b"moved")  # version 1: followed below at version 0
-        member = store.watch(group)
-        try:
-            member.focus(Interest.MEMBER, "m1")
-            _quiet(member)
-            watch = cast(Any, member)
-            seen: dict[str, bool] = {}
-
-            def two_moved() -> bool:
-                seen.update(watch.take_moved())
-                return len(seen) == 2
-
-            watch.follow({one: 0, two: 0, three: 0, f"{base}/follow-none": 0})
-            assert member.wait(5), "followed at a version it no longer has"
-            wait_for(two_moved, timeout=5, what="the two found moved when followed")
-            assert seen == {two: False, f"{base}/follow-none": True}
-            seen.clear()
-            raw.set(one, b"released")
-            raw.delete(three)
-            wait_for(two_moved, timeout=5, what="the two that fired")
-            assert seen == {one: False, three: True}
-            assert watch.take_moved() == {}
-        finally:
-            member.close()
-
-
-def test_a_claim_without_a_read_that_the_records_refuse_reads_them_and_follows_the_rest(
-    zookeeper_backend_url: str, group: str
-) -> None:
-    # m1's znode fires for a release of one of the 150 resources m2 waits for: the claim
-    # written on all 150 as released is refused by their records as a whole (not sent again
-    # 149 times), the claim reads the records, grants the one, and follows m1 for the rest.
-    # m3's session then ends: its znode is gone, so its resources are not claimed without a
-    # read; their records and claims are read and they are granted as expired.
-    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        a_ids, c_ids, (s1, s2, s3), epoch, target = _held_by_m1_and_m3(store, other, group, 150)
-        member = other.watch(group)
-        try:
-            member.focus(Interest.MEMBER, "m2")
-            moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
-            target = _republish(store, s1, epoch, moved, target)
-            assert other.claim(s2, a_ids + c_ids, target.generation) == {}
-            _quiet(member)
-            store.release(s1, {a_ids[0]: 1})
-            assert member.wait(5), "m1's release"
-            requests: list[list[str]] = []
-            _count_reads(other, s2, requests=requests)
-            grants = other.claim(s2, a_ids + c_ids, target.generation)
-            assert sorted(grants) == [a_ids[0]]
-            assert requests.count(["<write>"]) == 2, requests  # refused once, then the one
-            _quiet(member)
-            store.release(s1, dict.fromkeys(a_ids[1:], 1))
-            assert member.wait(5), "m1's second release"
-            assert sorted(other.claim(s2, a_ids[1:] + c_ids, target.generation)) == a_ids[1:]
-            store.leave(s3)  # its session ends without a release
-            assert member.wait(5), "m3's end"
-            requests.clear()
-            grants = other.claim(s2, c_ids, target.generation)
-            assert sorted(grants) == c_ids
-            assert requests.count(["<write>"]) == 1, requests
-            assert all(g.freed is Freed.EXPIRED for g in grants.values())
+            assert sorted(grants) == a_ids[:100]
+            first = requests[0]  # the first multiRead: the znodes, then m1's records
+            records = [p for p in first if p.startswith(paths.epochs + "/")]
+            assert sorted(records) == [paths.resource_epoch(r) for r in a_ids], len(records)
+            assert first.index(paths.session(s1.session_id)) < first.index(records[0])
+            everywhere = [p for p in read if p.startswith(paths.epochs + "/")]
+            assert len(everywhere) == len(records)  # none read again, and none of m3's
         finally:
             member.close()
 
@@ -1385,10 +1293,10 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
     zookeeper_backend_url: str, group: str
 ) -> None:
     # While the holder's session znode exists so do its claims (ephemerals of one session):
-    # a joining member that asks before the releases land reads each record once, then the
-    # holder's session znode, last set before the records were read (its version is what
-    # the member's watch follows), not 600 claims; once the holder is gone, its claims are
-    # read and granted.
+    # a joining member that asks before the releases land reads each record, then the
+    # holder's session with the records again (a consistent cut: its version is what the
+    # member's watch follows), not 600 claims; once the holder is gone, its claims are read
+    # and granted.
     moved = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
@@ -1404,71 +1312,15 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
         paths = _zk(other)._group(group)
         assert not [p for p in read if p.startswith(paths.claims + "/")]
         assert read.count(paths.session(old.session_id)) == 1
-        records = [p for p in read if p.startswith(paths.epochs + "/")]
-        assert len(records) == len(set(records)) == 600  # each once: the holder did not move
-        # The pointer, the session and the changes mark, the target's part and 600 records,
-        # the holder's session.
-        assert sum(reads) <= 3 + 1 + 600 + 1, reads
+        # The pointer and session, the target's part and 600 records, the holder's session
+        # and the records again.
+        assert sum(reads) <= 2 + 1 + 600 + 1 + 600, reads
         store.leave(old)  # its session ends: its claims go with it, unreleased
         read.clear()
         grants = other.claim(new, moved, target.generation)
         assert grant_epochs(grants) == dict.fromkeys(moved, 2)
         assert all(g.freed is Freed.EXPIRED and g.prev_member_id == "m1" for g in grants.values())
         assert len([p for p in read if p.startswith(paths.claims + "/")]) == 600
-
-
-@pytest.mark.parametrize("released", [300, 200])
-def test_a_holder_that_releases_between_the_records_and_its_znode_read_is_claimed_unread(
-    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch, released: int
-) -> None:
-    # The claim reads the records, then the holder's znode: a release that lands between
-    # the two has set the znode after the mark, so the holder's resources are claimed on
-    # their records as a release leaves them, without reading them again. All released:
-    # granted in that claim. Only some: the request is refused as a whole, the member is
-    # woken at once, and the next claim reads the records, grants what was released and
-    # follows the holder for the rest, whose release wakes it.
-    from rebalancer_spark.backends.zookeeper import ownership
-
-    moved = [f"r{i:03d}" for i in range(300)]
-    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
-        assert len(store.claim(old, moved, generation)) == 300
-        new = other.join(group, "m2", info={}, ttl=10, static=False)
-        version = store.resources(group)[0]
-        target = store.publish(
-            old, epoch, {"m2": moved}, phase=Phase.RUNNING, resources_version=version
-        )
-        member = other.watch(group)
-        try:
-            member.focus(Interest.MEMBER, "m2")
-            _quiet(member)
-            read_for_claims = ownership._read_for_claims
-
-            def release_first(*args: Any) -> Any:
-                store.release(old, dict.fromkeys(moved[:released], 1))
-                return read_for_claims(*args)
-
-            monkeypatch.setattr(ownership, "_read_for_claims", release_first)
-            read: list[str] = []
-            _count_reads(other, new, paths=read)
-            grants = other.claim(new, moved, target.generation)
-            monkeypatch.setattr(ownership, "_read_for_claims", read_for_claims)
-            paths = _zk(other)._group(group)
-            records = [p for p in read if p.startswith(paths.epochs + "/")]
-            assert len(records) == 300, len(records)  # the first read only
-            if released == 300:
-                assert sorted(grants) == moved
-                assert all(g.freed is Freed.RELEASED for g in grants.values())
-                return
-            assert grants == {}
-            assert member.wait(5), "the refused claim wakes the member at once"
-            assert sorted(other.claim(new, moved, target.generation)) == moved[:200]
-            _quiet(member)
-            store.release(old, dict.fromkeys(moved[200:], 1))
-            assert member.wait(5), "the holder's second release"
-            assert sorted(other.claim(new, moved[200:], target.generation)) == moved[200:]
-        finally:
-            member.close()
 
 
 def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_the_rest(
@@ -1502,10 +1354,8 @@ def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_th
 
         zs.client._call = spy_call
         monkeypatch.setattr(ownership, "session_answer", spy_answer)
-        tail = [Op("check", f"{base}/changes")]
-        batches = ownership._units(units, sum(op.cost for op in tail))
         applied, refused, stopped = ownership._apply(
-            zs, _zk(store).settings, batches, [], tail, "test"
+            zs, _zk(store).settings, units, [], [Op("check", f"{base}/changes")], "test"
         )
         assert stopped is None and refused == {"n007", "n093"}
         assert set(applied) == set(names) - refused
@@ -1523,9 +1373,8 @@ def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_th
         assert max(outstanding) == ownership.IN_FLIGHT, events
         # A refused frame operation stops it: nothing more is written.
         more = [(n, [Op("create", f"{base}/progress/x{n}", b"1", tag=n)]) for n in names]
-        fixed = [Op("check", f"{base}/no-such-znode")]
         applied, refused, stopped = ownership._apply(
-            zs, _zk(store).settings, ownership._units(more, fixed[0].cost), fixed, [], "test"
+            zs, _zk(store).settings, more, [Op("check", f"{base}/no-such-znode")], [], "test"
         )
         assert applied == {} and stopped is not None and stopped.path.endswith("no-such-znode")
         assert not any(n.startswith("x") for n in raw.get_children(f"{base}/progress"))

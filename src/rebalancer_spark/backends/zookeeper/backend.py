@@ -355,8 +355,8 @@ class ZookeeperBackend(Backend):
 
     def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
         zs = self._hosted(session)
-        # The member's own watches: which holders released since (their resources are
-        # claimed without a read), and they follow what keeps the rest from it (see .watch).
+        # The member's own watches: which holders released since (their records are read
+        # with their znodes), and they follow what keeps the rest from it (see .watch).
         with self._lock:
             watches = [
                 w
@@ -366,9 +366,7 @@ class ZookeeperBackend(Backend):
                 and w.member_id == session.member_id
                 and w.paths == zs.paths
             ]
-        moved: dict[str, bool] = {}
-        for watch in watches:
-            moved.update(watch.take_moved())
+        moved = set().union(*(w.take_moved() for w in watches))
         grants, waiting = ownership.claim(zs, self.settings, resources, generation, moved)
         if waiting.znodes or waiting.again:
             for watch in watches:

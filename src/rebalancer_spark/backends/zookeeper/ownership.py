@@ -23,7 +23,6 @@ from rebalancer_spark.backends.zookeeper.progress import Prefetch, read_progress
 from rebalancer_spark.backends.zookeeper.reads import Changed, read_own_part
 from rebalancer_spark.backends.zookeeper.store.chain import (
     EpochRecord,
-    as_released,
     grant_data,
     held_grant,
     next_grant,
@@ -31,12 +30,7 @@ from rebalancer_spark.backends.zookeeper.store.chain import (
     released_data,
 )
 from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
-from rebalancer_spark.backends.zookeeper.store.connection import (
-    Held,
-    HeldElsewhere,
-    SessionState,
-    ZkSession,
-)
+from rebalancer_spark.backends.zookeeper.store.connection import Held, SessionState, ZkSession
 from rebalancer_spark.backends.zookeeper.store.fence import (
     alive_op,
     require_live,
@@ -165,7 +159,7 @@ def claim(
     settings: Settings,
     resources: Collection[str],
     generation: int,
-    moved: Mapping[str, bool] | None = None,
+    moved: Collection[str] = (),
 ) -> tuple[dict[str, Grant], Waiting]:
     """Claim what is free among ``resources`` that the target at ``generation`` gives us;
     each grant with the progress it hands over (:func:`_hand_over`). Also what to wait for
@@ -173,15 +167,11 @@ def claim(
 
     The first read (one multiRead) holds this session's znode, the target pointer, the
     znodes of the holders the last claim found, and then the records of every resource it
-    will read anyway: those no holder was known for. After the holders' znodes: the order
-    the cut needs (:func:`_read_for_claims`). ``moved``: the followed znodes that moved
-    since the last claim (:meth:`.ZookeeperWatch.take_moved`), each with whether it is gone.
-    The resources of the holders whose znode moved and is there (a release, mostly) are
-    claimed in the same round trip, right behind that read, without reading them
-    (:func:`_claim_released`); the records of those whose znode is gone (or of all, when
-    the last claim read another target) are read in the first read. Only what the claim
-    without a read refuses is read, with the records of holders that moved unannounced, in
-    a second read."""
+    will read anyway: those no holder was known for, and those of the holders among
+    ``moved``, the followed znodes whose watch fired since the last claim
+    (:meth:`.ZookeeperWatch.take_moved`). After the holders' znodes: the order the cut needs
+    (:func:`_read_for_claims`). Only the records of holders that moved unannounced are left
+    for a second read."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -193,90 +183,36 @@ def claim(
     alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
     asked = list(dict.fromkeys(resources))
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
-    holders = {h: reader.stat(p.session(h)) for h in sorted({k.holder for k in known.values()})}
-    mark = reader.stat(p.changes)  # before every record: see _read_for_claims
-    moved = moved or {}
-    unread = _released_unread(zs, generation, known, moved)
+    holders = {h: reader.stat(p.session(h)) for h in sorted({h for h, _ in known.values()})}
     early = {
         r: reader.get(p.resource_epoch(r), RECORD_HINT)
         for r in asked
-        if r not in known or (p.session(known[r].holder) in moved and r not in unread)
+        if r not in known or p.session(known[r][0]) in moved
     }
     reader.send()
-    released = _claim_released(zs, settings, unread)
     wait(synced, settings, what, zs.expired(), p.changes)
     if alive() is None:
         raise session_gone(zs)
     found = pointer()
     if found is None:
-        return _hand_over(zs, settings, released.granted, released.handed), Waiting({})
+        return {}, Waiting({})
     ptr = read_target_pointer(found[0], p.target, group=p.group)
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
-        return _hand_over(zs, settings, released.granted, released.handed), Waiting({})
-    zs.claim_target = (generation, found[1].version)
-    asked = [r for r in asked if r not in released.granted]
+        return {}, Waiting({})
     versions = {h: None if (st := read()) is None else st.version for h, read in holders.items()}
-    read = _read_for_claims(zs, settings, ptr, asked, known, versions, early, _zxid(mark()))
+    read = _read_for_claims(zs, settings, ptr, asked, known, versions, early)
     if read is None:
-        return _hand_over(zs, settings, released.granted, released.handed), Waiting({})
+        return {}, Waiting({})
     granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
-    granted.update(released.granted)
     if not units:
         zs.confirm(_held(granted, read.epochs, written=False))
-        return _hand_over(zs, settings, granted, released.handed), Waiting(read.waiting)
-    zs.confirm(
-        _held({r: g for r, g in granted.items() if r not in released.granted}, read.epochs, False)
-    )
-    written = _write(zs, settings, units, grants, read.epochs, found[1].version, read.blind)
-    granted.update(written.granted)
-    # A grant refused by its own record (another claim, a lift, a release since the read, a
-    # holder that had not released what was claimed without a read): the member tries again
-    # at once. (A refused frame means a new target, which wakes it anyway, or the end of its
-    # session.)
-    waiting = Waiting(read.waiting, again=bool(written.refused) and written.stopped is None)
-    return _hand_over(zs, settings, granted, {**released.handed, **written.handed}), waiting
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Written:
-    """What a claim's writes did: the grants applied, the progress read right behind them,
-    the resources refused, and the frame operation that stopped them (or None)."""
-
-    granted: dict[str, Grant]
-    handed: dict[str, Progress | None]
-    refused: set[str]
-    stopped: Op | None
-
-
-def _write(
-    zs: ZkSession,
-    settings: Settings,
-    units: list[tuple[str, list[Op]]],
-    grants: Mapping[str, Grant],
-    epochs: Mapping[str, EpochRecord | None],
-    target_version: int,
-    blind: Collection[str] = (),
-) -> _Written:
-    """Write the claims ``units`` (planned as ``grants`` on ``epochs``) in requests fenced
-    on this session and on the target pointer's version, each followed by a read of the
-    progress of its resources. Those ``blind`` (claimed without a read) go in requests of
-    their own, and one of them refused refuses its request as a whole, not sent again
-    without it (:func:`_apply`). Raises if the session ended."""
-    what = "claiming resources"
-    p = zs.paths
-    fixed = [alive_op(zs), Op("check", p.target, version=target_version)]
-    tail = [Op("set", p.changes)]
-    cost = sum(op.cost for op in [*fixed, *tail])
-    batches = [
-        *_units([u for u in units if u[0] not in blind], cost),
-        *_units([u for u in units if u[0] in blind], cost),
-    ]
-    every = {r for batch in batches for r, _ in batch}
-    zs.begin_claim(every)
+        return _hand_over(zs, settings, granted, {}), Waiting(read.waiting)
+    fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
+    marker = Op("set", p.changes)
+    zs.begin_claim({r for r, _ in units})
     refused: set[str] = set()
     confirmed: dict[str, Held] = {}
     handed: dict[str, Progress | None] = {}
-    granted: dict[str, Grant] = {}
     stopped: Op | None = None
     try:
 
@@ -284,60 +220,29 @@ def _write(
             return Prefetch(zs, settings, tags)
 
         applied, refused, stopped = _apply(
-            zs, settings, batches, fixed, tail, what, follow, handed, whole=blind
+            zs, settings, units, fixed, [marker], what, follow, handed
         )
         for r, at in applied.items():
             grant = grants[r]
-            if grant.freed_at is None and grant.freed in (Freed.EXPIRED, Freed.RELEASED):
-                # ZooKeeper keeps no time of a session's end, and a release claimed without
-                # a read was not read: the grant's own time bounds it.
+            if grant.freed is Freed.EXPIRED:
+                # ZooKeeper keeps no time of a session's end: the grant's own time bounds it.
                 grant = dataclasses.replace(grant, freed_at=at)
             granted[r] = grant
-        confirmed = _held(granted, epochs, written=True)
+        confirmed = {
+            **_held({r: g for r, g in granted.items() if r not in grants}, read.epochs, False),
+            **_held({r: granted[r] for r in applied}, read.epochs, written=True),
+        }
         if stopped is not None:  # the session or the target moved on: nothing more to grant
-            refused = every - set(applied)
-            if stopped.path == p.session(zs.session.session_id):
+            refused = {r for r, _ in units} - set(applied)
+            if stopped.path == p.session(s.session_id):
                 raise session_gone(zs)
     finally:
         zs.end_claim(refused, confirmed)  # none confirmed if a request got no answer
-    return _Written(granted, handed, refused, stopped)
-
-
-def _released_unread(
-    zs: ZkSession, generation: int, known: Mapping[str, HeldElsewhere], moved: Mapping[str, bool]
-) -> dict[str, tuple[str, EpochRecord]]:
-    """The resources to claim without a read (:func:`_claim_released`): those of the holders
-    whose znodes moved and are still there (``moved``; a gone one is an ended session, whose
-    claims are read), each with its holder and its record as the holder's release leaves it
-    (:func:`.chain.as_released`). None unless the last claim read the target at
-    ``generation`` (its pointer's version fences them)."""
-    target = zs.claim_target
-    if not moved or target is None or target[0] != generation:
-        return {}
-    p = zs.paths
-    return {
-        r: (k.holder, after)
-        for r, k in known.items()
-        if moved.get(p.session(k.holder)) is False and (after := as_released(k.record)) is not None
-    }
-
-
-def _claim_released(
-    zs: ZkSession, settings: Settings, unread: Mapping[str, tuple[str, EpochRecord]]
-) -> _Written:
-    """Claim ``unread`` (see :func:`_released_unread`) on their records as their holders'
-    releases leave them, without reading them, fenced on the target pointer's version the
-    last claim read, in as few requests as their size allows. A release sets the holder's
-    znode in its multi-op, but the znode also moves when the holder releases the resources
-    of others: then a request is refused by a record, as a whole, and not sent again
-    without it; the claim reads the records of all it held instead (one round trip, as
-    before this claim was written without a read)."""
-    target = zs.claim_target
-    if not unread or target is None:
-        return _Written({}, {}, set(), None)
-    epochs: dict[str, EpochRecord | None] = {r: record for r, (_, record) in unread.items()}
-    _, grants, units = _plan_claims(zs, sorted(unread), {}, epochs)
-    return _write(zs, settings, units, grants, epochs, target[1], blind=unread.keys())
+    # A grant refused by its own record (another claim, a lift, a release since the read):
+    # the member tries again at once. (A refused frame means a new target, which wakes it
+    # anyway, or the end of its session.)
+    waiting = Waiting(read.waiting, again=bool(refused) and stopped is None)
+    return _hand_over(zs, settings, granted, handed), waiting
 
 
 def _held(
@@ -359,11 +264,6 @@ Record = tuple[bytes, Any] | None
 """A znode's data and stat as read, or None: no such znode."""
 
 
-def _zxid(stat: Any) -> int:
-    """The ``mzxid`` of a znode's stat (0: no such znode)."""
-    return 0 if stat is None else int(stat.mzxid)
-
-
 def _epoch_record(found: Record, path: str) -> EpochRecord | None:
     return None if found is None else read_record(found[0], found[1], path)
 
@@ -378,9 +278,6 @@ class _ForClaims:
     held: dict[str, Record]
     epochs: dict[str, EpochRecord | None]
     waiting: dict[str, int]
-    blind: frozenset[str] = frozenset()
-    """Those of ``wanted`` to claim without a read (:func:`_cut`): their ``epochs`` are as
-    their holders' releases leave them."""
 
 
 def _read_for_claims(
@@ -388,10 +285,9 @@ def _read_for_claims(
     settings: Settings,
     ptr: TargetPointer,
     asked: list[str],
-    known: Mapping[str, HeldElsewhere],
+    known: Mapping[str, tuple[str, int]],
     versions: Mapping[str, int | None],
     early: Mapping[str, Callable[[], Record]],
-    mark: int,
 ) -> _ForClaims | None:
     """What :class:`_ForClaims` says, for the resources ``asked`` for (None: the target moved
     on while being read).
@@ -402,39 +298,30 @@ def _read_for_claims(
     that znode is to be followed: every release sets it and the session's end deletes it.
     What the member knows of a holder's znode must come from before the record that names it
     (read in that order through this session's connection, which the server answers in order,
-    or in one multiRead, a consistent cut), or be proved no newer than the record: then a
-    release or an end after that read either shows in the record or moves the znode off the
-    version followed, which the watch's registration sees (another version) or which fires it.
-
-    ``mark``: the ``mzxid`` of the group's ``changes`` znode, read before any record. Every
-    release sets it in the multi-op that rewrites the records and sets the holder's znode, and
-    a server applies transactions in zxid order: a holder's znode read after the records whose
-    ``mzxid`` is no later than ``mark`` was last set before the records were read, so they
-    show everything it released, and it is followed at the version read.
+    or in one multiRead, a consistent cut): then a release or an end after that read either
+    shows in the record or moves the znode off the version followed, which the watch's
+    registration sees (another version) or which fires it.
 
     ``known``: the resources the last claim found held (:attr:`.ZkSession.held_by_others`),
     each with its holder and the version of the holder's znode then; ``versions``: those
     holders' znodes, as the claim's first read found them (None: gone), which came before
     this function's reads; ``early``: records that read already read after those znodes
-    (of resources no holder was known for, and of moved holders not claimed without a read),
-    used instead of reading them again. A known resource whose holder's znode did not move
-    is held still and not read at all: that holder released nothing since (those of holders
-    that moved and were claimed without a read are not asked for here). The records of the
-    rest are read together with this
+    (those of holders whose znode fired), used instead of reading them again. A known
+    resource whose holder's znode did not move is held still and not read at all: that
+    holder released nothing since. The records of the rest are read together with this
     member's part of the target (unless read early); one that names a holder read in
     ``versions`` is decided there. Only a record naming another holder (the first claim of a
-    resource, or one granted anew since) costs one more multiRead, of those holders' znodes;
-    the resources of the holders whose znode is newer than ``mark`` (they released since)
-    are claimed without reading them again (:func:`_cut`, :attr:`_ForClaims.blind`). The
-    claims of the resources whose holder is gone (or that name no session, or this session)
-    are read, each with its record again, in one multiRead (the holder may have released in
-    between); a claim of another session found there is followed itself. A refused grant
-    costs nothing but the attempt: every claim is fenced on the record's version."""
+    resource, or one granted anew since) costs one more multiRead: those holders' znodes with
+    the records again. The claims of the resources whose holder is gone (or that name no
+    session, or this session) are read, each with its record again, in one multiRead (the
+    holder may have released in between); a claim of another session found there is
+    followed itself. A refused grant costs nothing but the attempt: every claim is fenced on
+    the record's version."""
     what = "claiming resources"
     p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
     part = read_own_part(zs, reader, ptr)
-    still = {r: k for r, k in known.items() if versions.get(k.holder) == k.version}
+    still = {r: hv for r, hv in known.items() if versions.get(hv[0]) == hv[1]}
     reads = {
         r: early[r] if r in early else reader.get(p.resource_epoch(r), RECORD_HINT)
         for r in asked
@@ -447,10 +334,12 @@ def _read_for_claims(
     # Every read answered, wanted or not.
     found = {r: read() for r, read in reads.items()}
     wanted = [r for r in asked if r in mine]
-    still = {r: k for r, k in still.items() if r in mine}
+    still = {r: hv for r, hv in still.items() if r in mine}
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
     unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
-    held_by = _HeldBy(zs, dict(still))
+    waiting = {p.session(h): v for h, v in still.values()}
+    held_by_others = dict(still)
+    taken: set[str] = set(still)
     others: dict[str, str] = {}
     for r, e in list(unsure.items()):
         holder = e.holder
@@ -459,85 +348,34 @@ def _read_for_claims(
         if holder not in versions:
             others[r] = holder  # a holder not read before this record: the cut below
         elif (version := versions[holder]) is not None:
-            held_by.follow(r, holder, version, e)  # held by a live session
+            taken.add(r)  # held by a live session: follow that session
+            waiting[p.session(holder)] = version
+            held_by_others[r] = (holder, version)
         # else: its holder's session was gone before this record was read: its claim below
-    blind = _cut(zs, settings, others, mark, epochs, unsure, held_by) if others else set()
-    zs.held_by_others = held_by.resources
-    wanted = [r for r in wanted if r not in held_by.resources]
-    unsure = {r: e for r, e in unsure.items() if r not in held_by.resources}
+    if others:
+        cut = session_reader(zs, settings, what)
+        alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
+        again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
+        stats = {h: read() for h, read in alive.items()}
+        for r, read in again.items():
+            now = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
+            holder = None if now is None else now.holder
+            stat = None if holder is None else stats.get(holder)
+            if now is None or now.released:
+                unsure.pop(r, None)  # released since it was read: free now
+            elif holder is not None and stat is not None:
+                taken.add(r)  # still held by a live session: follow that session
+                waiting[p.session(holder)] = stat.version
+                held_by_others[r] = (holder, stat.version)
+            else:
+                unsure[r] = now  # its holder changed or is gone: its claim is read below
+    zs.held_by_others = held_by_others
+    wanted = [r for r in wanted if r not in taken]
+    unsure = {r: e for r, e in unsure.items() if r not in taken}
     held: dict[str, Record] = dict.fromkeys(wanted)
-    waiting = held_by.znodes()
     if unsure:
         _read_claims(zs, settings, unsure, held, epochs, waiting)
-    return _ForClaims(wanted, held, epochs, waiting, frozenset(blind))
-
-
-class _HeldBy:
-    """The resources a claim found held by other live sessions, each with its holder and
-    the version of the holder's znode to follow (:attr:`.ZkSession.held_by_others`)."""
-
-    def __init__(self, zs: ZkSession, resources: dict[str, HeldElsewhere]) -> None:
-        self._paths = zs.paths
-        self.resources = resources
-
-    def follow(self, resource: str, holder: str, version: int, record: EpochRecord) -> None:
-        self.resources[resource] = HeldElsewhere(holder, version, record)
-
-    def znodes(self) -> dict[str, int]:
-        """The holders' znodes to follow: path -> version."""
-        return {self._paths.session(k.holder): k.version for k in self.resources.values()}
-
-
-def _cut(
-    zs: ZkSession,
-    settings: Settings,
-    others: Mapping[str, str],
-    mark: int,
-    epochs: dict[str, EpochRecord | None],
-    unsure: dict[str, EpochRecord],
-    held_by: _HeldBy,
-) -> set[str]:
-    """Decide ``others``, resources whose records (read after ``mark``) name holders whose
-    znodes were not read before them (resource -> holder): read those znodes. A znode last
-    set at or before the mark was set before the records were read, which show what that
-    holder holds: its resources are followed at the version read. A newer one, still there,
-    most likely released them since: they are to be claimed without reading them again, on
-    their records as the release leaves them (put in ``epochs``, dropped from ``unsure``,
-    returned; see :func:`_claim_released`). A gone holder's resources are kept in ``unsure``
-    (their claims are read). The records of the rest (a record of an older version) are read
-    again after the znodes, into ``epochs``: free (dropped from ``unsure``), held by a live
-    session read here (followed), or to have their claims read (kept in ``unsure``)."""
-    what = "claiming resources"
-    p = zs.paths
-    cut = session_reader(zs, settings, what)
-    alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
-    stats = {h: read() for h, read in alive.items()}
-    later = session_reader(zs, settings, what)
-    again: dict[str, Callable[[], Record]] = {}
-    blind: set[str] = set()
-    for r, holder in others.items():
-        st = stats[holder]
-        if st is None:
-            continue  # its session ended: its claim is read below
-        if st.mzxid <= mark:
-            held_by.follow(r, holder, st.version, unsure[r])  # held by a live session
-        elif (after := as_released(unsure[r])) is not None:
-            epochs[r] = after
-            del unsure[r]
-            blind.add(r)
-        else:
-            again[r] = later.get(p.resource_epoch(r), RECORD_HINT)
-    for r, read in again.items():
-        now = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
-        current = None if now is None else now.holder
-        stat = None if current is None else stats.get(current)
-        if now is None or now.released:
-            unsure.pop(r, None)  # released since it was read: free now
-        elif current is not None and stat is not None:
-            held_by.follow(r, current, stat.version, now)  # still held by a live session
-        else:
-            unsure[r] = now  # its holder changed or is gone: its claim is read below
-    return blind
+    return _ForClaims(wanted, held, epochs, waiting)
 
 
 def _read_claims(
@@ -577,7 +415,7 @@ def _plan_claims(
     grants: dict[str, Grant] = {}
     units: list[tuple[str, list[Op]]] = []
     for r in wanted:
-        current, seen = held.get(r), epochs[r]
+        current, seen = held[r], epochs[r]
         path = p.resource_epoch(r)
         if current is not None:
             c = read_claim(r, current[0], p.claim(r))
@@ -623,23 +461,19 @@ def _hand_over(
 def _apply(
     zs: ZkSession,
     settings: Settings,
-    batches: list[list[tuple[str, list[Op]]]],
+    units: list[tuple[str, list[Op]]],
     fixed: list[Op],
     tail: list[Op],
     what: str,
     follow: Callable[[list[str]], Prefetch] | None = None,
     followed: dict[str, Progress | None] | None = None,
-    *,
-    whole: Collection[str] = (),
 ) -> tuple[dict[str, float | None], set[str], Op | None]:
-    """Apply ``batches`` of per-resource units of operations (:func:`_units`), one request
-    each, framed by ``fixed`` and ``tail``.
+    """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
 
     Requests go out :data:`IN_FLIGHT` at a time, the next as soon as the oldest is answered
     (the server serves them in order and writes them to its log together): each is atomic on
     its own, so one refused leaves the others as they were answered. A unit refused by one of
-    its own operations is dropped and the rest of its request sent again (one of ``whole``:
-    the request's units are all refused, and none sent again); a refused frame
+    its own operations is dropped and the rest of its request sent again; a refused frame
     operation stops everything (the requests already sent are still collected). Returns the
     tags applied (each with the store time of its request, in seconds, from the ``mtime`` the
     last ``set`` of the request returned, or None), the tags refused, and the frame operation
@@ -648,7 +482,7 @@ def _apply(
     applied: dict[str, float | None] = {}
     refused: set[str] = set()
     stopped: Op | None = None
-    todo = collections.deque(batches)
+    todo = collections.deque(_units(units, sum(op.cost for op in [*fixed, *tail])))
     sent: collections.deque[tuple[list[tuple[str, list[Op]]], list[Op], Prefetch | None, Any]]
     sent = collections.deque()
     while sent or (todo and stopped is None):
@@ -665,9 +499,6 @@ def _apply(
         except Refused as exc:
             if not exc.op.tag:
                 stopped = stopped or exc.op
-                continue
-            if exc.op.tag in whole:
-                refused.update(r for r, _ in batch)
                 continue
             refused.add(exc.op.tag)
             rest = [(r, unit) for r, unit in batch if r != exc.op.tag]
@@ -735,9 +566,8 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
     # Setting this session's own znode wakes the members whose claims found these resources
     # held by it (they follow it: see the watch's module).
     tail = [Op("set", p.changes), Op("set", p.session(s.session_id))]
-    batches = _units(units, sum(op.cost for op in tail))
     try:
-        released, refused, _ = _apply(zs, settings, batches, [], tail, what)
+        released, refused, _ = _apply(zs, settings, units, [], tail, what)
     except BaseException:
         for r in known:  # a request without an answer may have applied: read them next time
             zs.doubt(r)

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from kazoo.protocol.states import EventType, KazooState
+from kazoo.protocol.states import KazooState
 
 from rebalancer_spark.backends.base import Interest, Watch
 from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
@@ -60,9 +60,8 @@ class ZookeeperWatch(Watch):
         self._closed = False
         self._followed: set[str] = set()
         """Znodes :meth:`follow` asked to watch whose watch has not fired yet."""
-        self._moved: dict[str, bool] = {}
-        """Followed znodes that moved since :meth:`take_moved` last took them, each with
-        whether it is gone (the holder's session ended)."""
+        self._moved: set[str] = set()
+        """Followed znodes that fired since :meth:`take_moved` last took them."""
         self._followed_lock = threading.Lock()
         self._timeout = timeout
         client.add_listener(self._on_state)
@@ -103,27 +102,22 @@ class ZookeeperWatch(Watch):
         for path, version in znodes.items():
             pending = self._client.exists_async(path, watch=self._fired)
 
-            def on_answer(result: Any, path: str = path, version: int = version) -> None:
-                # On kazoo's thread.
+            def on_answer(result: Any, version: int = version) -> None:  # kazoo's thread
                 try:
                     stat = result.get_nowait()
                 except Exception:
-                    self._event.set()  # the connection listener re-arms what it must
-                    return
+                    stat = None  # the connection listener re-arms what it must
                 if stat is None or stat.version != version:
-                    with self._followed_lock:
-                        self._moved[path] = stat is None
                     self._event.set()
 
             pending.rawlink(on_answer)
 
-    def take_moved(self) -> dict[str, bool]:
-        """The followed znodes that fired, or were found moved when followed, since the last
-        call (a holder's release or end), each with whether it is gone: the claim that
-        follows writes the grants of the resources of the holders still there right behind
-        its first read, without reading their records (:func:`.ownership.claim`)."""
+    def take_moved(self) -> set[str]:
+        """The followed znodes that fired since the last call (a holder's release or end):
+        the claim that follows reads their records with the holders' znodes, one round trip
+        instead of two (:func:`.ownership.claim`)."""
         with self._followed_lock:
-            moved, self._moved = self._moved, {}
+            moved, self._moved = self._moved, set()
         return moved
 
     def _watched(self) -> list[Any]:
@@ -183,7 +177,7 @@ class ZookeeperWatch(Watch):
             followed = event is not None and getattr(event, "path", None) in self._followed
             if followed:
                 self._followed.discard(event.path)
-                self._moved[event.path] = event.type == EventType.DELETED
+                self._moved.add(event.path)
         if followed:
             self._event.set()
             return

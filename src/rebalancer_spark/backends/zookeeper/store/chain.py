@@ -8,9 +8,7 @@ check), so the znode's ``mtime`` is the release time in store time (the leader's
 A claim reads the znode anyway (its version fences the grant), so the chain costs no extra
 round trip:
 
-* claim znode gone and ``released``: freed ``released`` at the znode's ``mtime``; a claim
-  written without reading the release (on the record as the release leaves it, see
-  :func:`as_released`) dates it at its own store time, an upper bound as for an expiry;
+* claim znode gone and ``released``: freed ``released`` at the znode's ``mtime``;
 * claim znode gone otherwise: the holder's session ended (expiry, a crash, a leave without a
   release). ZooKeeper keeps no record of when it ended a session, so ``freed_at`` is the store
   time of the grant that found it gone (the ``mtime`` the grant's multi-op returns), an upper
@@ -28,15 +26,7 @@ from rebalancer_spark.backends.zookeeper.store.records import decode, json_scala
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant
 
-__all__ = [
-    "EpochRecord",
-    "as_released",
-    "grant_data",
-    "held_grant",
-    "next_grant",
-    "read_record",
-    "released_data",
-]
+__all__ = ["EpochRecord", "grant_data", "held_grant", "next_grant", "read_record", "released_data"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,33 +107,20 @@ def released_data(member_id: str, session_id: str, epoch: int) -> bytes:
     ).encode()
 
 
-def as_released(record: EpochRecord) -> EpochRecord | None:
-    """``record``, held, as its holder's release will leave it (the ``set`` of
-    :func:`released_data`, fenced on the version read: one version later), its time
-    unknown (``mtime_ms`` -1); None when the record names no holder to release it."""
-    if record.released or record.member is None or record.session is None:
-        return None
-    return dataclasses.replace(
-        record, released=True, prev=NO_PREV, version=record.version + 1, mtime_ms=-1
-    )
-
-
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
 def next_grant(record: EpochRecord | None) -> Grant:
     """The grant that follows ``record`` (None: no znode), the claim znode being gone. An
-    expiry's ``freed_at`` is left None, and so is a release's whose time is unknown
-    (:func:`as_released`): the caller fills in the grant's own store time."""
+    expiry's ``freed_at`` is left None: the caller fills in the grant's own store time."""
     if record is None:
         return Grant(1)
     epoch, member, session = record.epoch, record.member, record.session
     if member is None or session is None:
         return Grant(epoch + 1, None, None, None, epoch, None)
     if record.released:
-        at = None if record.mtime_ms < 0 else record.mtime_ms / 1000  # unknown: as_released
-        return Grant(epoch + 1, Freed.RELEASED, member, session, epoch, at)
+        return Grant(epoch + 1, Freed.RELEASED, member, session, epoch, record.mtime_ms / 1000)
     return Grant(epoch + 1, Freed.EXPIRED, member, session, epoch, None)
 
 

@@ -24,18 +24,17 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 from kazoo.protocol.states import KazooState
 
 from rebalancer_spark.backends.base import Session
-from rebalancer_spark.backends.zookeeper.store.chain import EpochRecord
 from rebalancer_spark.backends.zookeeper.store.client import stop_client
 from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.errors import SessionExpired
 
-__all__ = ["Held", "HeldElsewhere", "PublishedBase", "SessionState", "SessionTable", "ZkSession"]
+__all__ = ["Held", "PublishedBase", "SessionState", "SessionTable", "ZkSession"]
 
 _CLOSE_WAIT = 15.0
 """Longest wait for another thread's close of the same session to finish."""
@@ -68,15 +67,6 @@ class Held:
 
     epoch: int
     record_version: int | None = None
-
-
-class HeldElsewhere(NamedTuple):
-    """A resource a claim found held by another live session: the holder's session id, the
-    version of its session znode to follow, and the resource's epoch record as read."""
-
-    holder: str
-    version: int
-    record: EpochRecord
 
 
 class ZkSession:
@@ -112,15 +102,11 @@ class ZkSession:
         deltas applied, and the ids. Directories are written once under fresh names and never
         changed, so only deltas added to the chain since are read (:func:`..reads
         .read_own_part`)."""
-        self.held_by_others: dict[str, HeldElsewhere] = {}
-        """Resources the last claim found held by another live session. While the holder's
-        znode is still at the version followed the holder has released nothing, so a claim
-        need not read those records again (:func:`..ownership._read_for_claims`); once it
-        moved, a claim is written on the record as its release leaves it, unread
-        (:func:`..ownership.claim`). Used by the claiming thread only."""
-        self.claim_target: tuple[int, int] | None = None
-        """The generation and the target pointer's znode version the last claim read
-        (what a claim written without a read is fenced on)."""
+        self.held_by_others: dict[str, tuple[str, int]] = {}
+        """Resources the last claim found held by another live session: the holder's session
+        id and its session znode's version then. While that znode is still at that version
+        the holder has released nothing, so a claim need not read those records again
+        (:func:`..ownership._read_for_claims`). Used by the claiming thread only."""
         self.base: PublishedBase | None = None
         """The base and delta chain of the last target this session published as coordinator,
         from which the next one may go out as a delta (:func:`..coordination.publish`)."""
