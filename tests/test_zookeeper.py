@@ -137,6 +137,63 @@ def _republish(
 # -- sessions: negotiated timeouts, expiry, connection loss --------------------------------------
 
 
+def test_the_connection_loops_select_answers_as_kazoos_own() -> None:
+    # Every kazoo client of the backend selects with poll_select instead of kazoo's
+    # selector_select (one system call instead of an epoll object per call): same answers.
+    import socket
+
+    from kazoo.handlers.utils import selector_select
+
+    from rebalancer_spark.backends.zookeeper.store.client import poll_select
+
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    try:
+        cases: list[tuple[list[Any], list[Any]]] = [([a, c], []), ([a], [b]), ([a, c], [d])]
+        for rlist, wlist in cases:  # nothing to read; then data on a; then c's peer gone
+            assert poll_select(rlist, wlist, [], 0.05) == selector_select(rlist, wlist, [], 0.05)
+        b.send(b"x")
+        for rlist, wlist in cases:
+            assert poll_select(rlist, wlist, [], 0.05) == selector_select(rlist, wlist, [], 0.05)
+        assert poll_select([a, c], [], [], 0.05) == ([a], [], [])
+        d.close()
+        for rlist, wlist in cases[:2]:
+            assert poll_select(rlist, wlist, [], 0.05) == selector_select(rlist, wlist, [], 0.05)
+        assert poll_select([c], [], [], 0.05) == ([c], [], [])  # a hang-up reads as readable
+        started = time.monotonic()
+        assert poll_select([b], [], [], 0.2) == ([], [], [])
+        assert time.monotonic() - started >= 0.15  # waited for the timeout
+        c.close()
+        with pytest.raises(TypeError, match="Invalid file descriptor"):
+            selector_select([c], [], [], 0)
+        with pytest.raises(TypeError, match="Invalid file descriptor"):
+            poll_select([c], [], [], 0)
+    finally:
+        for sock in (a, b, c, d):
+            sock.close()
+
+
+def test_every_client_of_the_backend_selects_with_poll(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rebalancer_spark.backends.zookeeper.store import client as client_module
+
+    calls: list[int] = []
+    poll_select = client_module.poll_select
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return poll_select(*args, **kwargs)
+
+    monkeypatch.setattr(client_module, "poll_select", counting)
+    with open_backend(zookeeper_backend_url) as store:
+        shared = len(calls)
+        assert shared > 0  # the shared client's connection loop
+        session = store.join(group, "m1", info={}, ttl=10, static=False)
+        store.leave(session)
+        assert len(calls) > shared  # and the session's own client's
+
+
 @pytest.mark.parametrize(("asked", "granted"), [(0.6, 1.0), (2.0, 2.0), (30.0, 10.0)])
 def test_the_session_ttl_is_the_timeout_the_server_negotiated(
     zookeeper_backend_url: str, group: str, asked: float, granted: float
