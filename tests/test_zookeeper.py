@@ -150,7 +150,8 @@ def test_the_connection_loops_select_answers_as_kazoos_own() -> None:
     c, d = socket.socketpair()
     try:
         cases: list[tuple[list[Any], list[Any]]] = [([a, c], []), ([a], [b]), ([a, c], [d])]
-        for rlist, wlist in cases:  # nothing to read; then data on a; then c's peer gone
+        # Each case with nothing to read, then with data for a, then with c's peer gone.
+        for rlist, wlist in cases:
             assert poll_select(rlist, wlist, [], 0.05) == selector_select(rlist, wlist, [], 0.05)
         b.send(b"x")
         for rlist, wlist in cases:
