@@ -166,18 +166,19 @@ def poll_select(
     (kazoo passes none); a closed descriptor raises TypeError, as kazoo's does."""
     if timeout is not None and timeout < 0:
         raise ValueError("timeout must be non-negative")
+    reads = [(_fd(o), o) for o in rlist]
+    writes = [(_fd(o), o) for o in wlist]
     events: dict[int, int] = {}
-    for objects, mask in ((rlist, select.POLLIN), (wlist, select.POLLOUT)):
-        for obj in objects:
-            fd = _fd(obj)
+    for pairs, mask in ((reads, select.POLLIN), (writes, select.POLLOUT)):
+        for fd, _ in pairs:
             events[fd] = events.get(fd, 0) | mask
     poller = select.poll()
     for fd, mask in events.items():
         poller.register(fd, mask)
     ready = dict(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
     return (
-        [o for o in rlist if ready.get(_fd(o), 0) & _READABLE],
-        [o for o in wlist if ready.get(_fd(o), 0) & _WRITABLE],
+        [o for fd, o in reads if ready.get(fd, 0) & _READABLE],
+        [o for fd, o in writes if ready.get(fd, 0) & _WRITABLE],
         [],
     )
 
