@@ -1064,9 +1064,10 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         grants = store.claim(new, moved, target.generation)
         assert grant_epochs(grants) == dict.fromkeys(moved, 2)
         assert all(g.freed is Freed.RELEASED and g.prev_member_id == "m1" for g in grants.values())
-        # The pointer and session, the target's part and 600 records, then 600 progress
-        # reads behind the claim's requests; no claim znode is read.
-        assert sum(reads) <= 2 + 1 + 600 + 600, reads
+        # The pointer, the session and the group's sessions listed, m1's session, the
+        # target's part and 600 records, then 600 progress reads behind the claim's requests;
+        # no claim znode is read.
+        assert sum(reads) <= 3 + 1 + 1 + 600 + 600, reads
 
 
 def _quiet(watch: Any) -> None:
@@ -1251,7 +1252,8 @@ def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
     # holder's records in its first multiRead, right after the holders' znodes, instead of in
     # a second one once it found the znode moved. One round trip less from a release to the
     # grant; m3's records, whose holder did not fire, are still not read. A first claim,
-    # which knows no holder, reads every record in its first multiRead too.
+    # which knows no holder, lists the group's sessions in its first multiRead and reads
+    # their znodes before every record in its second, each record once.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         # 150 each: the 300 records fit in one multiRead.
         a_ids, c_ids, (s1, s2, _), epoch, target = _held_by_m1_and_m3(store, other, group, 150)
@@ -1265,12 +1267,14 @@ def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
             requests: list[list[str]] = []
             _count_reads(other, s2, paths=read, requests=requests)
             assert other.claim(s2, a_ids + c_ids, target.generation) == {}
-            # The first claim knows no holder: it reads every record in its first multiRead
-            # (then the cut: the holders' znodes, with the records again).
-            first = requests[0]
-            assert sorted(p for p in first if p.startswith(paths.epochs + "/")) == sorted(
-                paths.resource_epoch(r) for r in a_ids + c_ids
-            )
+            # The first claim knows no holder: it lists the sessions, then reads their
+            # znodes ahead of every record (no cut reads the records again).
+            assert paths.sessions in requests[0]
+            second = requests[1]
+            records = [p for p in second if p.startswith(paths.epochs + "/")]
+            assert sorted(records) == sorted(paths.resource_epoch(r) for r in a_ids + c_ids)
+            assert second.index(paths.session(s1.session_id)) < second.index(records[0])
+            assert len([p for p in read if p.startswith(paths.epochs + "/")]) == len(records)
             _quiet(member)
             store.release(s1, dict.fromkeys(a_ids[:100], 1))
             assert member.wait(5), "m1's release"
@@ -1351,10 +1355,11 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
     zookeeper_backend_url: str, group: str
 ) -> None:
     # While the holder's session znode exists so do its claims (ephemerals of one session):
-    # a joining member that asks before the releases land reads each record, then the
-    # holder's session with the records again (a consistent cut: its version is what the
-    # member's watch follows), not 600 claims; once the holder is gone, its claims are read
-    # and granted.
+    # a joining member that asks before the releases land lists the group's sessions, reads
+    # the holder's session and then each record once (a consistent cut: the version read is
+    # what the member's watch follows), not 600 claims; once the holder is gone, its claims
+    # are read and granted. (Before the list, the holder's session was read after the
+    # records, which the claim then read a second time with it: 1,204 reads, not 605.)
     moved = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         old, epoch, generation = _lead_and_publish(store, group, {"m1": moved})
@@ -1370,9 +1375,10 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
         paths = _zk(other)._group(group)
         assert not [p for p in read if p.startswith(paths.claims + "/")]
         assert read.count(paths.session(old.session_id)) == 1
-        # The pointer and session, the target's part and 600 records, the holder's session
-        # and the records again.
-        assert sum(reads) <= 2 + 1 + 600 + 1 + 600, reads
+        # The pointer, the session and the group's sessions listed; the holder's session,
+        # the target's part and 600 records.
+        assert sum(reads) <= 3 + 1 + 1 + 600, reads
+        assert len([p for p in read if p.startswith(paths.epochs + "/")]) == 600
         store.leave(old)  # its session ends: its claims go with it, unreleased
         read.clear()
         grants = other.claim(new, moved, target.generation)
