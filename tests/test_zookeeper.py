@@ -1216,6 +1216,30 @@ def _held_by_m1_and_m3(
     return a_ids, c_ids, (s1, s2, s3), epoch, target
 
 
+def test_a_claim_lists_the_sessions_only_for_as_many_unknown_holders_as_members(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # Listing the group's sessions and reading each one's znode ahead of the records spares
+    # a second read of the records, but costs a read per member: for the 2 resources of a
+    # group of 3 (as for the 10 each member takes over from one that leaves a group of 100)
+    # the claim reads the records, then their holders' znodes with the records again.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        a_ids, c_ids, (s1, s2, s3), epoch, target = _held_by_m1_and_m3(store, other, group, 1)
+        moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
+        target = _republish(store, s1, epoch, moved, target)
+        assert other.member_view(s2).target == frozenset(a_ids + c_ids)  # 3 members
+        paths = _zk(other)._group(group)
+        read: list[str] = []
+        _count_reads(other, s2, paths=read)
+        assert other.claim(s2, a_ids + c_ids, target.generation) == {}
+        assert paths.sessions not in read
+        records = [p for p in read if p.startswith(paths.epochs + "/")]
+        assert len(records) == 4  # each read twice: before and after its holder's znode
+        first = read.index(records[0])
+        assert first < read.index(paths.session(s1.session_id))
+        assert first < read.index(paths.session(s3.session_id))
+
+
 def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed(
     zookeeper_backend_url: str, group: str
 ) -> None:

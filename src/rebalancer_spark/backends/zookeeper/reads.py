@@ -155,6 +155,7 @@ def read_own_part(
     under fresh names and never changed, so a member reads its part of a base once, and then
     only its chunk of each delta added to the chain since."""
     member = zs.session.member_id
+    zs.group_size = len(pointer.members)
     if member not in pointer.members:
         return frozenset  # given nothing: called, an empty part
     cached = zs.parts

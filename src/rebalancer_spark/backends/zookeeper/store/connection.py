@@ -107,6 +107,11 @@ class ZkSession:
         id and its session znode's version then. While that znode is still at that version
         the holder has released nothing, so a claim need not read those records again
         (:func:`..ownership._read_for_claims`). Used by the claiming thread only."""
+        self.group_size = 0
+        """The number of members of the last target this session read (0: none yet), about
+        the number of the group's live sessions: a claim lists and reads those only when it
+        has at least as many records to read whose holder it does not know
+        (:func:`..ownership.claim`)."""
         self.base: PublishedBase | None = None
         """The base and delta chain of the last target this session published as coordinator,
         from which the next one may go out as a delta (:func:`..coordination.publish`)."""
