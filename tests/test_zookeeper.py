@@ -1137,6 +1137,42 @@ def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
                 watch.close()
 
 
+def test_a_follower_that_gives_no_grace_watches_the_coordinator_alone(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # Interest.COORDINATOR: members joining and leaving wake the followers that keep static
+    # members in mind (SUCCESSION), not those that give no rejoin grace; the coordinator
+    # going away, and a new election, wake both.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, _, target = _lead(store, group, {"m1": ["x"]})
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        follower, succession = other.watch(group), other.watch(group)
+        try:
+            follower.focus(Interest.COORDINATOR)
+            succession.focus(Interest.SUCCESSION)
+            # The watches of the wider interest a watch starts with stay registered until
+            # they fire once (a change between a narrowing and its registration must wake):
+            # a claim and a join fire them.
+            store.claim(s1, ["x"], target.generation)
+            other.join(group, "m9", info={}, ttl=10, static=False)
+            for watch in (follower, succession):
+                _quiet(watch)
+            s5 = store.join(group, "m5", info={}, ttl=10, static=True)
+            assert succession.wait(5), "m5 joined"
+            assert follower.wait(0.3) is False, "m5 joined"
+            store.leave(s5)
+            assert succession.wait(5), "m5 left"
+            assert follower.wait(0.3) is False, "m5 left"
+            store.leave(s1)  # the coordinator's session ends
+            assert follower.wait(5), "the coordinator left"
+            _quiet(follower)
+            assert other.elect(s2) is not None
+            assert follower.wait(5), "m2 elected"
+        finally:
+            for watch in (follower, succession):
+                watch.close()
+
+
 def test_a_member_watch_wakes_when_the_holder_of_what_it_asked_for_ends(
     zookeeper_backend_url: str, group: str
 ) -> None:

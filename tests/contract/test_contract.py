@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from rebalancer_spark.backends import Backend, Session
-from rebalancer_spark.backends.base import Interest
+from rebalancer_spark.backends.base import Interest, Watch
 from rebalancer_spark.core.errors import FencedError, MemberIdInUse, SessionExpired
 from rebalancer_spark.core.model import Phase, Resource, grant_epochs
 from rebalancer_spark.core.protocols import MemberView
@@ -434,34 +434,45 @@ def test_watch_wakes_when_a_lease_runs_out_while_others_keep_writing(
         watch.close()
 
 
+def _quiet(watch: Watch) -> None:
+    """Let the wake-ups of the changes made so far pass."""
+    for _ in range(20):
+        if not watch.wait(0.3):
+            return
+    raise AssertionError("the watch kept waking with nothing changing")
+
+
 def test_a_focused_watch_still_wakes_for_what_its_interest_covers(
     open_store: Callable[[], Backend], group: str
 ) -> None:
     """Focusing may hold back changes the interest does not cover (Redis and ZooKeeper do),
     never one it covers: a member's watch wakes for a new target and for the release of a
     resource its target gives it that it asked for; a follower's watch for the coordinator
-    leaving."""
+    leaving, whether it watches members coming too (SUCCESSION) or not (COORDINATOR)."""
     a, b = open_store(), open_store()
     s1 = _join(a, group, "m1")
     s2 = _join(b, group, "m2")
     e = _lead(a, s1)
     g1 = a.publish(s1, e, {"m1": ["x", "y"], "m2": []}, phase=Phase.RUNNING, resources_version=0)
     a.claim(s1, ["x", "y"], g1.generation)
-    member, follower = b.watch(group), b.watch(group)
+    member, follower, alone = b.watch(group), b.watch(group), b.watch(group)
     try:
         member.focus(Interest.MEMBER, "m2")
         follower.focus(Interest.SUCCESSION)
-        assert member.wait(0.05) is False and follower.wait(0.05) is False
+        alone.focus(Interest.COORDINATOR)
+        assert not any(w.wait(0.05) for w in (member, follower, alone))
         g2 = a.publish(s1, e, {"m1": ["y"], "m2": ["x"]}, phase=Phase.RUNNING, resources_version=0)
         assert member.wait(5), "a new target"
         assert b.claim(s2, ["x"], g2.generation) == {}  # m1 holds it still
         a.release(s1, {"x": 1})
         assert member.wait(5), "the release of a resource its target gives it"
+        _quiet(alone)
         a.leave(s1)
         assert follower.wait(5), "the coordinator left"
+        assert alone.wait(5), "the coordinator left"
     finally:
-        member.close()
-        follower.close()
+        for watch in (member, follower, alone):
+            watch.close()
 
 
 def test_update_info_replaces_what_the_member_publishes_while_it_lives(

@@ -101,6 +101,9 @@ class CoordinatorLoop:
         self._settings = Settings.of(config, None if discover is None else discovery_interval)
         self._state = CoordinatorState()
         """The state machine's state: replaced, never changed, by the thread alone."""
+        self._following = Interest.SUCCESSION if config.rejoin_grace > 0 else Interest.COORDINATOR
+        """What a follower watches: the static members it sees matter only to a coordinator
+        that gives them a rejoin grace (:attr:`Interest.COORDINATOR`)."""
         self._rediscover = threading.Event()
         self.discovery_error: str | None = None
         """Why the last listing of the source failed, or None after a good one."""
@@ -192,8 +195,9 @@ class CoordinatorLoop:
                         self._wake.clear()
                         continue
                 # else: a follower whose watch reported nothing has nothing to read. Nothing
-                # but the coordinator's going (or a member's coming, for its static members)
-                # moves its decision, and its watch covers both: a follower that read the
+                # but the coordinator's going (or a member's coming, for its static members,
+                # when it gives a rejoin grace) moves its decision, and its watch covers
+                # what does (``self._following``): a follower that read the
                 # group's head every second cost 100 reads a second in an idle group of 100.
                 # Waits are capped so that stop(), wake() and rediscover() act within a second.
                 timeout = min(timeout, _IDLE_WAIT)
@@ -201,7 +205,7 @@ class CoordinatorLoop:
                     # A follower acts only when the coordinator goes away; on becoming the
                     # coordinator, the wider interest reports what was held back meanwhile.
                     following = self._state.role is Role.FOLLOWER
-                    watch.focus(Interest.SUCCESSION if following else Interest.ALL)
+                    watch.focus(self._following if following else Interest.ALL)
                 quiet = False
                 if timeout > 0:
                     woke = self._wait(watch, timeout, retry)

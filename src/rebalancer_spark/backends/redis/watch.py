@@ -85,6 +85,9 @@ _ANY = "*"
 _MEMBER_EVENTS = LEASE_EVENTS | {"publish", "control", "lift", _ANY}
 _SUCCESSION_EVENTS = LEASE_EVENTS | {"resign", "elect", _ANY}
 _COORDINATOR_CHANGES = frozenset({"resign", "elect"})
+_FOLLOWING = frozenset({Interest.SUCCESSION, Interest.COORDINATOR})
+"""A follower's interests: a member's coming is a lease event too, which the coordinator's
+going away may also be, so Redis wakes for both alike."""
 """Messages after which a follower's watch reads the coordinator's lease again."""
 
 _RETRY = "~retry"
@@ -95,7 +98,7 @@ _RETRY_AFTER = 0.5
 def _lease_scope(interest: Interest) -> str:
     """Which leases a watch of ``interest`` follows: the ``coordinator``'s (a follower acts
     only on the coordinator going away) or ``all``."""
-    return "coordinator" if interest is Interest.SUCCESSION else "all"
+    return "coordinator" if interest in _FOLLOWING else "all"
 
 
 class RedisWatch(Watch):
@@ -184,7 +187,7 @@ class RedisWatch(Watch):
                 self._stale
                 or kind in LEASE_EVENTS
                 or kind == _ANY
-                or (self.interest is Interest.SUCCESSION and kind in _COORDINATOR_CHANGES)
+                or (self.interest in _FOLLOWING and kind in _COORDINATOR_CHANGES)
             )
             self._cond.notify_all()
 
@@ -194,7 +197,7 @@ class RedisWatch(Watch):
         atoms = self._atoms
         if not atoms or self.interest is Interest.ALL:
             return bool(atoms)
-        if self.interest is Interest.SUCCESSION:
+        if self.interest in _FOLLOWING:
             return not atoms.isdisjoint(_SUCCESSION_EVENTS)
         return not atoms.isdisjoint(_MEMBER_EVENTS) or f"release:{self.member_id}" in atoms
 

@@ -10,6 +10,7 @@ each read the store for nothing:
 * :attr:`Interest.ALL`: a data watch on ``changes`` and a child watch on ``members/``;
 * :attr:`Interest.SUCCESSION`: the ``coordinator`` znode (an ephemeral that an election
   creates and a resignation or the coordinator's end deletes) and ``members/``;
+* :attr:`Interest.COORDINATOR`: the ``coordinator`` znode alone;
 * :attr:`Interest.MEMBER`: the ``target`` pointer (a publication), ``control``, the
   member's own ``members/<id>`` (an ephemeral of its session, which the session's end
   deletes; other members' joins and leaves wake none of the 100, since nothing a member acts
@@ -126,6 +127,7 @@ class ZookeeperWatch(Watch):
         nodes = {
             Interest.ALL: [p.changes],
             Interest.SUCCESSION: [p.coordinator],
+            Interest.COORDINATOR: [p.coordinator],
             Interest.MEMBER: [p.target, p.control],
         }[self.interest]
         pending = [client.exists_async(path, watch=self._fired) for path in nodes]
@@ -134,7 +136,7 @@ class ZookeeperWatch(Watch):
             # deletes it): others joining or leaving change nothing it acts on until a target
             # says so, and the holders it waits for are followed themselves.
             pending.append(client.exists_async(p.member(self.member_id), watch=self._fired))
-        else:
+        elif self.interest is not Interest.COORDINATOR:
             pending.append(client.get_children_async(p.members, watch=self._fired))
         return pending
 
