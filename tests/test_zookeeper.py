@@ -1252,6 +1252,15 @@ def _held_by_m1_and_m3(
     return a_ids, c_ids, (s1, s2, s3), epoch, target
 
 
+def _all_moved_to_m2(
+    store: Backend, other: Backend, group: str, count: int
+) -> tuple[list[str], list[str], tuple[Session, Session, Session], Target]:
+    """:func:`_held_by_m1_and_m3`, then a target that gives m2 everything m1 and m3 hold."""
+    a_ids, c_ids, sessions, epoch, target = _held_by_m1_and_m3(store, other, group, count)
+    moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
+    return a_ids, c_ids, sessions, _republish(store, sessions[0], epoch, moved, target)
+
+
 def test_a_claim_lists_the_sessions_only_for_as_many_unknown_holders_as_members(
     zookeeper_backend_url: str, group: str
 ) -> None:
@@ -1260,9 +1269,7 @@ def test_a_claim_lists_the_sessions_only_for_as_many_unknown_holders_as_members(
     # group of 3 (as for the 10 each member takes over from one that leaves a group of 100)
     # the claim reads the records, then their holders' znodes with the records again.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        a_ids, c_ids, (s1, s2, s3), epoch, target = _held_by_m1_and_m3(store, other, group, 1)
-        moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
-        target = _republish(store, s1, epoch, moved, target)
+        a_ids, c_ids, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 1)
         assert other.member_view(s2).target == frozenset(a_ids + c_ids)  # 3 members
         paths = _zk(other)._group(group)
         read: list[str] = []
@@ -1285,9 +1292,7 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
     # grants the 200; m3's session znode has not moved, so m3's 300 records are not read at
     # all. m1's last 100 follow once it releases them.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        a_ids, c_ids, (s1, s2, s3), epoch, target = _held_by_m1_and_m3(store, other, group, 300)
-        moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
-        target = _republish(store, s1, epoch, moved, target)
+        a_ids, c_ids, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 300)
         assert other.claim(s2, a_ids + c_ids, target.generation) == {}
         store.release(s1, dict.fromkeys(a_ids[:200], 1))
         read: list[str] = []
