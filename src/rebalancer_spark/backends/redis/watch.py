@@ -85,10 +85,10 @@ _ANY = "*"
 _MEMBER_EVENTS = LEASE_EVENTS | {"publish", "control", "lift", _ANY}
 _SUCCESSION_EVENTS = LEASE_EVENTS | {"resign", "elect", _ANY}
 _COORDINATOR_CHANGES = frozenset({"resign", "elect"})
+"""Messages after which a follower's watch reads the coordinator's lease again."""
 _FOLLOWING = frozenset({Interest.SUCCESSION, Interest.COORDINATOR})
 """A follower's interests: a member's coming is a lease event too, which the coordinator's
 going away may also be, so Redis wakes for both alike."""
-"""Messages after which a follower's watch reads the coordinator's lease again."""
 
 _RETRY = "~retry"
 """A deadline key (never a session id) for reading the leases again after a failed read."""
