@@ -57,7 +57,7 @@ from rebalancer_spark.core.model import (
 )
 from rebalancer_spark.core.urls import parse_backend_url
 from tests.servers.zookeeper import Ensemble, TcpProxy, ZkServer, free_ports
-from tests.support.helpers import wait_for
+from tests.support.helpers import quiet, wait_for
 from tests.support.procs import MemberProcesses
 
 TTL = 2.0
@@ -1070,15 +1070,6 @@ def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
         assert sum(reads) <= 3 + 1 + 1 + 600 + 600, reads
 
 
-def _quiet(watch: Any) -> None:
-    """Let the wake-ups of changes made so far pass (one change may fire two of the znodes
-    a watch follows, and the watch registered when it was created covered everything)."""
-    for _ in range(20):
-        if not watch.wait(0.3):
-            return
-    raise AssertionError("the watch kept waking with nothing changing")
-
-
 def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
     zookeeper_backend_url: str, group: str
 ) -> None:
@@ -1102,7 +1093,7 @@ def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
             assert member.wait(5), "a new target"
             assert witness.wait(5)
             for watch in (member, follower, witness):
-                _quiet(watch)
+                quiet(watch)
             assert other.claim(s2, ["x"], target.generation) == {}  # m1 holds it still
             changes: dict[str, Callable[[], object]] = {
                 "an acknowledgement": lambda: other.acknowledge(s3, target.generation),
@@ -1120,7 +1111,7 @@ def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
             store.leave(s1)
             assert follower.wait(5), "the coordinator left"
             for watch in (member, follower, witness):
-                _quiet(watch)
+                quiet(watch)
             # Others joining and leaving: nothing m2 acts on until a target says so.
             s5 = store.join(group, "m5", info={}, ttl=10, static=False)
             assert witness.wait(5) and follower.wait(5), "m5 joined"
@@ -1156,7 +1147,7 @@ def test_a_follower_that_gives_no_grace_watches_the_coordinator_alone(
             store.claim(s1, ["x"], target.generation)
             other.join(group, "m9", info={}, ttl=10, static=False)
             for watch in (follower, succession):
-                _quiet(watch)
+                quiet(watch)
             s5 = store.join(group, "m5", info={}, ttl=10, static=True)
             assert succession.wait(5), "m5 joined"
             assert follower.wait(0.3) is False, "m5 joined"
@@ -1165,7 +1156,7 @@ def test_a_follower_that_gives_no_grace_watches_the_coordinator_alone(
             assert follower.wait(0.3) is False, "m5 left"
             store.leave(s1)  # the coordinator's session ends
             assert follower.wait(5), "the coordinator left"
-            _quiet(follower)
+            quiet(follower)
             assert other.elect(s2) is not None
             assert follower.wait(5), "m2 elected"
         finally:
@@ -1185,7 +1176,7 @@ def test_a_member_watch_wakes_when_the_holder_of_what_it_asked_for_ends(
             member.focus(Interest.MEMBER, "m2")
             target = _republish(store, s1, epoch, {"m1": [], "m2": ["x"]}, target)
             assert member.wait(5), "a new target"
-            _quiet(member)
+            quiet(member)
             assert other.claim(s2, ["x"], target.generation) == {}
             assert member.wait(0.3) is False
             store.leave(s1)  # its session ends, unreleased
@@ -1211,9 +1202,9 @@ def test_a_release_wakes_the_member_that_follows_it_at_once_and_its_watches_stil
             member.focus(Interest.MEMBER, "m2")
             target = _republish(store, s1, epoch, {"m1": ["z"], "m2": ["x"]}, target)
             assert member.wait(5), "a new target"
-            _quiet(member)
+            quiet(member)
             assert other.claim(s2, ["x"], target.generation) == {}  # m2 follows m1's session
-            _quiet(member)
+            quiet(member)
             client = _zk(other)._client
             sent: list[str] = []
             exists = client.exists_async
@@ -1229,7 +1220,7 @@ def test_a_release_wakes_the_member_that_follows_it_at_once_and_its_watches_stil
             assert sent == [], "woken without re-arming"
             monkeypatch.undo()
             assert set(other.claim(s2, ["x"], target.generation)) == {"x"}
-            _quiet(member)
+            quiet(member)
             _republish(store, s1, epoch, {"m1": [], "m2": ["x", "z"]}, target)
             assert member.wait(5), "a new target after the release"
         finally:
@@ -1340,7 +1331,7 @@ def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
             assert sorted(records) == sorted(paths.resource_epoch(r) for r in a_ids + c_ids)
             assert second.index(paths.session(s1.session_id)) < second.index(records[0])
             assert len([p for p in read if p.startswith(paths.epochs + "/")]) == len(records)
-            _quiet(member)
+            quiet(member)
             store.release(s1, dict.fromkeys(a_ids[:100], 1))
             assert member.wait(5), "m1's release"
             read.clear()
@@ -1370,7 +1361,7 @@ def test_a_grant_refused_by_its_record_wakes_the_member_to_try_again(
         member = store.watch(group)
         try:
             member.focus(Interest.MEMBER, "m1")
-            _quiet(member)
+            quiet(member)
             record = _zk(store)._group(group).resource_epoch("x")
             plan = ownership._plan_claims
 

@@ -42,6 +42,15 @@ JOB_CONF = {
 }
 
 
+def quiet(watch: Watch) -> None:
+    """Let the wake-ups of the changes made so far pass (one change may fire two of the
+    znodes a ZooKeeper watch follows, and a watch's first registration covered everything)."""
+    for _ in range(20):
+        if not watch.wait(0.3):
+            return
+    raise AssertionError("the watch kept waking with nothing changing")
+
+
 def wait_for(condition: Callable[[], T], *, timeout: float, what: str, interval: float = 0.01) -> T:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` after
     ``timeout`` seconds, showing the last value seen."""

@@ -303,7 +303,7 @@ def _read_for_claims(
     known: Mapping[str, tuple[str, int]],
     versions: Mapping[str, int | None],
     early: Mapping[str, Callable[[], Record]],
-    sessions: Collection[str] = (),
+    sessions: Collection[str],
 ) -> _ForClaims | None:
     """What :class:`_ForClaims` says, for the resources ``asked`` for (None: the target moved
     on while being read).

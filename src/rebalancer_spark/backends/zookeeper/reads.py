@@ -153,7 +153,8 @@ def read_own_part(
     """Issue the reads of this session's member's part of ``pointer``'s target, as far as the
     session did not read it already (:attr:`ZkSession.parts`): directories are written once
     under fresh names and never changed, so a member reads its part of a base once, and then
-    only its chunk of each delta added to the chain since."""
+    only its chunk of each delta added to the chain since. Notes the target's number of
+    members too (:attr:`ZkSession.group_size`)."""
     member = zs.session.member_id
     zs.group_size = len(pointer.members)
     if member not in pointer.members:
