@@ -67,10 +67,6 @@ def _source(
             raise SystemExit("the member did not get the resource within 30 s")
         time.sleep(0.05)
 
-    def owns(r: str, epoch: int) -> bool:
-        now = member.owns(r)
-        return now is not None and now.epoch == epoch
-
     session = member.session
     return AssignedSource(
         group=member.group,
@@ -79,7 +75,7 @@ def _source(
         progress=owned.progress if progress is None else progress,
         source=source,
         commit=lambda r, v, e: member.commit(r, v, epoch=e),
-        owns=owns,
+        owner=member,
         before_first_read=lambda: None,
         who={"member_id": member.member_id, "session_id": session.session_id if session else ""},
         read=ReadSettings(max_files_per_batch=batch),

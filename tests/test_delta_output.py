@@ -9,17 +9,25 @@ driver paused right after that check", so that only the Delta table can refuse i
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rebalancer_spark import FencedError, Member
+from rebalancer_spark import EventKind, FencedError, Member, OwnershipEvent
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.files import FileShareSource
 from rebalancer_spark.spark.delta_commit import DeltaCommitter, Landing, Mark, app_id
 from rebalancer_spark.spark.outputs import DeltaOutput, ParquetOutput
-from tests.support.helpers import SqliteMembers, assigned_source, read_delta, wait_for
+from tests.support.helpers import (
+    GuardWith,
+    SqliteMembers,
+    assigned_source,
+    read_delta,
+    wait_for,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket.*127.0.0.1:pytest.PytestUnraisableExceptionWarning"
@@ -231,7 +239,7 @@ def test_a_stale_owner_paused_before_its_write_is_refused_by_the_table(
     # a wakes up; its local check is past (a pause right after it): only Delta can refuse.
     with pytest.raises(FencedError, match=f"epoch {src_b.epoch}.*refused by the table"):
         output.write(df_a, resource="d0", epoch=src_a.epoch, batch=batch_a.id,
-                     who=src_a.who, check=lambda: None)  # fmt: skip
+                     who=src_a.who, guard=GuardWith())  # fmt: skip
     assert _ids(spark, tmp_path / "out") == sorted(ids), "every row exactly once"
     assert all(epoch == src_b.epoch for epoch, _ in _data_commits(tmp_path / "out"))
 
@@ -244,20 +252,55 @@ def test_a_stale_owner_paused_during_its_write_cannot_commit_after_the_successor
     assert batch_a is not None
     paused: list[Any] = []
 
-    def pause_after_the_files() -> None:  # the check before the commit: a "pauses" there
+    def pause_after_the_files() -> None:  # the hold of the commit: a "pauses" there
         if not paused:
             paused.append(_take_over(b, a, source, output))
             paused.append(_run_all(spark, paused[0]))
 
     with pytest.raises(FencedError, match="refused by the table"):
         output.write(batch_a.read(), resource="d0", epoch=src_a.epoch, batch=batch_a.id,
-                     who=src_a.who, check=pause_after_the_files)  # fmt: skip
+                     who=src_a.who, guard=GuardWith(inside_hold=pause_after_the_files))  # fmt: skip
     src_b, outcomes = paused
     assert outcomes == ["written", "written"], "the successor fenced, then re-ran batch 1"
     kinds = [c.get("rebalancer.kind") for c in _history(tmp_path / "out")]
     assert kinds.count("fence") == 1
     assert _data_commits(tmp_path / "out") == [(src_b.epoch, 1), (src_b.epoch, 2)]
     assert _ids(spark, tmp_path / "out") == sorted(ids), "every row exactly once"
+
+
+def test_a_batch_committing_while_its_resource_is_revoked_lands_before_the_release(
+    spark: Any, members: SqliteMembers, tmp_path: Path
+) -> None:
+    """The Delta commit runs inside the job's hold of the resource: a drain that revokes the
+    resource while the commit is under way waits for it, so the commit's time comes before
+    a's ``released`` row (the audit's output check, rule 2) and the batch lands."""
+    ids = _landing(tmp_path / "landing", "d0", files=2)
+    source = FileShareSource((tmp_path / "landing").as_uri() + "/")
+    output = DeltaOutput(spark, str(tmp_path / "out"), members.group)
+    events: list[OwnershipEvent] = []
+    revoked = threading.Event()
+    a = members.start("a", resources=["d0"], event_sinks=[events.append],
+                      on_revoked=lambda owned: revoked.set())  # fmt: skip
+    src_a = assigned_source(a, "d0", source, output, max_files_per_batch=2)
+    batch = src_a.next_batch(spark)
+    assert batch is not None
+    df = batch.read()
+    drain = threading.Thread(target=a.stop, name="test-drain")
+
+    def revoke_mid_commit() -> None:  # the commit has begun: a drains meanwhile
+        drain.start()
+        assert revoked.wait(10), "on_revoked never ran"
+        time.sleep(0.2)
+
+    landing = output.write(df, resource="d0", epoch=src_a.epoch, batch=batch.id, who=src_a.who,
+                           guard=GuardWith(src_a.guard, inside_hold=revoke_mid_commit))  # fmt: skip
+    drain.join(20)
+    assert not drain.is_alive(), "the drain never ended"
+    assert landing is Landing.COMMITTED
+    (committed,) = [c for c in _history(tmp_path / "out") if c.get("rebalancer.kind") == "data"]
+    (released,) = [e for e in events if e.kind is EventKind.RELEASED]
+    assert released.at >= int(committed["timestamp"]) / 1000, "the commit came after the release"
+    assert _ids(spark, tmp_path / "out") == sorted(ids)
 
 
 def test_a_kill_between_the_delta_commit_and_the_progress_commit_is_recovered_exactly(
@@ -267,7 +310,7 @@ def test_a_kill_between_the_delta_commit_and_the_progress_commit_is_recovered_ex
     batch_a = src_a.next_batch(spark)
     assert batch_a is not None
     landing = output.write(batch_a.read(), resource="d0", epoch=src_a.epoch, batch=batch_a.id,
-                           who=src_a.who, check=src_a.check_owner)  # fmt: skip
+                           who=src_a.who, guard=src_a.guard)  # fmt: skip
     assert landing is Landing.COMMITTED  # ... and a dies before its progress commit
     src_b = _take_over(b, a, source, output)
     assert src_b.planned == batch_a.planned, "the batch is handed over as planned"

@@ -858,6 +858,65 @@ def test_a_hung_on_revoked_gives_its_resources_up_so_that_they_move(grp: Group) 
         may_return.set()
 
 
+def _revoked(rec: Recorder, resource: str) -> bool:
+    with rec.lock:
+        return resource in rec.revoked
+
+
+def _of_kind(rec: Recorder, kind: EventKind) -> list[OwnershipEvent]:
+    with rec.lock:
+        return [e for e in rec.events if e.kind is kind]
+
+
+def test_a_release_waits_for_the_write_that_holds_the_resource(grp: Group) -> None:
+    """A write inside ``hold`` (the fenced output commit) keeps the resource: a revocation
+    refuses new holds at once, and emits ``released`` only once the hold in progress ended,
+    so no commit made in a hold lands after its epoch's release (the output check's rule 2)."""
+    a = grp.start("a", ["r"], callback_timeout=10.0)
+    owned = wait_for(lambda: a.owns("r"), timeout=10, what="a to own r")
+    assert owned is not None
+    rec = grp.recorders["a"]
+    stopper = threading.Thread(target=a.stop, name="test-stop")
+    with a.hold("r", owned.epoch):
+        stopper.start()  # a drains: r is revoked while the write goes on
+        wait_for(lambda: _revoked(rec, "r"), timeout=10, what="on_revoked of r")
+        refused = pytest.raises(FencedError, match=r"'r' at epoch \d+ \(being released\)")
+        with refused, a.hold("r", owned.epoch):
+            pass
+        time.sleep(0.3)  # the write goes on; without the wait, r is released meanwhile
+        assert _of_kind(rec, EventKind.RELEASED) == []
+        ended = time.time()
+    stopper.join(20)
+    assert not stopper.is_alive(), "the drain never ended"
+    released = _of_kind(rec, EventKind.RELEASED)
+    assert [e.resource for e in released] == ["r"]
+    assert released[0].at >= ended, "released before the write that held r ended"
+    # stopped: nothing can be held
+    with pytest.raises(FencedError, match="lease lapsed"), a.hold("r", owned.epoch):
+        pass
+
+
+def test_a_write_that_holds_past_callback_timeout_gives_its_resource_up_as_lost(
+    grp: Group,
+) -> None:
+    """A hold is bounded like a callback: one that outlives ``callback_timeout`` during a
+    revocation makes the resource ``lost`` (named in the reason), and the member goes on."""
+    a = grp.start("a", ["r"], callback_timeout=0.5)
+    owned = wait_for(lambda: a.owns("r"), timeout=10, what="a to own r")
+    assert owned is not None
+    rec = grp.recorders["a"]
+    stopper = threading.Thread(target=a.stop, name="test-stop")
+    with a.hold("r", owned.epoch):
+        stopper.start()
+        wait_for(lambda: _of_kind(rec, EventKind.LOST), timeout=10, what="r given up")
+    stopper.join(20)
+    assert not stopper.is_alive(), "the drain never ended"
+    assert [(e.resource, e.reason) for e in _of_kind(rec, EventKind.LOST)] == [
+        ("r", "a write holding them did not end within callback_timeout = 0.5 s")
+    ]
+    assert _of_kind(rec, EventKind.RELEASED) == []
+
+
 def test_a_hung_on_assigned_drains_its_member_and_the_others_take_the_work(grp: Group) -> None:
     may_return = threading.Event()
     calls: list[int] = []

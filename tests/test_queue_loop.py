@@ -22,11 +22,12 @@ from rebalancer_spark.sources.queues import QueueMessage
 from rebalancer_spark.sources.rabbitmq import RabbitMqSource
 from rebalancer_spark.sources.sqs import SqsSource
 from rebalancer_spark.spark.delta_commit import Landing
+from rebalancer_spark.spark.guard import WriteGuard
 from rebalancer_spark.spark.outputs import DeltaOutput
 from rebalancer_spark.spark.queue_loop import QueueLoop
 from rebalancer_spark.spark.queue_output import QueueOutput, Transform
 from tests.servers.cloud import RabbitMq, SqsPrefix
-from tests.support.helpers import FlakyStore, read_delta, wait_for
+from tests.support.helpers import FlakyStore, GuardWith, read_delta, wait_for
 
 # pyspark's collect() leaves its local socket to the garbage collector (tests/test_audit_delta.py)
 pytestmark = pytest.mark.filterwarnings(
@@ -189,7 +190,7 @@ def test_a_batch_written_but_not_committed_is_redelivered_and_not_written_again(
     # the dying attempt: it fetched 15, committed them to the table, and died holding them
     dead = source.consumer(queue)
     held = dead.fetch(15)
-    landing = output.write(queue, epoch, 1, held, _who(member), lambda: None)
+    landing = output.write(queue, epoch, 1, held, _who(member), GuardWith())
     assert landing == (Landing.COMMITTED, 15)
     dead.close()  # what the broker does when the process dies
     loop = QueueLoop(member, source, output)
@@ -281,18 +282,13 @@ def test_a_stale_owners_batch_is_refused_by_the_table_and_its_messages_land_once
 
     class StallsBeforeItsCommit(QueueOutput):
         def write(self, resource: str, epoch: int, batch: int, messages: Sequence[QueueMessage],
-                  who: Mapping[str, str], check: Any) -> tuple[Landing, int]:  # fmt: skip
+                  who: Mapping[str, str], guard: WriteGuard) -> tuple[Landing, int]:  # fmt: skip
             if batch == 1:
-                return super().write(resource, epoch, batch, messages, who, check)
-            calls: list[int] = []
-
-            def check_then_stall() -> None:
-                check()  # the last look: A still owns the queue ...
-                calls.append(1)
-                if len(calls) == 2:  # ... right before the Delta commit (1: before Spark writes)
-                    stall_until_b_fenced()
-
-            return super().write(resource, epoch, batch, messages, who, check_then_stall)
+                return super().write(resource, epoch, batch, messages, who, guard)
+            # The last look passed (A still owns the queue and holds it), right before the
+            # Delta commit, A stalls: its lease lapses, which no hold can keep.
+            stalls = GuardWith(guard, inside_hold=stall_until_b_fenced)
+            return super().write(resource, epoch, batch, messages, who, stalls)
 
     loop_a = QueueLoop(a, source, StallsBeforeItsCommit(spark, DeltaOutput(spark, str(out), group)))
     try:
@@ -329,26 +325,26 @@ def test_a_commit_that_lost_a_race_is_deduplicated_again_against_the_winner(
     out = tmp_path / "out"
     messages = [QueueMessage(f"k{i}", b"{}", i) for i in range(10)]
     other = _output(spark, out, group)
-    assert other.write("q", 1, 1, messages[:2], {}, lambda: None) == (Landing.COMMITTED, 2)
+    assert other.write("q", 1, 1, messages[:2], {}, GuardWith()) == (Landing.COMMITTED, 2)
     prepared: list[int] = []
 
     class Raced(QueueOutput):
         def _without_present(self, frame: Any, dataset: Any, resource: str, keys: Any) -> Any:
             prepared.append(1)
             if len(prepared) == 1:  # the winner commits after this attempt read the table
-                assert other.write("q", 1, 2, messages[:5], {}, lambda: None) == (
+                assert other.write("q", 1, 2, messages[:5], {}, GuardWith()) == (
                     Landing.COMMITTED,
                     3,
                 )
             return super()._without_present(frame, dataset, resource, keys)
 
     raced = Raced(spark, DeltaOutput(spark, str(out), group))
-    assert raced.write("q", 1, 3, messages, {}, lambda: None) == (Landing.COMMITTED, 5)
+    assert raced.write("q", 1, 3, messages, {}, GuardWith()) == (Landing.COMMITTED, 5)
     assert len(prepared) == 2
     assert _rows(spark, out) == sorted(("q", f"k{i}") for i in range(10))
     assert [c[2] for c in _commits(out)] == [1, 2, 3]
     # a batch whose rows are all in the table commits nothing
-    assert raced.write("q", 1, 4, messages, {}, lambda: None) == (Landing.EMPTY, 0)
+    assert raced.write("q", 1, 4, messages, {}, GuardWith()) == (Landing.EMPTY, 0)
     assert [c[2] for c in _commits(out)] == [1, 2, 3]
 
 

@@ -279,7 +279,7 @@ def test_reading_without_a_file_source_says_what_to_do(members: SqliteMembers) -
         progress=None,
         source=None,
         commit=lambda r, v, e: a.commit(r, v, epoch=e),
-        owns=lambda r, e: a.owns(r) is not None,
+        owner=a,
         before_first_read=lambda: None,
         who={"member_id": a.member_id},
     )

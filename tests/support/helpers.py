@@ -6,7 +6,8 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +29,7 @@ from rebalancer_spark.core.protocols import MemberHead, MemberView
 if TYPE_CHECKING:
     from rebalancer_spark.member import Member
     from rebalancer_spark.sources.base import FileSource
+    from rebalancer_spark.spark.guard import WriteGuard
     from rebalancer_spark.spark.outputs import Output
     from rebalancer_spark.spark.source import AssignedSource
 
@@ -201,11 +203,6 @@ def assigned_source(
     owned = wait_for(lambda: member.owns(resource), timeout=10, what=f"{resource} owned")
     assert owned is not None
     session = member.session
-
-    def owns(r: str, epoch: int) -> bool:
-        now = member.owns(r)
-        return now is not None and now.epoch == epoch
-
     settings = {"schema": "id STRING, value INT", "max_files_per_batch": 2, **read}
     history = None
     if output is None:  # the group's history, shared by its members, in the temp directory
@@ -220,7 +217,7 @@ def assigned_source(
         progress=owned.progress,
         source=source,
         commit=lambda r, v, e: member.commit(r, v, epoch=e),
-        owns=owns,
+        owner=member,
         before_first_read=lambda: None,
         who={"member_id": member.member_id, "session_id": session.session_id if session else ""},
         output=output,
@@ -230,6 +227,29 @@ def assigned_source(
         event=event,
         requests=ControlRequests(member, interval=0.0),
     )
+
+
+class GuardWith:
+    """A write guard (:mod:`rebalancer_spark.spark.guard`) over ``inner`` (None: one that
+    never refuses, for a write made without a member) that runs ``inside_hold`` right after
+    each hold begins: a writer paused after its last look, right before its Delta commit."""
+
+    def __init__(
+        self, inner: WriteGuard | None = None, inside_hold: Callable[[], None] | None = None
+    ) -> None:
+        self.inner = inner
+        self.inside_hold = inside_hold
+
+    def check(self) -> None:
+        if self.inner is not None:
+            self.inner.check()
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        with nullcontext() if self.inner is None else self.inner.holding():
+            if self.inside_hold is not None:
+                self.inside_hold()
+            yield
 
 
 def read_delta(spark: Any, path: str | Path) -> Any:

@@ -52,7 +52,8 @@ import os
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Self
 
@@ -344,6 +345,30 @@ class Member:
         if self._lease.valid_session() is None:
             return None
         return self._ownership.get(resource)
+
+    @contextmanager
+    def hold(self, resource: str, epoch: int) -> Iterator[OwnedResource]:
+        """Own ``resource`` at ``epoch`` throughout the block: wrap in it a write that must
+        land while the resource is owned (a fenced output commit). A revocation of the
+        resource waits for the block to end (at most ``callback_timeout``, then the resource
+        is ``lost``) before it emits ``released`` and gives the claim back, and refuses new
+        holds once it has begun. Raises :class:`FencedError` when this member does not own
+        the resource at ``epoch`` now (it moved, is being released, or the lease lapsed). A
+        lapse during the block does not wait: only the output's own fence stops a late
+        write then. Keep the block short: it delays a rebalance by its length."""
+        if self._lease.valid_session() is None:
+            raise self._refused(
+                f"member {self.member_id!r} of group {self.group!r} cannot hold resource "
+                f"{resource!r} at epoch {epoch}: its lease lapsed; stop working on it"
+            )
+        try:
+            owned = self._ownership.begin_hold(resource, epoch)
+        except FencedError as exc:
+            raise self._refused(str(exc)) from None
+        try:
+            yield owned
+        finally:
+            self._ownership.end_hold(resource, epoch)
 
     def rediscover(self) -> None:
         """Ask for a new listing of the source now (acted on by whichever member

@@ -13,10 +13,19 @@ matching callback with every resource concerned: ``on_assigned`` after they are 
 it must return only once work on them has stopped), ``on_lost`` after they are forgotten. A
 callback or a sink that raises is logged and the member carries on.
 
+A write that must land while the resource is still owned (the fenced Delta commit of a batch)
+runs inside a *hold* (:meth:`Ownership.begin_hold`, ``Member.hold``): a release refuses new
+holds of the resource from the moment it starts, and after ``on_revoked`` returns it waits for
+the holds in progress to end before it emits ``released`` and gives the claim back. So no
+commit of a released epoch lands after its ``released`` event (the audit's output check, rule
+2). A lapse cannot wait: what is held then is lost at the deadline, and only the output
+table's fence stops a late commit.
+
 Callbacks are *bounded*: each runs on a thread of its own and the member waits for it at most
 ``callback_timeout`` seconds. One that overruns is left running, logged, and the resources it
 was called with are given up as ``lost`` (the reason names the callback): :meth:`release` and
-:meth:`add` return them so that the member gives their claims back and they move.
+:meth:`add` return them so that the member gives their claims back and they move. A release
+waits for holds at most ``callback_timeout`` seconds too; past it the resources are ``lost``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import dataclass
 
 from rebalancer_spark.backends.base import Session
 from rebalancer_spark.core.clock import Clock
+from rebalancer_spark.core.errors import FencedError
 from rebalancer_spark.core.events import EventKind, EventSink, OwnershipEvent
 from rebalancer_spark.core.model import Grant, JsonValue
 
@@ -84,6 +94,10 @@ class Ownership:
         self._sinks = list(event_sinks)
         self._callback_timeout = callback_timeout
         self._held: dict[str, OwnedResource] = {}
+        self._holds: dict[tuple[str, int], int] = {}
+        """Per (resource, epoch): how many holds run now (:meth:`begin_hold`)."""
+        self._leaving: set[str] = set()
+        """Resources a release is under way for: no new hold of them."""
         self._version = 0
         self.overruns: dict[str, int] = {}
         """Per callback name: how many of its calls overran ``callback_timeout``."""
@@ -135,6 +149,46 @@ class Ownership:
                 self._changed.wait(min(remaining, step))
             return True
 
+    def begin_hold(self, resource: str, epoch: int) -> OwnedResource:
+        """Start a hold of ``resource`` at ``epoch`` (module docstring; end it with
+        :meth:`end_hold`): a release of it waits for the hold's end, at most
+        ``callback_timeout``, before it emits ``released`` and gives the claim back. Raises
+        :class:`FencedError` if it is not held at ``epoch`` now, or a release of it has
+        begun. The caller checks the lease."""
+        with self._changed:
+            owned = self._held.get(resource)
+            if owned is None or owned.epoch != epoch or resource in self._leaving:
+                now = "not held" if owned is None else f"held at epoch {owned.epoch}"
+                if owned is not None and owned.epoch == epoch:
+                    now = "being released"
+                raise FencedError(
+                    f"member {self._member_id} of group {self._group} no longer owns resource "
+                    f"{resource!r} at epoch {epoch} ({now}): the write is not made; stop "
+                    "working on it"
+                )
+            key = (resource, epoch)
+            self._holds[key] = self._holds.get(key, 0) + 1
+            return owned
+
+    def end_hold(self, resource: str, epoch: int) -> None:
+        """End a hold that :meth:`begin_hold` started."""
+        key = (resource, epoch)
+        with self._changed:
+            left = self._holds.pop(key) - 1
+            if left:
+                self._holds[key] = left
+            elif resource in self._leaving:
+                self._changed.notify_all()
+
+    def _holds_ended(self, owned: Sequence[OwnedResource]) -> bool:
+        """Wait (at most ``callback_timeout``) until no hold of ``owned`` runs."""
+        keys = [(o.resource, o.epoch) for o in owned]
+        return self.wait_until(
+            lambda: not any(k in self._holds for k in keys),
+            self._callback_timeout,
+            self._callback_timeout,
+        )
+
     # -- changes ---------------------------------------------------------------------------------
 
     def add(self, session: Session, owned: Sequence[OwnedResource]) -> list[OwnedResource]:
@@ -185,17 +239,20 @@ class Ownership:
         lapsed_at: Callable[[], float | None],
         target: tuple[int, int] | None = None,
     ) -> tuple[list[OwnedResource], bool]:
-        """Call ``on_revoked`` for the held ones among ``resources``, emit, then stop holding
-        them; return them, sorted, and whether the lease still held when the callback
-        returned. ``lapsed_at()`` is None while the lease holds, else the wall time it ran
-        out: a callback that outlived the lease ends in ``lost`` at that time, not in
-        ``released`` afterwards (the store may have granted the resources meanwhile). Giving
-        the claims back to the store is the caller's part, and only if the lease held.
+        """Call ``on_revoked`` for the held ones among ``resources``, wait for their holds to
+        end, emit, then stop holding them; return them, sorted, and whether the lease still
+        held when that was done. ``lapsed_at()`` is None while the lease holds, else the wall
+        time it ran out: a callback or a hold that outlived the lease ends in ``lost`` at that
+        time, not in ``released`` afterwards (the store may have granted the resources
+        meanwhile). Giving the claims back to the store is the caller's part, and only if the
+        lease held.
         ``target`` is the (generation, coordinator epoch) of the target that moved them away,
         None for a leave or drain without one."""
         with self._changed:
             owned = [self._held[r] for r in sorted(resources) if r in self._held]
+            self._leaving.update(o.resource for o in owned)
         returned = self._call(self._on_revoked, owned, "on_revoked")
+        drained = returned and self._holds_ended(owned)
         ended = lapsed_at()
         now = self._clock.wall()
         with self._changed:  # forgotten meanwhile (the member abandoned): reported already
@@ -203,15 +260,26 @@ class Ownership:
             owned = [o for o in owned if (h := self._held.get(o.resource)) and h.epoch == o.epoch]
         generation, coordinator_epoch = target if target is not None else (None, None)
         if ended is not None:
-            kind, reason, at = EventKind.LOST, "lease lapsed while on_revoked ran", ended
+            kind, reason, at = (
+                EventKind.LOST,
+                "lease lapsed while on_revoked or a write held them",
+                ended,
+            )
         elif not returned:
             kind, reason, at = EventKind.LOST, self._overran("on_revoked"), now
+        elif not drained:
+            reason = (
+                f"a write holding them did not end within callback_timeout = "
+                f"{self._callback_timeout:g} s"
+            )
+            kind, at = EventKind.LOST, now
         else:
             kind, reason, at = EventKind.RELEASED, why, now
         self._send(self._each(kind, session, owned, reason, at, generation, coordinator_epoch))
         with self._changed:
             for o in owned:
                 self._held.pop(o.resource, None)
+            self._leaving.difference_update(o.resource for o in owned)
             self._version += 1
             self._changed.notify_all()
         return owned, ended is None
@@ -222,6 +290,7 @@ class Ownership:
         with self._changed:
             wanted = sorted(self._held if resources is None else resources)
             owned = [self._held.pop(r) for r in wanted if r in self._held]
+            self._leaving.difference_update(wanted)
             self._version += 1
             self._changed.notify_all()
         return owned

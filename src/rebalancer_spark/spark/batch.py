@@ -149,7 +149,7 @@ class Batch:
                 epoch=self.epoch,
                 batch=self.id,
                 who=self.source.who,
-                check=self.source.check_owner,
+                guard=self.source.guard,
             )
             self.source.mark_done(self.planned)
         finally:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rebalancer_spark.core.errors import ConfigurationError, FencedError, RebalancerError
+from rebalancer_spark.spark.guard import WriteGuard
 
 __all__ = [
     "DeltaCommitter",
@@ -258,12 +259,13 @@ class DeltaCommitter:
         *,
         schema_json: str,
         rows: int | None,
-        check: Callable[[], None],
+        guard: WriteGuard,
     ) -> Landing:
         """Commit ``adds`` (delta-rs ``AddAction`` s) as batch ``batch`` of ``resource`` at
-        ``epoch``, fenced (module docstring). ``check`` runs right before each attempt and
-        raises :class:`FencedError` when this job no longer owns the resource locally (a
-        lapsed lease). Raises :class:`FencedError` when the table holds a newer epoch."""
+        ``epoch``, fenced (module docstring). Each attempt runs inside ``guard.holding()``,
+        which raises :class:`FencedError` when this job no longer owns the resource locally (it
+        moved, or the lease lapsed) and keeps a revocation waiting until the attempt is over.
+        Raises :class:`FencedError` when the table holds a newer epoch."""
         target = Mark(epoch, batch)
         extra = {} if rows is None else {"rebalancer.rows": str(rows)}
         meta = {**_meta(self.group, resource, "data", target, who), **extra}
@@ -274,8 +276,9 @@ class DeltaCommitter:
                 raise self._fenced(resource, epoch, current)
             if current.batch >= batch:
                 return Landing.ALREADY
-            check()
-            if self._try_commit(resource, adds, target, meta, expected=current):
+            with guard.holding():
+                committed = self._try_commit(resource, adds, target, meta, expected=current)
+            if committed:
                 return Landing.COMMITTED
         raise self._contended(resource, f"batch {batch}")
 
@@ -295,7 +298,7 @@ class DeltaCommitter:
         who: Mapping[str, str],
         *,
         prepare: Callable[[Any], tuple[Sequence[Any], int]],
-        check: Callable[[], None],
+        guard: WriteGuard,
     ) -> tuple[Landing, int]:
         """Commit batch ``batch`` of ``resource`` at ``epoch``, fenced as :meth:`commit`, for
         a batch whose rows depend on what the table already holds (a queue batch, from which
@@ -323,8 +326,9 @@ class DeltaCommitter:
                 **_meta(self.group, resource, "data", target, who),
                 "rebalancer.rows": str(rows),
             }
-            check()
-            if self._try_commit(resource, adds, target, meta, expected=current):
+            with guard.holding():
+                committed = self._try_commit(resource, adds, target, meta, expected=current)
+            if committed:
                 return Landing.COMMITTED, rows
         raise self._contended(resource, f"batch {batch}")
 

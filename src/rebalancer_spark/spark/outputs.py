@@ -14,8 +14,9 @@ settings, per bucket first, else from the AWS environment), or the name of a cat
 
 :class:`ParquetOutput` (``--output-format parquet``): each batch replaces the directory
 ``output/resource=<id>/batch=<n>/``. Exactly once as long as no owner is paused past its lease
-*during* a write (it checks ownership right before writing, but a directory replace is not a
-commit a table can refuse); read it with ``spark.read.parquet(output)``.
+*during* a write (the write runs inside the job's hold of the resource, so a revocation waits
+for it, but a directory replace is not a commit a table can refuse); read it with
+``spark.read.parquet(output)``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from urllib.parse import quote, urlsplit
 from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
 from rebalancer_spark.spark.delta_commit import PARTITION_COLUMN, DeltaCommitter, Landing
 from rebalancer_spark.spark.file_history import HISTORY_DIR
+from rebalancer_spark.spark.guard import WriteGuard
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -78,10 +80,12 @@ class Output(Protocol):
         epoch: int,
         batch: int,
         who: Mapping[str, str],
-        check: Callable[[], None],
+        guard: WriteGuard,
     ) -> Landing:
-        """Write ``df`` as batch ``batch`` of ``resource`` at ``epoch``; ``check`` raises
-        :class:`~rebalancer_spark.FencedError` when this job no longer owns the resource."""
+        """Write ``df`` as batch ``batch`` of ``resource`` at ``epoch``; ``guard``
+        (:mod:`.guard`) raises :class:`~rebalancer_spark.FencedError` when this job no
+        longer owns the resource, and holds it through the write that makes the batch
+        visible."""
 
 
 def open_output(spark: SparkSession, location: str, group: str, output_format: str) -> Output:
@@ -133,12 +137,12 @@ class DeltaOutput:
         epoch: int,
         batch: int,
         who: Mapping[str, str],
-        check: Callable[[], None],
+        guard: WriteGuard,
     ) -> Landing:
         if self.committer.landed(resource, epoch, batch):
             return Landing.ALREADY  # a previous attempt landed; only the progress is missing
         adds, rows, schema_json = self.stage(
-            df, resource=resource, epoch=epoch, batch=batch, check=check
+            df, resource=resource, epoch=epoch, batch=batch, check=guard.check
         )
         if not adds:
             raise RebalancerError(
@@ -146,7 +150,7 @@ class DeltaOutput:
                 f"{self.spark_uri}: the batch is retried"
             )
         return self.committer.commit(
-            resource, epoch, batch, adds, who, schema_json=schema_json, rows=rows, check=check
+            resource, epoch, batch, adds, who, schema_json=schema_json, rows=rows, guard=guard
         )
 
     def stage(
@@ -281,11 +285,13 @@ class ParquetOutput:
         epoch: int,
         batch: int,
         who: Mapping[str, str],
-        check: Callable[[], None],
+        guard: WriteGuard,
     ) -> Landing:
         frame = df.drop(PARTITION_COLUMN, BATCH_COLUMN)
-        check()  # overwrite deletes first: never replace a batch the new owner committed
-        frame.write.mode("overwrite").parquet(self.path(resource, batch))
+        # Overwrite deletes first: never replace a batch the new owner is writing. Held, so
+        # that a revocation waits for the directory to be whole before the claim goes back.
+        with guard.holding():
+            frame.write.mode("overwrite").parquet(self.path(resource, batch))
         return Landing.COMMITTED
 
 

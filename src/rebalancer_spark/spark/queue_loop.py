@@ -20,12 +20,13 @@ Delta commit is refused by the table once the new owner fenced it, and its progr
 the store; it then closes its consumer without acknowledging, and its messages return to the
 queue for the new owner.
 
-Ownership is checked through one function, :meth:`QueueLoop.owns` (``Member.owns`` at the
-consumer's epoch): before every batch (a consumer whose queue is no longer owned at its epoch is
-closed) and right before the Delta commit. A consumer is also closed after any broker error
-(its messages are returned). Batch ids continue from the progress and from the highest batch the
-table holds for the queue (a previous owner killed between its Delta commit and its progress
-commit). Progress, as committed::
+Ownership is checked through one guard (:class:`~rebalancer_spark.spark.guard.OwnerGuard`:
+``Member.owns`` at the consumer's epoch): before every batch (a consumer whose queue is no
+longer owned at its epoch is closed), and the Delta commit runs inside its hold (a revocation
+waits for the commit, so none lands after the queue's ``released`` event). A consumer is also
+closed after any broker error (its messages are returned). Batch ids continue from the progress
+and from the highest batch the table holds for the queue (a previous owner killed between its
+Delta commit and its progress commit). Progress, as committed::
 
     {"batches": n, "messages": total, "written": rows, "last": {"id": n, "keys": [...]},
      "pending": {"messages": depth}}
@@ -53,6 +54,7 @@ from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.member import Member, OwnedResource
 from rebalancer_spark.sources.queues import QueueConsumer, QueueMessage, QueueSource
 from rebalancer_spark.spark.delta_commit import Landing
+from rebalancer_spark.spark.guard import OwnerGuard
 from rebalancer_spark.spark.queue_output import QueueOutput
 
 __all__ = ["QueueLoop", "QueueStats"]
@@ -120,8 +122,7 @@ class QueueLoop:
     def owns(self, resource: str, epoch: int) -> bool:
         """Whether this member still owns ``resource`` at ``epoch`` (from memory; False once
         its local lease lapsed): the loop's one ownership check."""
-        owned = self.member.owns(resource)
-        return owned is not None and owned.epoch == epoch
+        return self._guard(resource, epoch).owned()
 
     def run(self, stop: threading.Event, poll_interval: float) -> QueueStats:
         """Run batches until ``stop`` is set, waiting ``poll_interval`` when nothing came."""
@@ -165,15 +166,8 @@ class QueueLoop:
             "session_id": "" if session is None else session.session_id,
         }
 
-    def _check(self, resource: str, epoch: int) -> Callable[[], None]:
-        def check() -> None:
-            if not self.owns(resource, epoch):
-                raise FencedError(
-                    f"queue {resource!r} is no longer owned by this job at epoch {epoch} (it "
-                    "moved, or this job's lease lapsed): its batch is not written"
-                )
-
-        return check
+    def _guard(self, resource: str, epoch: int) -> OwnerGuard:
+        return OwnerGuard(self.member, resource, epoch, "queue")
 
     def _drop(self, key: tuple[str, int], *, forget: bool = False) -> None:
         opened = self._open.pop(key, None)
@@ -188,7 +182,7 @@ class QueueLoop:
         key = (o.resource, o.epoch)
         opened = self._open.get(key)
         if opened is None:
-            self._check(o.resource, o.epoch)()
+            self._guard(o.resource, o.epoch).check()
             landed = self.output.fence(o.resource, o.epoch, self._who())
             progress, last = self._kept.get(key) or (_parse_progress(o.progress), 0)
             consumer = self.source.consumer(o.resource)
@@ -230,7 +224,7 @@ class QueueLoop:
                 batch_id,
                 messages,
                 self._who(),
-                self._check(o.resource, o.epoch),
+                self._guard(o.resource, o.epoch),
             )
             if landing is Landing.ALREADY:  # cannot be: ids continue from the table's
                 raise RebalancerError(

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from rebalancer_spark.core.errors import ConfigurationError
 from rebalancer_spark.sources.queues import QueueMessage
 from rebalancer_spark.spark.delta_commit import PARTITION_COLUMN, Landing
+from rebalancer_spark.spark.guard import WriteGuard
 from rebalancer_spark.spark.job_label import JobLabel
 
 if TYPE_CHECKING:
@@ -101,12 +102,13 @@ class QueueOutput:
         batch: int,
         messages: Sequence[QueueMessage],
         who: Mapping[str, str],
-        check: Callable[[], None],
+        guard: WriteGuard,
     ) -> tuple[Landing, int]:
         """Write the rows of ``messages`` whose key the queue does not have yet as batch
         ``batch`` of ``resource`` at ``epoch``; returns how it ended and the rows committed.
-        ``check`` raises :class:`~rebalancer_spark.FencedError` once this job no longer owns
-        the queue at ``epoch``; the table raises it too when it holds a newer epoch."""
+        ``guard`` (:mod:`.guard`) raises :class:`~rebalancer_spark.FencedError` once this job
+        no longer owns the queue at ``epoch`` and holds it through the commit; the table
+        raises it too when it holds a newer epoch."""
         label = JobLabel(
             self.spark.sparkContext,
             f"rebalancer group={self.output.committer.group} resource={resource} epoch={epoch} "
@@ -116,7 +118,7 @@ class QueueOutput:
         )
         label.set()
         try:
-            return self._write(resource, epoch, batch, messages, who, check)
+            return self._write(resource, epoch, batch, messages, who, guard)
         finally:
             label.restore()
 
@@ -127,7 +129,7 @@ class QueueOutput:
         batch: int,
         messages: Sequence[QueueMessage],
         who: Mapping[str, str],
-        check: Callable[[], None],
+        guard: WriteGuard,
     ) -> tuple[Landing, int]:
         frame = self.spark.createDataFrame(messages_table(resource, messages))
         if self.transform is not None:
@@ -143,12 +145,12 @@ class QueueOutput:
         def prepare(dataset: Any) -> tuple[Sequence[Any], int]:
             fresh = self._without_present(frame, dataset, resource, candidates)
             adds, rows, _ = self.output.stage(
-                fresh, resource=resource, epoch=epoch, batch=batch, check=check
+                fresh, resource=resource, epoch=epoch, batch=batch, check=guard.check
             )
             return adds, rows
 
         return self.output.committer.commit_fresh(
-            resource, epoch, batch, who, prepare=prepare, check=check
+            resource, epoch, batch, who, prepare=prepare, guard=guard
         )
 
     def _without_present(

@@ -33,6 +33,7 @@ from rebalancer_spark.member.logfields import bind_thread, unbind_thread
 from rebalancer_spark.member.ownership import Callback
 from rebalancer_spark.sources import FileSource, ResourceSource, open_source
 from rebalancer_spark.spark.file_history import FileHistory
+from rebalancer_spark.spark.guard import OwnerGuard
 from rebalancer_spark.spark.lag import LagSampler
 from rebalancer_spark.spark.option_table import DEFAULT
 from rebalancer_spark.spark.options import JobConfig
@@ -200,8 +201,7 @@ class RebalancerNode:
     def owns(self, resource: str, epoch: int) -> bool:
         """Whether this job owns ``resource`` at ``epoch`` now, from memory (False once the
         local lease deadline passed). The one "am I still the owner?" check of the Spark glue."""
-        owned = self.member.owns(resource)
-        return owned is not None and owned.epoch == epoch
+        return OwnerGuard(self.member, resource, epoch).owned()
 
     def _make(self, owned: OwnedResource) -> AssignedSource:
         session = self.member.session
@@ -213,7 +213,7 @@ class RebalancerNode:
             progress=owned.progress,
             source=self.source,
             commit=lambda resource, value, epoch: self.member.commit(resource, value, epoch=epoch),
-            owns=self.owns,
+            owner=self.member,
             before_first_read=self._audit_before_work,
             who={
                 "member_id": self.member.member_id,

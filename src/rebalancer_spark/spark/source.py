@@ -50,13 +50,13 @@ from typing import TYPE_CHECKING
 from rebalancer_spark.core.errors import (
     ConfigurationError,
     CorruptStateError,
-    FencedError,
     RebalancerError,
 )
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.sources.base import FileEntry, FileSource, ResourceSource
 from rebalancer_spark.spark.file_history import FileHistory, HistoryEntry
 from rebalancer_spark.spark.file_progress import FileBatch, FileProgress, parse
+from rebalancer_spark.spark.guard import Owner, OwnerGuard
 from rebalancer_spark.spark.progress_requests import ControlRequests, ProgressRequest
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class AssignedSource:
         progress: JsonValue,
         source: ResourceSource | None,
         commit: Callable[[str, JsonValue, int], None],
-        owns: Callable[[str, int], bool],
+        owner: Owner,
         before_first_read: Callable[[], None],
         who: Mapping[str, str],
         output: Output | None = None,
@@ -104,7 +104,9 @@ class AssignedSource:
         event: Callable[[str, str, int, str], None] | None = None,
         requests: ControlRequests | None = None,
     ) -> None:
-        """``watch(resource, epoch, stuck, pending)`` is told, after each planning or
+        """``owner`` (the job's :class:`~rebalancer_spark.member.Member`) says whether the job
+        still owns the resource and holds it through each output commit (:attr:`guard`).
+        ``watch(resource, epoch, stuck, pending)`` is told, after each planning or
         failure, why the resource is stuck (None: it is not) and its lag (files, bytes; None:
         unknown): the node shows them in the member's metrics and samples the lag into the
         audit table (:mod:`.lag`). ``event(kind, resource, epoch, reason)`` is
@@ -124,7 +126,9 @@ class AssignedSource:
         self.who = dict(who)
         self._source = source
         self._commit = commit
-        self._owns = owns
+        self.guard = OwnerGuard(owner, resource, epoch)
+        """This job's ownership of the resource at this epoch, as the output's writers ask
+        it (:mod:`.guard`)."""
         self._before_first_read = before_first_read
         self._changed = changed
         self._first = True
@@ -155,15 +159,11 @@ class AssignedSource:
     def owned(self) -> bool:
         """Whether this job still owns the resource at this epoch, from memory (False once the
         local lease deadline passed: a paused driver stops here)."""
-        return self._owns(self.resource, self.epoch)
+        return self.guard.owned()
 
     def check_owner(self) -> None:
         """Raise :class:`FencedError` unless :meth:`owned`: call it before any side effect."""
-        if not self.owned():
-            raise FencedError(
-                f"resource {self.resource!r} is no longer owned by this job at epoch "
-                f"{self.epoch} (it moved, or this job's lease lapsed): stop working on it"
-            )
+        self.guard.check()
 
     # -- files -----------------------------------------------------------------------------
 

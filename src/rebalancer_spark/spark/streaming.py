@@ -53,9 +53,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from rebalancer_spark.core.errors import FencedError, RebalancerError
+from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.member import OwnedResource
 from rebalancer_spark.sources.base import FileSource
+from rebalancer_spark.spark.guard import OwnerGuard
 from rebalancer_spark.spark.outputs import DeltaOutput
 from rebalancer_spark.spark.session import RebalancerNode
 
@@ -152,18 +153,13 @@ def fenced_delta_sink(node: RebalancerNode) -> StartQuery:
     }
 
     def start(spark: SparkSession, stream: ResourceStream) -> StreamingQuery:
-        def check() -> None:
-            if not node.owns(stream.resource, stream.epoch):
-                raise FencedError(
-                    f"resource {stream.resource!r} is no longer owned at epoch {stream.epoch}: "
-                    "its micro-batch is not committed"
-                )
+        guard = OwnerGuard(node.member, stream.resource, stream.epoch)
 
         def write(df: DataFrame, batch_id: int) -> None:
             output.write(df, resource=stream.resource, epoch=stream.epoch, batch=batch_id + 1,
-                         who=who, check=check)  # fmt: skip
+                         who=who, guard=guard)  # fmt: skip
 
-        check()
+        guard.check()
         output.fence(stream.resource, stream.epoch, who)
         return (
             stream.read_stream(spark)

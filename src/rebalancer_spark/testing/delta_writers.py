@@ -14,6 +14,7 @@ import multiprocessing
 import time
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 __all__ = ["WriterResult", "count", "run_writers"]
@@ -24,6 +25,19 @@ _SCHEMA = (
     '{"name":"_batch","type":"long","nullable":true,"metadata":{}},'
     '{"name":"_resource","type":"string","nullable":true,"metadata":{}}]}'
 )
+
+
+class _OwnsItsResource:
+    """The write guard of a writer here: each owns its resource by construction (no group)."""
+
+    def check(self) -> None:
+        pass
+
+    def holding(self) -> AbstractContextManager[object]:
+        return nullcontext()
+
+
+_OWNS = _OwnsItsResource()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +82,7 @@ def _writer(
         add = AddAction(relative, size, {"_resource": resource}, int(time.time() * 1000), True,
                         '{"numRecords": 10}')  # fmt: skip
         landing = committer.commit(resource, 1, batch, [add], {"member_id": resource},
-                                   schema_json=_SCHEMA, rows=10, check=lambda: None)  # fmt: skip
+                                   schema_json=_SCHEMA, rows=10, guard=_OWNS)  # fmt: skip
         acknowledged += landing is Landing.COMMITTED
     return WriterResult(resource, acknowledged, time.monotonic() - began)
 
