@@ -6,6 +6,11 @@ store push the lease out to (store time of the write) + ttl, which is never earl
 until ``t0 + ttl - safety_margin``, so it stops all work strictly before the store can
 consider it expired and grant its resources to anyone else.
 
+The deadline is kept on the monotonic clock; the wall-clock time it stands for, which the
+``lost`` events carry, is also fixed when the deadline is set (:meth:`Lease.ended_at` takes the
+earlier of the two readings). A wall clock stepped forward while the member was paused would
+otherwise date the lapse later than a successor's grant that was stamped before the step.
+
 A lapse is final for the session: once the local deadline has passed, a late renewal is not
 believed, the member reports everything lost, and it rejoins with a new session. Nothing about
 a lapsed session is ever resurrected.
@@ -33,7 +38,10 @@ class LeaseSnapshot:
 
     session: Session | None
     deadline: float
+    """On the clock's ``monotonic``."""
     lapsed: bool
+    wall_deadline: float
+    """The deadline in wall-clock time, as converted when it was set."""
 
 
 class Lease:
@@ -45,6 +53,7 @@ class Lease:
         self._lock = threading.Lock()
         self._session: Session | None = None
         self._deadline = 0.0
+        self._wall_deadline = 0.0
         self._lapsed = False
         self.changed = threading.Event()
         """Set whenever the lease lapses or a new session starts; the member loop clears it."""
@@ -53,7 +62,7 @@ class Lease:
         """A new session joined by a request that started at ``started_at``."""
         with self._lock:
             self._session = session
-            self._deadline = started_at + session.ttl - self._margin
+            self._set_deadline(started_at + session.ttl - self._margin)
             self._lapsed = False
         self.changed.set()
 
@@ -62,7 +71,7 @@ class Lease:
         with self._lock:
             if self._session != session or self._check_locked():
                 return False
-            self._deadline = max(self._deadline, started_at + session.ttl - self._margin)
+            self._set_deadline(max(self._deadline, started_at + session.ttl - self._margin))
             return True
 
     def lapse(self, session: Session) -> None:
@@ -70,7 +79,7 @@ class Lease:
         with self._lock:
             if self._session == session and not self._lapsed:
                 self._lapsed = True
-                self._deadline = min(self._deadline, self._clock.monotonic())
+                self._set_deadline(min(self._deadline, self._clock.monotonic()))
         self.changed.set()
 
     def end(self) -> None:
@@ -79,6 +88,16 @@ class Lease:
             self._session = None
             self._lapsed = True
         self.changed.set()
+
+    def _set_deadline(self, deadline: float) -> None:
+        self._deadline = deadline
+        self._wall_deadline = deadline + self._clock.wall() - self._clock.monotonic()
+
+    def ended_at(self, snap: LeaseSnapshot) -> float:
+        """The wall-clock time ``snap``'s lease ran out (now if it has not yet): the earlier
+        of its deadline converted now and as converted when it was set."""
+        now = self._clock.wall() - max(self._clock.monotonic() - snap.deadline, 0.0)
+        return min(now, snap.wall_deadline)
 
     def _check_locked(self) -> bool:
         if not self._lapsed and self._clock.monotonic() >= self._deadline:
@@ -89,7 +108,7 @@ class Lease:
     def snapshot(self) -> LeaseSnapshot:
         with self._lock:
             lapsed = self._session is None or self._check_locked()
-            return LeaseSnapshot(self._session, self._deadline, lapsed)
+            return LeaseSnapshot(self._session, self._deadline, lapsed, self._wall_deadline)
 
     def valid_session(self) -> Session | None:
         """The session if its lease is still valid now, else None."""

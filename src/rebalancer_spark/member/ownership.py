@@ -253,8 +253,8 @@ class Ownership:
             self._leaving.update(o.resource for o in owned)
         returned = self._call(self._on_revoked, owned, "on_revoked")
         drained = returned and self._holds_ended(owned)
+        now = self._clock.wall()  # before the lease is looked at: within the lease if valid
         ended = lapsed_at()
-        now = self._clock.wall()
         with self._changed:  # forgotten meanwhile (the member abandoned): reported already
             # By resource and epoch: a commit replaces the held record (its progress).
             owned = [o for o in owned if (h := self._held.get(o.resource)) and h.epoch == o.epoch]

@@ -39,7 +39,7 @@ from rebalancer_spark.core.events import EventKind
 from rebalancer_spark.core.model import Grant
 from rebalancer_spark.core.protocols import MemberHead, MemberView, head_of, plan
 from rebalancer_spark.member.coordinator import CoordinatorLoop
-from rebalancer_spark.member.lease import Lease
+from rebalancer_spark.member.lease import Lease, LeaseSnapshot
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
 from rebalancer_spark.member.state import Lifecycle, MemberState
 
@@ -282,6 +282,7 @@ class Reconciler:
             self._ownership.forget(),
             "member thread failed",
             EventKind.LOST,
+            at=None if session is None else self._ended_at(session),
             target=self._target,
         )
         # Nobody reconciles for this member any more: stop renewing and end the session, so
@@ -297,7 +298,7 @@ class Reconciler:
         snap = self._lease.snapshot()
         if snap.lapsed:
             if not self._stop.is_set():
-                self._rejoin(backend, snap.session, snap.deadline)
+                self._rejoin(backend, snap)
             return 0.0
         session = snap.session
         assert session is not None
@@ -325,10 +326,11 @@ class Reconciler:
             return wait
         if step.lost:
             self._ownership.lost(
-                self._lease.snapshot().session,
+                session,
                 self._ownership.forget(step.lost),
                 "the store no longer holds this member's claim",
                 EventKind.LOST,
+                at=self._ended_at(session),
                 target=self._target,
             )
         released = True
@@ -357,9 +359,9 @@ class Reconciler:
             self._known = (session.session_id, self._ownership.version)
         return wait
 
-    def _rejoin(self, backend: Backend, session: Session | None, deadline: float) -> None:
+    def _rejoin(self, backend: Backend, snap: LeaseSnapshot) -> None:
         """The lease lapsed: fence, then join again with a new session."""
-        self._self_fence(backend, session, deadline)
+        self._self_fence(backend, snap)
         self._lifecycle.move_from(MemberState.RUNNING, MemberState.REJOINING)
         self.join(backend)
         # stop() may have begun meanwhile; it then ends this new session itself.
@@ -518,17 +520,26 @@ class Reconciler:
                 )
             )
 
+    def _ended_at(self, session: Session) -> float:
+        """When this member's hold on what it loses now ended: now, or the lease's deadline
+        if it passed (a pause in the middle of a step: the store may have granted the
+        resources to another member since, and this one stopped owning at the deadline)."""
+        now = self._clock.wall()
+        lapsed = self._lapsed_at(session)
+        return now if lapsed is None else min(now, lapsed)
+
     def _lapsed_at(self, session: Session) -> float | None:
         """None while ``session``'s lease holds, else the wall time it ran out."""
         snap = self._lease.snapshot()
         if not snap.lapsed and snap.session == session:
             return None
-        return self._clock.wall() - max(self._clock.monotonic() - snap.deadline, 0.0)
+        return self._lease.ended_at(snap)
 
-    def _self_fence(self, backend: Backend, session: Session | None, deadline: float) -> None:
+    def _self_fence(self, backend: Backend, snap: LeaseSnapshot) -> None:
         """The lease lapsed: everything is lost as of the deadline; give the session up."""
+        session = snap.session
         owned = self._ownership.forget()
-        ended_at = self._clock.wall() - max(self._clock.monotonic() - deadline, 0.0)
+        ended_at = self._lease.ended_at(snap)
         if session is not None:
             log.warning(
                 "member %s of group %s could not renew its lease in time: stopped all work on "
