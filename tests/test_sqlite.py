@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rebalancer_spark.backends.base import Session
+from rebalancer_spark.backends.base import Interest, Session
 from rebalancer_spark.backends.sqlite import SqliteBackend
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.errors import CorruptStateError
@@ -50,6 +50,41 @@ def test_an_expiry_is_reported_even_when_other_writes_come_after_it(sqlite_path:
         watch.close()
         store.close()
         other.close()
+
+
+def test_a_watch_on_the_coordinator_alone_sleeps_through_a_join_and_wakes_when_it_goes(
+    sqlite_path: Path,
+) -> None:
+    """A follower that gives no rejoin grace (``Interest.COORDINATOR``) reads the coordinator
+    row when the file changes: joins, renewals and claims do not wake it; the coordinator's
+    lease running out does (nothing is written then), once, and so does a new coordinator."""
+    clock = ManualClock()
+    store, other = _pair(sqlite_path, clock)
+    coordinator = other.join("g", "c", info={}, ttl=1.0, static=False)
+    assert other.elect(coordinator) is not None
+    follower = store.join("g", "f", info={}, ttl=30.0, static=False)
+    watch = store.watch("g")
+    try:
+        watch.focus(Interest.COORDINATOR)
+        assert watch.wait(0.05) is False
+        other.join("g", "j", info={}, ttl=30.0, static=False)  # a join ...
+        clock.advance(0.5)
+        other.renew(coordinator)  # ... and the coordinator's renewal
+        assert watch.wait(0.1) is False, "woke for a join or a renewal"
+        clock.advance(1.2)  # the renewed lease runs out: nothing is written
+        assert watch.wait(0.2) is True, "the coordinator's lease ran out unnoticed"
+        assert watch.wait(0.05) is False, "an expiry is reported once"
+        record = store.elect(follower)
+        assert record is not None and record.member_id == "f"
+        assert watch.wait(0.1) is True, "a new coordinator did not wake it"
+        watch.focus(Interest.ALL)  # elected: it widens, and the join held back wakes it
+        assert watch.wait(0.1) is True
+        assert watch.wait(0.05) is False
+        store.leave(follower)  # the coordinator goes before the watch narrows again
+        watch.focus(Interest.COORDINATOR)
+        assert watch.wait(0.1) is True, "narrowing hid the coordinator's going"
+    finally:
+        watch.close()
 
 
 def test_leases_are_judged_on_the_injected_clock(sqlite_path: Path) -> None:

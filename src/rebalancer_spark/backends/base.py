@@ -149,8 +149,9 @@ class Interest(StrEnum):
     (``rejoin_grace`` 0, the default, and the only value for a member that is not static)
     watches for, since the static members it saw change nothing it would do. On ZooKeeper
     the ``coordinator`` znode alone: a join or a leave in a group of 100 woke the 99
-    followers, each to read the 100 member records (about 10,000 reads a join). Redis wakes
-    as for :attr:`SUCCESSION`, SQLite for all."""
+    followers, each to read the 100 member records (about 10,000 reads a join). SQLite
+    reads the group's coordinator row, not its change counter, when the file changed. Redis
+    wakes as for :attr:`SUCCESSION`."""
 
 
 class Watch(abc.ABC):
@@ -164,8 +165,9 @@ class Watch(abc.ABC):
     def focus(self, interest: Interest, member_id: str | None = None) -> None:
         """From now on, wake only for the changes ``interest`` covers (for
         :attr:`Interest.MEMBER`: the releases of resources that the target gives
-        ``member_id``, once its claim found them held). A backend that cannot tell changes
-        apart wakes for all (SQLite). Redis subscribes only to the channels of the interest
+        ``member_id``, once its claim found them held). SQLite tells only the coordinator's
+        changes apart (:attr:`Interest.COORDINATOR`) and wakes for all otherwise. Redis
+        subscribes only to the channels of the interest
         and wakes once when it widens (once the wider subscription is confirmed); ZooKeeper
         watches only the znodes of the interest and wakes once when it widens. Either way
         widening never loses a change."""

@@ -4,6 +4,16 @@ SQLite tells no other process about a change, so the watch polls ``PRAGMA data_v
 connection of its own (a read of shared memory, no disk I/O) every ``poll`` seconds, reads the
 group's change counter only when the file changed, and also wakes when the earliest lease of
 the group runs out.
+
+A watch focused on :attr:`~rebalancer_spark.backends.base.Interest.COORDINATOR` (a follower
+that gives no rejoin grace) wakes only when the group's coordinator row changes (session or
+epoch), when the coordinator's member row goes, and when its lease runs out, not for the
+claims, releases and joins of a rebalance (in a group of 16, the 15 followers' coordinator
+threads woke on every poll of a join that changed the file, each to read the group's head).
+Every other interest wakes for every change of the group. The coordinator row is read with
+the change counter (but by :attr:`~rebalancer_spark.backends.base.Interest.MEMBER` watches),
+so that a watch that narrows compares with what its last wake-up covered; one that widens
+reads the change counter again, so a change held back meanwhile wakes the next wait.
 """
 
 from __future__ import annotations
@@ -14,13 +24,22 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from rebalancer_spark.backends.base import Watch
+from rebalancer_spark.backends.base import Interest, Watch
 from rebalancer_spark.backends.sqlite.store.connection import connect, translate
 
 if TYPE_CHECKING:
     from rebalancer_spark.backends.sqlite.backend import SqliteBackend
 
 __all__ = ["SqliteWatch"]
+
+_COORDINATOR = (
+    "SELECT g.coord_session, g.coord_epoch, m.expires FROM groups g "
+    "LEFT JOIN members m ON m.grp=g.name AND m.session_id=g.coord_session WHERE g.name=?"
+)
+"""The group's coordinator: its session, epoch, and lease deadline (None: no member row)."""
+
+_UNSEEN = ("", -1, False)
+"""What a watch that has no reading of the coordinator compares its first one with."""
 
 
 class SqliteWatch(Watch):
@@ -37,12 +56,26 @@ class SqliteWatch(Watch):
             raise self._translate(exc) from None
         self._data_version = -1
         self._seq = -1
+        self._coordinator: tuple[str, int, bool] = _UNSEEN
+        """(session, epoch, whether its member row exists) as last read."""
         self._next_expiry: float | None = None
         try:
             self._refresh()
         except sqlite3.Error as exc:
             self._conn.close()
             raise self._translate(exc) from None
+
+    def focus(self, interest: Interest, member_id: str | None = None) -> None:
+        before = self.interest
+        if interest is not before:
+            if before is Interest.COORDINATOR:
+                # Widened: compare the change counter with the last one reported, and every
+                # lease again, at the next wait.
+                self._data_version = -1
+                self._next_expiry = None
+            elif interest is Interest.COORDINATOR and before is Interest.MEMBER:
+                self._coordinator = _UNSEEN  # never read: one spurious wake-up
+        super().focus(interest, member_id)
 
     def _translate(self, exc: BaseException) -> Exception:
         return translate(exc, self._backend.path, self._backend.busy_timeout)
@@ -55,6 +88,10 @@ class SqliteWatch(Watch):
         if version == self._data_version:
             return False
         self._data_version = version
+        if self.interest is not Interest.MEMBER:
+            moved = self._coordinator_changed()
+            if self.interest is Interest.COORDINATOR:
+                return moved
         row = self._conn.execute(
             "SELECT change_seq FROM groups WHERE name=?", (self._group,)
         ).fetchone()
@@ -65,7 +102,23 @@ class SqliteWatch(Watch):
         self._seq = seq
         return changed
 
+    def _coordinator_changed(self) -> bool:
+        """Re-read the coordinator (and, focused on it, its lease deadline as the one to wake
+        at); True if it changed."""
+        row = self._conn.execute(_COORDINATOR, (self._group,)).fetchone()
+        session, epoch, expires = (None, 0, None) if row is None else row
+        now = (session or "", epoch, expires is not None)
+        focused = self.interest is Interest.COORDINATOR
+        if focused and (self._next_expiry is None or self._next_expiry > self._clock.monotonic()):
+            ahead = expires is not None and expires > self._clock.monotonic()
+            self._next_expiry = expires if ahead else None
+        changed = now != self._coordinator
+        self._coordinator = now
+        return changed
+
     def _read_next_expiry(self) -> float | None:
+        if self.interest is Interest.COORDINATOR:
+            return None  # the coordinator's: reported; a renewal is read with the next change
         value: float | None = self._conn.execute(
             "SELECT min(expires) FROM members WHERE grp=? AND expires > ?",
             (self._group, self._clock.monotonic()),
