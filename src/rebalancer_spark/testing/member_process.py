@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from rebalancer_spark.core.config import MemberConfig
@@ -94,6 +94,11 @@ class Trail:
 
     def write(self, record: dict[str, Any]) -> None:
         self._append(_encode(record) + "\n")
+
+    def write_many(self, records: Iterable[dict[str, Any]]) -> None:
+        """Several lines in one write (a newcomer is handed thousands of resources at once:
+        a flush per line kept its member thread waiting on its ``on_assigned``)."""
+        self._append("".join(_encode(r) + "\n" for r in records))
 
     def _append(self, text: str) -> None:
         with self._lock:
@@ -172,15 +177,17 @@ class _Counters:
             for o in owned:
                 start = o.progress if isinstance(o.progress, int) else 0
                 self.counters.setdefault((o.resource, o.epoch), start)  # the loop may be ahead
-                self.trail.write(
-                    {
-                        "kind": "handed",
-                        "resource": o.resource,
-                        "epoch": o.epoch,
-                        "progress": o.progress,
-                        "at": time.time(),
-                    }
-                )
+            at = time.time()
+            self.trail.write_many(
+                {
+                    "kind": "handed",
+                    "resource": o.resource,
+                    "epoch": o.epoch,
+                    "progress": o.progress,
+                    "at": at,
+                }
+                for o in owned
+            )
 
     def commit(self, member: Member, owned: OwnedResource) -> None:
         key = (owned.resource, owned.epoch)
