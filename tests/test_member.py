@@ -868,15 +868,21 @@ def _of_kind(rec: Recorder, kind: EventKind) -> list[OwnershipEvent]:
         return [e for e in rec.events if e.kind is kind]
 
 
+def _owning_r(
+    grp: Group, callback_timeout: float
+) -> tuple[Member, OwnedResource, Recorder, threading.Thread]:
+    """Member ``a`` owning ``r`` alone, its recorder, and a thread that stops it (drains)."""
+    a = grp.start("a", ["r"], callback_timeout=callback_timeout)
+    owned = wait_for(lambda: a.owns("r"), timeout=10, what="a to own r")
+    assert owned is not None
+    return a, owned, grp.recorders["a"], threading.Thread(target=a.stop, name="test-stop")
+
+
 def test_a_release_waits_for_the_write_that_holds_the_resource(grp: Group) -> None:
     """A write inside ``hold`` (the fenced output commit) keeps the resource: a revocation
     refuses new holds at once, and emits ``released`` only once the hold in progress ended,
     so no commit made in a hold lands after its epoch's release (the output check's rule 2)."""
-    a = grp.start("a", ["r"], callback_timeout=10.0)
-    owned = wait_for(lambda: a.owns("r"), timeout=10, what="a to own r")
-    assert owned is not None
-    rec = grp.recorders["a"]
-    stopper = threading.Thread(target=a.stop, name="test-stop")
+    a, owned, rec, stopper = _owning_r(grp, callback_timeout=10.0)
     with a.hold("r", owned.epoch):
         stopper.start()  # a drains: r is revoked while the write goes on
         wait_for(lambda: _revoked(rec, "r"), timeout=10, what="on_revoked of r")
@@ -901,11 +907,7 @@ def test_a_write_that_holds_past_callback_timeout_gives_its_resource_up_as_lost(
 ) -> None:
     """A hold is bounded like a callback: one that outlives ``callback_timeout`` during a
     revocation makes the resource ``lost`` (named in the reason), and the member goes on."""
-    a = grp.start("a", ["r"], callback_timeout=0.5)
-    owned = wait_for(lambda: a.owns("r"), timeout=10, what="a to own r")
-    assert owned is not None
-    rec = grp.recorders["a"]
-    stopper = threading.Thread(target=a.stop, name="test-stop")
+    a, owned, rec, stopper = _owning_r(grp, callback_timeout=0.5)
     with a.hold("r", owned.epoch):
         stopper.start()
         wait_for(lambda: _of_kind(rec, EventKind.LOST), timeout=10, what="r given up")

@@ -258,15 +258,18 @@ def read_delta(spark: Any, path: str | Path) -> Any:
 
 
 class SqliteMembers:
-    """Members of one group on one SQLite file, started on demand (a short session and
-    stability window), all stopped by :meth:`stop_all`."""
+    """Members of one group on one SQLite file, started on demand (a short stability window),
+    all stopped by :meth:`stop_all`. Their tests move resources by stopping members, never by
+    waiting out a lease: the session is long enough (6 s) that a member does not lapse while
+    Spark runs its first job on a machine loaded with other work (a 2 s session did, under
+    two busy loops beside the suite)."""
 
     def __init__(self, path: Path, group: str) -> None:
         self.url = f"sqlite://{path}?poll=0.005"
         self.group = group
         self.started: list[Member] = []
 
-    def start(self, name: str, *, session_timeout: float = 2.0, **kw: Any) -> Member:
+    def start(self, name: str, *, session_timeout: float = 6.0, **kw: Any) -> Member:
         from rebalancer_spark.core.config import MemberConfig
         from rebalancer_spark.member import Member
 
