@@ -521,7 +521,7 @@ class Reconciler:
             )
 
     def _ended_at(self, session: Session) -> float:
-        """When this member's hold on what it loses now ended: now, or the lease's deadline
+        """When this member's ownership of what it loses now ended: now, or the lease's deadline
         if it passed (a pause in the middle of a step: the store may have granted the
         resources to another member since, and this one stopped owning at the deadline)."""
         now = self._clock.wall()
