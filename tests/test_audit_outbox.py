@@ -152,3 +152,36 @@ def test_an_unwritable_outbox_is_a_configuration_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(ConfigurationError, match="cannot keep the audit outbox in"):
         DeltaAuditLog(str(tmp_path / "audit"), outbox=blocker)
+
+
+def test_a_new_outbox_is_never_seen_unlocked_by_another_writer_s_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outbox file is locked before the orphan scan can list it: a scan run at the worst
+    moment (just before the new writer takes its lock) neither takes the file for an orphan
+    nor makes the writer's lock fail (three processes opening one table's log at once did)."""
+    import fcntl
+
+    directory = tmp_path / "box"
+    directory.mkdir()
+    real_flock = fcntl.flock
+    seen: list[list[str]] = []
+    scanning: list[bool] = []
+
+    def scan_first(fd: int, operation: int) -> None:
+        if not scanning:  # the new writer's own lock: another writer's scan runs right before it
+            scanning.append(True)
+            taken = list(orphans(directory))
+            seen.append([orphan.writer_id for orphan in taken])
+            for orphan in taken:
+                orphan.close(delete=False)
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", scan_first)
+    box = Outbox(directory, "new")
+    monkeypatch.undo()
+    assert seen == [[]], "the scan found the new writer's outbox unlocked"
+    box.keep([(1, ["row"])])
+    assert list(orphans(directory)) == []  # held by its writer
+    assert [p.name for p in directory.iterdir()] == ["new.jsonl"]
+    box.close(delete=True)

@@ -11,7 +11,8 @@ is never written twice (see :func:`pending_batches`).
 
 One directory per table (a hash of its path) under the outbox root; one file per writer,
 ``<writer id>.jsonl``, held with an exclusive ``flock`` while its writer lives: a file whose
-lock can be taken has no writer. Lines are JSON:
+lock can be taken has no writer. A writer creates its file as ``.<writer id>.new``, locks it and
+only then renames it, so no scan ever sees a live writer's file unlocked. Lines are JSON:
 
 * ``{"i": 7, "row": [...]}``: the writer's 7th accepted row (the audit table's columns);
 * ``{"batch": 3, "upto": 7}``: the writer is about to commit batch 3, rows up to 7.
@@ -60,8 +61,19 @@ class Outbox:
     def __init__(self, directory: Path, writer_id: str) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"{writer_id}.jsonl"
-        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Created under a name the orphan scan does not read, locked, and only then renamed:
+        # opened under its own name, the file would be, for a moment, an unlocked outbox that
+        # another process's scan takes for an orphan (and this writer's lock then fails).
+        fresh = directory / f".{writer_id}.new"
+        self._file: IO[str] = open(fresh, "a", encoding="utf-8")  # noqa: SIM115
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(fresh, self.path)
+        except BaseException:
+            self._file.close()
+            with contextlib.suppress(FileNotFoundError):
+                fresh.unlink()
+            raise
 
     def keep(self, rows: Sequence[tuple[int, Sequence[object]]]) -> None:
         """Append accepted rows (numbered by the writer from 1) and make them durable."""
@@ -120,8 +132,11 @@ def orphans(directory: Path) -> Iterator[Orphan]:
     first; a file another process replays or writes right now is skipped."""
     if not directory.is_dir():
         return
-    files = sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
-    for path in files:
+    dated: list[tuple[float, Path]] = []
+    for path in directory.glob("*.jsonl"):
+        with contextlib.suppress(FileNotFoundError):  # replayed and deleted since the listing
+            dated.append((path.stat().st_mtime, path))
+    for _, path in sorted(dated):
         try:
             handle = open(path, "r+", encoding="utf-8")  # noqa: SIM115
         except FileNotFoundError:
