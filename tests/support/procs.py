@@ -212,11 +212,42 @@ class MemberProcesses:
             what += f" owning {len(wanted)} resources"
         try:
             state = wait_for(check, timeout=timeout, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnosis()}") from None
         finally:
             for h in handle:
                 h.close()
         assert state is not None
         return state
+
+    def diagnosis(self, tail: int = 12) -> str:
+        """What the group and its member processes looked like: the store's view, and each
+        member's exit code, last trail records and stderr, for a failure message."""
+        lines: list[str] = []
+        try:
+            with contextlib.closing(open_backend(self.observer_url)) as store:
+                state = store.state(self.group)
+            claimed: defaultdict[str, int] = defaultdict(int)
+            for claim in state.claims.values():
+                claimed[claim.member_id] += 1
+            lines.append(
+                f"store: {len(state.resources)} resources, stable={state.is_stable()}, "
+                f"members {sorted((m, info.leaving) for m, info in state.members.items())}, "
+                f"claims by member {dict(claimed)}"
+            )
+        except BackendError as exc:
+            lines.append(f"store: unreadable ({exc})")
+        for member_id in sorted({p.stem for p in self.workdir.glob("*.jsonl")} | set(self.procs)):
+            proc = self.procs.get(member_id)
+            code = "gone" if proc is None else proc.poll()
+            records = self.records(member_id)
+            others = [r for r in records if r["kind"] != "commit"]
+            commits = [r for r in records if r["kind"] == "commit"]
+            last = f"{json.dumps(commits[-1])[:200]}" if commits else "none"
+            lines.append(f"--- {member_id} (exit {code}): {len(commits)} commits, last {last}")
+            lines += [json.dumps(r)[:300] for r in others[-tail:]]
+            lines.append(f"--- {member_id} stderr: {self.stderr(member_id)[-3000:]}")
+        return "\n".join(lines)
 
     def close(self) -> None:
         for proc in self.procs.values():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -219,6 +220,11 @@ class _Counters:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
+    )
     options: dict[str, object] = dict(o.split("=", 1) for o in args.option)
     options.update({"group": args.group, "member_id": args.member_id, "backend": args.backend})
     config = MemberConfig.from_mapping(options, default_backend=default_backend_url())
