@@ -6,6 +6,7 @@ no stale commit was ever accepted, and every new owner resumed from the last acc
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import time
@@ -18,7 +19,7 @@ import pytest
 from rebalancer_spark.backends import Capability, Session, open_backend
 from rebalancer_spark.core.assignors import minimum_moves, moved
 from rebalancer_spark.core.errors import FencedError
-from rebalancer_spark.core.model import GroupState
+from rebalancer_spark.core.model import GroupState, Resource
 from tests.support.helpers import wait_for
 from tests.support.procs import MemberProcesses
 
@@ -188,21 +189,27 @@ def test_a_store_that_lost_the_group_with_its_coordinator_gets_the_set_back_from
 ) -> None:
     """The coordinator, which declared the resources, is killed and the store loses the group
     at once: the two followers rejoin a group with no resource set, and one of them declares
-    it again. Every member's handle remembers the set because its coordinator thread reads it
-    follower or not (``GroupReader``; a session that skipped that read on followers left this
-    group with nothing to own)."""
+    it again: the set as it was last, changed after the members started. Every member's handle
+    remembers the set because its coordinator thread reads it follower or not, and a
+    follower's watch wakes when the set changes (``GroupReader``; a session that skipped that
+    read on followers left this group with nothing to own, and followers that slept through
+    the change declared the set the group started with)."""
     from tests.support.store_loss import lose_state
 
     procs.start("m0", RESOURCES)
     procs.start("m1")
     procs.start("m2")
-    before = procs.wait_stable(3)
+    procs.wait_stable(3)
+    changed = [*RESOURCES[3:], "res-new-1", "res-new-2"]  # as a discovery listing would
+    with contextlib.closing(open_backend(procs.observer_url)) as store:
+        store.update_resources(procs.group, replace=[Resource(r) for r in changed])
+    before = procs.wait_stable(3, resources=changed)
     assert before.coordinator is not None
     coordinator = before.coordinator.member_id
     procs.kill(coordinator)
     lose_state(backend_url, procs.group)
-    state = procs.wait_stable(2, timeout=TTL + 20, resources=RESOURCES)
-    assert set(state.resources) == set(RESOURCES)
+    state = procs.wait_stable(2, timeout=TTL + 20, resources=changed)
+    assert set(state.resources) == set(changed)
     assert coordinator not in {c.member_id for c in state.claims.values()}
 
 

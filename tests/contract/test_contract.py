@@ -470,6 +470,34 @@ def test_a_focused_watch_still_wakes_for_what_its_interest_covers(
             watch.close()
 
 
+def test_a_follower_s_watch_wakes_when_the_resource_set_changes(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    """A follower remembers the resource set so that it can declare it again into a store
+    that lost the group (``GroupReader``), so its watch wakes when the set changes, whether it
+    watches members coming too (SUCCESSION) or not (COORDINATOR)."""
+    a, b = open_store(), open_store()
+    s1 = _join(a, group, "m1")
+    _join(b, group, "m2")
+    _lead(a, s1)
+    a.update_resources(group, replace=[Resource("x")])
+    follower, alone = b.watch(group), b.watch(group)
+    try:
+        follower.focus(Interest.SUCCESSION)
+        alone.focus(Interest.COORDINATOR)
+        # A narrowed ZooKeeper watch keeps its first, wider registration until it fires once:
+        # a join fires it, so that only what the interest covers can wake the watches after.
+        _join(a, group, "m3")
+        for watch in (follower, alone):
+            quiet(watch)
+        a.update_resources(group, add=[Resource("y")])
+        assert follower.wait(5), "the resource set changed"
+        assert alone.wait(5), "the resource set changed"
+    finally:
+        for watch in (follower, alone):
+            watch.close()
+
+
 def test_update_info_replaces_what_the_member_publishes_while_it_lives(
     open_store: Callable[[], Backend], group: str
 ) -> None:

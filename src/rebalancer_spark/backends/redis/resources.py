@@ -54,7 +54,7 @@ elseif mode == 'delta' then
 end
 redis.call('DEL', stage)
 local v = num(redis.call('HGET', META, 'resources_version'))
-if changed then v = next_value('resources_version'); notify_coordinator('resources') end
+if changed then v = next_value('resources_version'); notify('resources') end
 return int(v)
 """
 )

@@ -2,8 +2,8 @@
 
 Every script that changes what :meth:`Backend.state` shows PUBLISHes its kind: on
 ``rb:{G}:changes`` what any watch may act on (membership, leases, succession, a new target,
-control), on ``rb:{G}:coord`` what only the coordinator acts on (claims, releases,
-acknowledgements, the resource set, members leaving), and a release also on
+control, the resource set), on ``rb:{G}:coord`` what only the coordinator acts on (claims,
+releases, acknowledgements, members leaving), and a release also on
 ``rb:{G}:to:<member>`` for each member whose target holds what was released. A
 :class:`RedisWatch` subscribes on its own connection, *before* :meth:`Backend.watch` returns
 (the subscription is confirmed), and a reader thread turns each message into a wake-up.
@@ -83,7 +83,10 @@ others (claims, releases, publications ...) only the deadlines already known mat
 _ANY = "*"
 """The atom of a change of any kind (messages were lost while reconnecting)."""
 _MEMBER_EVENTS = LEASE_EVENTS | {"publish", "control", "lift", _ANY}
-_SUCCESSION_EVENTS = LEASE_EVENTS | {"resign", "elect", _ANY}
+_SUCCESSION_EVENTS = LEASE_EVENTS | {"resign", "elect", "resources", _ANY}
+"""What wakes a follower's coordinator thread: the coordinator's going, and a new resource set
+(a follower remembers the set, so that it can declare it again into a store that lost it:
+:class:`~rebalancer_spark.backends.base.GroupReader`)."""
 _COORDINATOR_CHANGES = frozenset({"resign", "elect"})
 """Messages after which a follower's watch reads the coordinator's lease again."""
 _FOLLOWING = frozenset({Interest.SUCCESSION, Interest.COORDINATOR})

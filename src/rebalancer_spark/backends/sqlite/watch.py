@@ -7,7 +7,9 @@ the group runs out.
 
 A watch focused on :attr:`~rebalancer_spark.backends.base.Interest.COORDINATOR` (a follower
 that gives no rejoin grace) wakes only when the group's coordinator row changes (session or
-epoch), when the coordinator's member row goes, and when its lease runs out, not for the
+epoch), when the coordinator's member row goes, when its lease runs out, and when the resource
+set's version moves (a follower remembers the set, so that it can declare it again into a
+store that lost it: :class:`~rebalancer_spark.backends.base.GroupReader`), not for the
 claims, releases and joins of a rebalance (in a group of 16, the 15 followers' coordinator
 threads woke on every poll of a join that changed the file, each to read the group's head).
 Every other interest wakes for every change of the group. The coordinator row is read with
@@ -33,12 +35,13 @@ if TYPE_CHECKING:
 __all__ = ["SqliteWatch"]
 
 _COORDINATOR = (
-    "SELECT g.coord_session, g.coord_epoch, m.expires FROM groups g "
+    "SELECT g.coord_session, g.coord_epoch, m.expires, g.resources_version FROM groups g "
     "LEFT JOIN members m ON m.grp=g.name AND m.session_id=g.coord_session WHERE g.name=?"
 )
-"""The group's coordinator: its session, epoch, and lease deadline (None: no member row)."""
+"""The group's coordinator (its session, epoch, and lease deadline; None: no member row) and
+the version of its resource set."""
 
-_UNSEEN = ("", -1, False)
+_UNSEEN = ("", -1, False, -1)
 """What a watch that has no reading of the coordinator compares its first one with."""
 
 
@@ -56,8 +59,9 @@ class SqliteWatch(Watch):
             raise self._translate(exc) from None
         self._data_version = -1
         self._seq = -1
-        self._coordinator: tuple[str, int, bool] = _UNSEEN
-        """(session, epoch, whether its member row exists) as last read."""
+        self._coordinator: tuple[str, int, bool, int] = _UNSEEN
+        """(session, epoch, whether its member row exists, resource-set version) as last
+        read."""
         self._next_expiry: float | None = None
         try:
             self._refresh()
@@ -106,8 +110,8 @@ class SqliteWatch(Watch):
         """Re-read the coordinator (and, focused on it, its lease deadline as the one to wake
         at); True if it changed."""
         row = self._conn.execute(_COORDINATOR, (self._group,)).fetchone()
-        session, epoch, expires = (None, 0, None) if row is None else row
-        now = (session or "", epoch, expires is not None)
+        session, epoch, expires, version = (None, 0, None, 0) if row is None else row
+        now = (session or "", epoch, expires is not None, version)
         focused = self.interest is Interest.COORDINATOR
         if focused and (self._next_expiry is None or self._next_expiry > self._clock.monotonic()):
             ahead = expires is not None and expires > self._clock.monotonic()

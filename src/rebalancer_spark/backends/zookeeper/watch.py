@@ -9,8 +9,10 @@ each read the store for nothing:
 
 * :attr:`Interest.ALL`: a data watch on ``changes`` and a child watch on ``members/``;
 * :attr:`Interest.SUCCESSION`: the ``coordinator`` znode (an ephemeral that an election
-  creates and a resignation or the coordinator's end deletes) and ``members/``;
-* :attr:`Interest.COORDINATOR`: the ``coordinator`` znode alone;
+  creates and a resignation or the coordinator's end deletes), ``members/`` and the
+  ``resources`` pointer (a follower remembers the set, so that it can declare it again into a
+  store that lost it: :class:`~rebalancer_spark.backends.base.GroupReader`);
+* :attr:`Interest.COORDINATOR`: the ``coordinator`` znode and the ``resources`` pointer;
 * :attr:`Interest.MEMBER`: the ``target`` pointer (a publication), ``control``, the
   member's own ``members/<id>`` (an ephemeral of its session, which the session's end
   deletes; other members' joins and leaves wake none of the 100, since nothing a member acts
@@ -126,8 +128,8 @@ class ZookeeperWatch(Watch):
         p, client = self._paths, self._client
         nodes = {
             Interest.ALL: [p.changes],
-            Interest.SUCCESSION: [p.coordinator],
-            Interest.COORDINATOR: [p.coordinator],
+            Interest.SUCCESSION: [p.coordinator, p.resources],
+            Interest.COORDINATOR: [p.coordinator, p.resources],
             Interest.MEMBER: [p.target, p.control],
         }[self.interest]
         pending = [client.exists_async(path, watch=self._fired) for path in nodes]

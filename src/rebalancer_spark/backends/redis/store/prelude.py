@@ -49,9 +49,10 @@ local function num(v) return tonumber(v) or 0 end
 local function alive(sid)
   return sid ~= nil and sid ~= false and redis.call('EXISTS', P .. 'lease:' .. sid) == 1
 end
--- what every watch may act on (membership, leases, succession, targets, control)
+-- what every watch may act on (membership, leases, succession, targets, control, the
+-- resource set, which followers remember)
 local function notify(what) redis.call('PUBLISH', P .. 'changes', what) end
--- what only the coordinator acts on (claims, releases, acknowledgements, resources, leaving)
+-- what only the coordinator acts on (claims, releases, acknowledgements, leaving)
 local function notify_coordinator(what) redis.call('PUBLISH', P .. 'coord', what) end
 -- a release meant for member m (its target holds a released resource)
 local function notify_member(m, what) redis.call('PUBLISH', P .. 'to:' .. m, what) end
