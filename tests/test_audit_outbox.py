@@ -185,3 +185,19 @@ def test_a_new_outbox_is_never_seen_unlocked_by_another_writer_s_scan(
     assert list(orphans(directory)) == []  # held by its writer
     assert [p.name for p in directory.iterdir()] == ["new.jsonl"]
     box.close(delete=True)
+
+
+def test_an_outbox_entry_that_cannot_be_read_does_not_stop_the_log(tmp_path: Path) -> None:
+    """Something under the outbox's name that cannot be opened (here a directory) is skipped
+    with a warning; the log's writer thread goes on to write the log's own rows (it ended on
+    the error before, and every later flush waited out its timeout)."""
+    from tests.test_audit_delta import clean_trail
+
+    table, outbox = tmp_path / "audit", tmp_path / "outbox"
+    (table_dir(outbox, str(table)) / "junk.jsonl").mkdir(parents=True)
+    events = clean_trail()
+    with DeltaAuditLog(str(table), outbox=outbox) as log:
+        for e in events:
+            log(e)
+        assert log.flush(30), f"the writer stopped: {log.last_error}"
+    assert len(load_events(str(table))) == len(events)

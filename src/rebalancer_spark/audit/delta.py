@@ -347,7 +347,11 @@ class DeltaAuditLog:
     # -- the writer thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        self._replay()
+        try:
+            self._replay()
+        except Exception:
+            # The orphans stay where they are for the next log; this log's own rows go on.
+            log.exception("audit outboxes of %s could not be replayed", _shown(self._path))
         failures = 0
         uncertain = False  # the last attempt failed: its commit may have landed all the same
         in_doubt = 0  # the size of that attempt: a retry must carry exactly the same rows

@@ -141,6 +141,14 @@ def orphans(directory: Path) -> Iterator[Orphan]:
             handle = open(path, "r+", encoding="utf-8")  # noqa: SIM115
         except FileNotFoundError:
             continue  # replayed and deleted meanwhile
+        except OSError as exc:
+            log.warning(
+                "audit outbox %s cannot be opened (%s); skipped: move it away if it is not an "
+                "outbox file",
+                path,
+                exc,
+            )
+            continue
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
