@@ -188,13 +188,22 @@ def test_a_new_outbox_is_never_seen_unlocked_by_another_writer_s_scan(
 
 
 def test_an_outbox_entry_that_cannot_be_read_does_not_stop_the_log(tmp_path: Path) -> None:
-    """Something under the outbox's name that cannot be opened (here a directory) is skipped
-    with a warning; the log's writer thread goes on to write the log's own rows (it ended on
-    the error before, and every later flush waited out its timeout)."""
+    """Something under an outbox's name that cannot be opened (a directory) or read (bytes
+    that are not UTF-8) is skipped with a warning: the orphans after it are still replayed,
+    and the log's writer thread goes on to write the log's own rows (it ended on the error
+    before, and every later flush waited out its timeout)."""
     from tests.test_audit_delta import clean_trail
 
     table, outbox = tmp_path / "audit", tmp_path / "outbox"
     (table_dir(outbox, str(table)) / "junk.jsonl").mkdir(parents=True)
+    (table_dir(outbox, str(table)) / "binary.jsonl").write_bytes(b"\xff\xfe\x00 not text\n")
+    dead = Outbox(table_dir(outbox, str(table)), "dead")  # newer: scanned after the others
+    dead.keep([(1, ["a"])])
+    dead.close(delete=False)
+    found = list(orphans(table_dir(outbox, str(table))))
+    assert [orphan.writer_id for orphan in found] == ["dead"]
+    for orphan in found:
+        orphan.close(delete=True)
     events = clean_trail()
     with DeltaAuditLog(str(table), outbox=outbox) as log:
         for e in events:

@@ -349,7 +349,7 @@ class DeltaAuditLog:
     def _run(self) -> None:
         try:
             self._replay()
-        except Exception:
+        except BaseException:  # also a delta-rs panic (pyo3's PanicException)
             # The orphans stay where they are for the next log; this log's own rows go on.
             log.exception("audit outboxes of %s could not be replayed", _shown(self._path))
         failures = 0
@@ -429,7 +429,7 @@ class DeltaAuditLog:
         for orphan in orphans(self._outbox_dir):
             try:
                 self._replay_one(orphan)
-            except Exception as exc:
+            except BaseException as exc:  # also a delta-rs panic (pyo3's PanicException)
                 log.warning(
                     "audit outbox %s of a writer that is gone could not be written to %s (%s); "
                     "the next audit log opened on this table tries again",

@@ -12,7 +12,8 @@ is never written twice (see :func:`pending_batches`).
 One directory per table (a hash of its path) under the outbox root; one file per writer,
 ``<writer id>.jsonl``, held with an exclusive ``flock`` while its writer lives: a file whose
 lock can be taken has no writer. A writer creates its file as ``.<writer id>.new``, locks it and
-only then renames it, so no scan ever sees a live writer's file unlocked. Lines are JSON:
+only then renames it, so no scan ever sees a live writer's file unlocked (a process killed in
+between leaves an empty ``.<writer id>.new``, which no scan reads). Lines are JSON:
 
 * ``{"i": 7, "row": [...]}``: the writer's 7th accepted row (the audit table's columns);
 * ``{"batch": 3, "upto": 7}``: the writer is about to commit batch 3, rows up to 7.
@@ -69,6 +70,7 @@ class Outbox:
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(fresh, self.path)
+            _sync_directory(directory)  # the name, too, survives a power loss
         except BaseException:
             self._file.close()
             with contextlib.suppress(FileNotFoundError):
@@ -154,13 +156,35 @@ def orphans(directory: Path) -> Iterator[Orphan]:
         except BlockingIOError:
             handle.close()
             continue
+        except OSError as exc:
+            handle.close()
+            log.warning("audit outbox %s cannot be locked (%s); skipped", path, exc)
+            continue
         if not path.exists():  # replayed by another process between the open and the lock
             handle.close()
             continue
         orphan = Orphan(path, path.name.removesuffix(".jsonl"), handle=handle)
-        _read(orphan, handle)
-        handle.seek(0, os.SEEK_END)
+        try:
+            _read(orphan, handle)
+            handle.seek(0, os.SEEK_END)
+        except (OSError, ValueError) as exc:  # unreadable, or not UTF-8 text
+            handle.close()
+            log.warning(
+                "audit outbox %s cannot be read (%s); skipped: move it away if it is not an "
+                "outbox file",
+                path,
+                exc,
+            )
+            continue
         yield orphan
+
+
+def _sync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _read(orphan: Orphan, handle: IO[str]) -> None:

@@ -141,17 +141,18 @@ class Interest(StrEnum):
     reconciler claims on every new target)."""
     SUCCESSION = "succession"
     """What a member that does not coordinate watches for: the coordinator going away
-    (membership and lease events, resignations, elections), and members coming, whose
+    (membership and lease events, resignations, elections), members coming, whose
     records say which are static (a coordinator that takes over gives a static member that
-    it saw before its rejoin grace)."""
+    it saw before its rejoin grace), and a new resource set (a follower remembers it, so that
+    it can declare it again into a store that lost the group: :class:`GroupReader`)."""
     COORDINATOR = "coordinator"
     """:attr:`SUCCESSION` without members coming: what a follower that gives no rejoin grace
     (``rejoin_grace`` 0, the default, and the only value for a member that is not static)
     watches for, since the static members it saw change nothing it would do. On ZooKeeper
-    the ``coordinator`` znode alone: a join or a leave in a group of 100 woke the 99
-    followers, each to read the 100 member records (about 10,000 reads a join). SQLite
-    reads the group's coordinator row, not its change counter, when the file changed. Redis
-    wakes as for :attr:`SUCCESSION`."""
+    the ``coordinator`` znode and the ``resources`` pointer: a join or a leave in a group of
+    100 woke the 99 followers, each to read the 100 member records (about 10,000 reads a
+    join). SQLite reads the group's coordinator row (with the set's version), not its change
+    counter, when the file changed. Redis wakes as for :attr:`SUCCESSION`."""
 
 
 class Watch(abc.ABC):

@@ -196,7 +196,8 @@ class CoordinatorLoop:
                         continue
                 # else: a follower whose watch reported nothing has nothing to read. Nothing
                 # but the coordinator's going (or a member's coming, for its static members,
-                # when it gives a rejoin grace) moves its decision, and its watch covers
+                # when it gives a rejoin grace) moves its decision, and a new resource set
+                # its memory of the set (GroupReader); its watch covers
                 # what does (``self._following``): a follower that read the
                 # group's head every second cost 100 reads a second in an idle group of 100.
                 # Waits are capped so that stop(), wake() and rediscover() act within a second.

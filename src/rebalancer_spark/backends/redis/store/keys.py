@@ -51,13 +51,13 @@ def meta_key(group: str) -> str:
 
 def channel(group: str) -> str:
     """The pub/sub channel of the changes every watch may act on (same hash tag): membership,
-    leases, succession, targets, control."""
+    leases, succession, targets, control, the resource set (which followers remember)."""
     return prefix(group) + "changes"
 
 
 def coordinator_channel(group: str) -> str:
     """The pub/sub channel of the changes only the coordinator acts on: claims, releases,
-    acknowledgements, the resource set, members leaving."""
+    acknowledgements, members leaving."""
     return prefix(group) + "coord"
 
 
