@@ -225,6 +225,13 @@ class SqliteBackend(Backend):
         with self._transaction(_READ) as db:
             return reads.resources(db, group)
 
+    def _remember_resources(self, group: str) -> int:
+        with self._transaction(_READ) as db:
+            version, rows = reads.resource_rows(db, group)
+        if rows:  # built only if a store that lost the group needs it declared again
+            self.epochs.keep_resources(group, lambda: reads.build_resources(group, rows))
+        return version
+
     def _target(self, group: str) -> Target | None:
         with self._transaction(_READ) as db:
             return reads.target(db, group)

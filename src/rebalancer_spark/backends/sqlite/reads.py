@@ -135,6 +135,23 @@ def resources(db: sqlite3.Connection, group: str) -> tuple[int, dict[str, Resour
     return _count(group, row, "resources version", 0), found
 
 
+def resource_rows(db: sqlite3.Connection, group: str) -> tuple[int, list[tuple[str, object]]]:
+    """The resource set's version and its rows as stored (id, weight), not parsed: what a
+    follower remembers (:meth:`Backend.remember_resources`)."""
+    row = db.execute("SELECT resources_version FROM groups WHERE name=?", (group,)).fetchone()
+    if row is None:
+        return 0, []
+    rows: list[tuple[str, object]] = db.execute(
+        "SELECT resource_id, weight FROM resources WHERE grp=?", (group,)
+    ).fetchall()
+    return _count(group, row, "resources version", 0), rows
+
+
+def build_resources(group: str, rows: list[tuple[str, object]]) -> list[Resource]:
+    """The resources of rows read by :func:`resource_rows`."""
+    return [parse_resource(group, rid, weight, store=STORE) for rid, weight in rows]
+
+
 def target(db: sqlite3.Connection, group: str) -> Target | None:
     """:meth:`Backend.target`: the current target, whole."""
     g = db.execute(_GROUP_ROW, (group,)).fetchone()
