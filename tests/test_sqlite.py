@@ -470,8 +470,32 @@ def test_a_claim_rereads_under_the_lock_what_its_snapshot_found(sqlite_path: Pat
     assert store.claim(m, ["a"], gen)["a"].epoch == 1
     with store._transaction("BEGIN IMMEDIATE") as db:
         again = ownership.claim(db, clock, m, found.resources, gen)
-    assert again["a"].epoch == 1  # returned as held, not granted a second time
+    assert [(f.resource, f.epoch, f.new) for f in again] == [("a", 1, False)]  # held already
     assert store.member_view(m).owned == {"a": 1}
+
+
+def test_a_claim_reads_the_progress_it_hands_over_after_its_write_and_never_a_successor_s(
+    sqlite_path: Path,
+) -> None:
+    # The grants' progress is read after the write lock is let go. By then only the holder's
+    # commits are accepted; if this session lapsed meanwhile and a successor committed, that
+    # later epoch's progress is not handed to a grant this session never works on.
+    from rebalancer_spark.backends.sqlite import ownership
+
+    clock = ManualClock()
+    store, other = _pair(sqlite_path, clock)
+    lives = other.join("g", "lives", info={}, ttl=600.0, static=False)
+    m = store.join("g", "m", info={}, ttl=600.0, static=False)
+    gen = _lead_and_give(other, lives, "m")
+    granted = store.claim(m, ["a"], gen)
+    assert granted["a"].epoch == 1 and granted["a"].progress is None
+    store.commit(m, "a", 1, "7")
+    with store._transaction("BEGIN IMMEDIATE") as db:
+        held = ownership.claim(db, clock, m, ["a"], gen)
+    with store._transaction("BEGIN") as db:
+        assert ownership.grants(db, m, held)["a"].progress is not None  # its own, at epoch 1
+        earlier = [held[0]._replace(epoch=0)]  # as if a successor's commit were the later one
+        assert ownership.grants(db, m, earlier)["a"].progress is None
 
 
 def test_a_file_with_the_indexes_of_an_earlier_release_gains_the_covering_ones(

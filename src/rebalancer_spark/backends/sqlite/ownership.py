@@ -32,7 +32,7 @@ from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import Freed, Grant, Phase
 
-__all__ = ["Claimable", "acknowledge", "claim", "claimable", "commit", "release"]
+__all__ = ["Claimable", "Found", "acknowledge", "claim", "claimable", "commit", "grants", "release"]
 
 
 _FREED = {f.value: f for f in Freed}
@@ -42,7 +42,7 @@ def _freed(value: object) -> Freed | None:
     return _FREED.get(value) if isinstance(value, str) else None
 
 
-class _Found(NamedTuple):
+class Found(NamedTuple):
     """One resource a claim grants or returns, as read: its epoch after the claim, what the
     grant supersedes, and whether it is a new grant (False: the session holds it already)."""
 
@@ -126,7 +126,7 @@ def claimable(
     ids = [row[0] for row in rows]
     if any(row[2] != session.session_id for row in rows):
         return Claimable(ids, None)
-    return Claimable(ids, _grants(db, session, _found(clock, session, wanted, rows)))
+    return Claimable(ids, grants(db, session, _found(clock, session, wanted, rows)))
 
 
 def claim(
@@ -135,15 +135,16 @@ def claim(
     session: Session,
     resources: Collection[str],
     generation: int,
-) -> dict[str, Grant]:
+) -> list[Found]:
     """:meth:`Backend.claim`, in the write transaction, of the rows :func:`claimable` found
     (``resources``, in the session's part of the target at ``generation``): grant what nobody
-    alive holds, each at the resource's next epoch, with what it superseded and the progress
-    it hands over. Every ``ownership`` row is read again here, by its key: the write lock is
-    held for what is claimed, not for the session's whole part."""
+    alive holds, each at the resource's next epoch, with what it superseded; what the session
+    holds now (granted here or before), for :func:`grants` to read the progress of after the
+    write lock is let go. Every ``ownership`` row is read again here, by its key: the write
+    lock is held for what is claimed, not for the session's whole part."""
     require_alive(db, session, clock)
     if not _running(db, session.group, generation):
-        return {}  # a new target: its rows may give these resources to someone else
+        return []  # a new target: its rows may give these resources to someone else
     group = session.group
     stored: dict[str, Any] = {}
     for chunk in chunks(sorted(resources)):
@@ -153,8 +154,7 @@ def claim(
     never_owned = (None,) * 8
     rows = [stored.get(r) or (r, *never_owned) for r in sorted(resources)]
     found = _found(clock, session, set(resources), rows)
-    granted = _grants(db, session, found)
-    grants = [
+    granted = [
         (
             group,
             f.resource,
@@ -169,10 +169,10 @@ def claim(
         for f in found
         if f.new
     ]
-    if grants:
-        db.executemany(_GRANT, grants)
+    if granted:
+        db.executemany(_GRANT, granted)
         bump(db, group)
-    return granted
+    return found
 
 
 def _running(db: sqlite3.Connection, group: str, generation: int) -> bool:
@@ -183,11 +183,11 @@ def _running(db: sqlite3.Connection, group: str, generation: int) -> bool:
     return bool(current == generation and phase == Phase.RUNNING.value)
 
 
-def _found(clock: Clock, session: Session, wanted: set[str], rows: list[Any]) -> list[_Found]:
+def _found(clock: Clock, session: Session, wanted: set[str], rows: list[Any]) -> list[Found]:
     """The rows of :data:`_CLAIMABLE` or :data:`_BY_KEY` among ``wanted``, as what a claim
     grants or returns."""
     group, now = session.group, clock.monotonic()
-    found: list[_Found] = []
+    found: list[Found] = []
     sid = session.session_id
     for rid, member, holder, stored, p_member, p_session, freed, freed_at, expires in rows:
         if rid not in wanted:
@@ -200,39 +200,43 @@ def _found(clock: Clock, session: Session, wanted: set[str], rows: list[Any]) ->
             epoch = parse_count(group, f"epoch of {rid!r}", stored, store="SQLite")  # raises
         if holder == sid:
             found.append(
-                _Found(rid, epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at, False)
+                Found(rid, epoch, _freed(freed), p_member, p_session, epoch - 1, freed_at, False)
             )
         elif holder is not None and expires is not None and expires > now:
             continue  # a live holder
         elif stored is None:
-            found.append(_Found(rid, 1, Freed.NEW, None, None, 0, None, True))
+            found.append(Found(rid, 1, Freed.NEW, None, None, 0, None, True))
         elif holder is not None:
             # Its session expired; the row was not freed yet (nobody ended it): end it now.
             at = wall_time(clock, expires) if expires is not None else clock.wall()
-            found.append(_Found(rid, epoch + 1, Freed.EXPIRED, member, holder, epoch, at, True))
+            found.append(Found(rid, epoch + 1, Freed.EXPIRED, member, holder, epoch, at, True))
         else:
             found.append(
-                _Found(rid, epoch + 1, _freed(freed), p_member, p_session, epoch, freed_at, True)
+                Found(rid, epoch + 1, _freed(freed), p_member, p_session, epoch, freed_at, True)
             )
     return found
 
 
-def _grants(db: sqlite3.Connection, session: Session, found: list[_Found]) -> dict[str, Grant]:
-    """The :class:`Grant` of each of ``found``, with the progress it hands over (read in the
-    caller's transaction)."""
+def grants(db: sqlite3.Connection, session: Session, found: list[Found]) -> dict[str, Grant]:
+    """The :class:`Grant` of each of ``found`` (held by ``session``), with the progress it
+    hands over. It may be read after the claim's write transaction: once the claim holds a
+    resource, only its holder's commits are accepted, and this one has made none yet. A
+    progress at a later epoch than the grant's (the session lapsed meanwhile and a successor
+    committed) is not handed over: this session never works on that resource."""
     handed = progress(db, session.group, [f.resource for f in found])
-    return {
-        f.resource: Grant(
+    out: dict[str, Grant] = {}
+    for f in found:
+        given = handed.get(f.resource)
+        out[f.resource] = Grant(
             f.epoch,
             f.freed,
             f.prev_member,
             f.prev_session,
             f.prev_epoch,
             f.freed_at,
-            handed.get(f.resource),
+            None if given is None or given.epoch > f.epoch else given,
         )
-        for f in found
-    }
+    return out
 
 
 def release(
