@@ -251,6 +251,19 @@ class RedisBackend(Backend):
         return decode_control(group, flat)
 
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        version, weights = self._resource_weights(group)
+        return version, decode_resources(group, weights)
+
+    def _remember_resources(self, group: str) -> int:
+        version, weights = self._resource_weights(group)
+        if weights:  # built only if a store that lost the group needs it declared again
+            self.epochs.keep_resources(
+                group, lambda: list(decode_resources(group, weights).values())
+            )
+        return version
+
+    def _resource_weights(self, group: str) -> tuple[int, dict[str, str]]:
+        """The resource set's version and its weights as stored (id → text)."""
         text, incarnation, flat = self._runner.run(
             Lua.RESOURCES, group, [], "reading the resource set"
         )
@@ -259,7 +272,7 @@ class RedisBackend(Backend):
         joined = self._memory.snapshot(group).incarnation
         if incarnation and joined in ("", str(incarnation)):
             self._memory.saw_resources(group, weights)
-        return version, decode_resources(group, weights)
+        return version, weights
 
     def _target(self, group: str) -> Target | None:
         meta, flat = self._runner.run(Lua.TARGET, group, [], "reading the target")
