@@ -9,7 +9,7 @@ import select
 import signal
 import subprocess
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -227,9 +227,7 @@ class MemberProcesses:
         try:
             with contextlib.closing(open_backend(self.observer_url)) as store:
                 state = store.state(self.group)
-            claimed: defaultdict[str, int] = defaultdict(int)
-            for claim in state.claims.values():
-                claimed[claim.member_id] += 1
+            claimed = Counter(claim.member_id for claim in state.claims.values())
             lines.append(
                 f"store: {len(state.resources)} resources, stable={state.is_stable()}, "
                 f"members {sorted((m, info.leaving) for m, info in state.members.items())}, "
@@ -243,7 +241,7 @@ class MemberProcesses:
             records = self.records(member_id)
             others = [r for r in records if r["kind"] != "commit"]
             commits = [r for r in records if r["kind"] == "commit"]
-            last = f"{json.dumps(commits[-1])[:200]}" if commits else "none"
+            last = json.dumps(commits[-1])[:200] if commits else "none"
             lines.append(f"--- {member_id} (exit {code}): {len(commits)} commits, last {last}")
             lines += [json.dumps(r)[:300] for r in others[-tail:]]
             lines.append(f"--- {member_id} stderr: {self.stderr(member_id)[-3000:]}")

@@ -123,16 +123,8 @@ def head(db: sqlite3.Connection, clock: Clock, group: str) -> GroupHead:
 
 def resources(db: sqlite3.Connection, group: str) -> tuple[int, dict[str, Resource]]:
     """:meth:`Backend.resources`: the resource set and its version."""
-    row = db.execute("SELECT resources_version FROM groups WHERE name=?", (group,)).fetchone()
-    if row is None:
-        return 0, {}
-    found = {
-        rid: parse_resource(group, rid, weight, store=STORE)
-        for rid, weight in db.execute(
-            "SELECT resource_id, weight FROM resources WHERE grp=?", (group,)
-        ).fetchall()
-    }
-    return _count(group, row, "resources version", 0), found
+    version, rows = resource_rows(db, group)
+    return version, {r.id: r for r in build_resources(group, rows)}
 
 
 def resource_rows(db: sqlite3.Connection, group: str) -> tuple[int, list[tuple[str, object]]]:
