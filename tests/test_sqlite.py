@@ -453,17 +453,23 @@ def test_a_claims_reread_under_the_lock_finds_each_row_by_its_key(sqlite_path: P
     assert not [step for step in plan if "targets" in step], plan
 
 
+def _given_to_m(sqlite_path: Path) -> tuple[ManualClock, SqliteBackend, Session, int]:
+    """A group whose target gives "a" to member m (of ``store``), led by another handle's
+    member: the clock, m's store, m's session and the target's generation."""
+    clock = ManualClock()
+    store, other = _pair(sqlite_path, clock)
+    lives = other.join("g", "lives", info={}, ttl=600.0, static=False)
+    m = store.join("g", "m", info={}, ttl=600.0, static=False)
+    return clock, store, m, _lead_and_give(other, lives, "m")
+
+
 def test_a_claim_rereads_under_the_lock_what_its_snapshot_found(sqlite_path: Path) -> None:
     # What the snapshot found may have changed before the write lock was taken (here, a claim
     # of the same session in between): the write transaction judges each row as it is then,
     # so a resource is granted once, at one epoch.
     from rebalancer_spark.backends.sqlite import ownership
 
-    clock = ManualClock()
-    store, other = _pair(sqlite_path, clock)
-    lives = other.join("g", "lives", info={}, ttl=600.0, static=False)
-    m = store.join("g", "m", info={}, ttl=600.0, static=False)
-    gen = _lead_and_give(other, lives, "m")
+    clock, store, m, gen = _given_to_m(sqlite_path)
     with store._transaction("BEGIN") as db:
         found = ownership.claimable(db, clock, m, ["a"], gen)
     assert found == ownership.Claimable(["a"], None)  # "a" is free: to be granted
@@ -482,11 +488,7 @@ def test_a_claim_reads_the_progress_it_hands_over_after_its_write_and_never_a_su
     # later epoch's progress is not handed to a grant this session never works on.
     from rebalancer_spark.backends.sqlite import ownership
 
-    clock = ManualClock()
-    store, other = _pair(sqlite_path, clock)
-    lives = other.join("g", "lives", info={}, ttl=600.0, static=False)
-    m = store.join("g", "m", info={}, ttl=600.0, static=False)
-    gen = _lead_and_give(other, lives, "m")
+    clock, store, m, gen = _given_to_m(sqlite_path)
     granted = store.claim(m, ["a"], gen)
     assert granted["a"].epoch == 1 and granted["a"].progress is None
     store.commit(m, "a", 1, "7")
