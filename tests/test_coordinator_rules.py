@@ -203,6 +203,38 @@ def _stable(members: list[str], resources: int = 6, **settings: object) -> Coord
     return coordinator
 
 
+@dataclass
+class _Recording(Coordinator):
+    """A :class:`Coordinator` that keeps the publications it carried out."""
+
+    publications: list[Publish] = field(default_factory=list)
+
+    def _carry_out(self, actions: Sequence[Action], now: float) -> float:
+        self.publications.extend(a for a in actions if isinstance(a, Publish))
+        return super()._carry_out(actions, now)
+
+
+def test_a_publication_counts_the_resources_that_change_owner() -> None:
+    """``moves``: every resource of the previous target that the new one gives to another
+    member, a departed member's included; a new resource is not a move."""
+    stable = _stable([ME, "b", "c"], resources=6)
+    group = stable.group
+    before = group.target
+    assert before is not None
+    _remove(group, "c")
+    group.resources |= {r: Resource(r) for r in ("r6", "r7", "r8")}
+    group.resources_version += 1
+    coordinator = _Recording(group, stable.settings, stable.state)
+    _run(coordinator, 5.0, 10.0, {})
+    (publication,) = coordinator.publications
+    owner = {r: m for m, rs in before.assignment.items() for r in rs}
+    changed = {
+        r for m, rs in publication.assignment.items() for r in rs if r in owner and owner[r] != m
+    }
+    assert changed == before.assignment["c"]  # sticky: only the departed member's two move
+    assert publication.moves == 2
+
+
 # -- the transitions table -----------------------------------------------------------------------
 
 

@@ -281,7 +281,7 @@ def _plan(
     forced: bool,
     settings: Settings,
 ) -> dict[str, frozenset[str]]:
-    previous = {m: set(rs) for m, rs in target.assignment.items()} if target else {}
+    previous = dict(target.assignment) if target else {}
     weights = {r.id: r.weight for r in group.resources.values()}
     assignor = get_assignor(settings.assignor)
     return plan_target(assignor, present, weights, previous, group.control, forced=forced)
@@ -324,11 +324,14 @@ def _publish(
     assignment = (
         _plan(group, present, target, state.forced, settings) if desired is None else desired
     )
-    previous = {m: set(rs) for m, rs in target.assignment.items()} if target else {}
+    previous = dict(target.assignment) if target else {}
     started = state.first_change if state.pending is not None else now
     state, trigger, why = _cause(state, group, present, target)
-    before = {r: m for m, rs in previous.items() for r in rs}
-    changes = sum(1 for m, rs in assignment.items() for r in rs if r in before and before[r] != m)
+    # Resources another member had before: set operations in C (a target is a partition).
+    before: set[str] = set().union(*previous.values())
+    changes = sum(
+        len(before.intersection(rs).difference(previous.get(m, ()))) for m, rs in assignment.items()
+    )
     publish = Publish(
         epoch=epoch,
         assignment=dict(assignment),
