@@ -7,8 +7,10 @@ Prints one row per case: the median wall time over ``--runs`` runs (time.perf_co
 resources moved (as counted by ``moved``) and the fewest any count-balanced assignment could
 move (``minimum_moves``, defined for equal weights; "-" for the weighted cases), and the
 resources handed over to another owner, those of a departed member included. Round robin, the
-non-sticky baseline, runs on the same inputs for comparison. Resource ids are inserted in a
-shuffled order so that sorting them costs what it costs on unsorted input.
+non-sticky baseline, runs on the same inputs for comparison; "coordinator's plan" is what the
+coordinator calls (``control.plan_target`` with the default control record, around sticky).
+Resource ids are inserted in a shuffled order so that sorting them costs what it costs on
+unsorted input.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from rebalancer_spark.core.assignors import (
     round_robin,
     sticky_balanced,
 )
+from rebalancer_spark.core.control import Control, plan_target
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,19 @@ def build_cases(n_members: int, n_resources: int, seed: int) -> list[Case]:
         Case("sticky weighted, from scratch", sticky_balanced, members, weighted, {}, True),
         Case("sticky weighted, 1 join", sticky_balanced, members, weighted, w_before_join, True),
         Case("sticky weighted, 1 leave", sticky_balanced, without_middle, weighted, w_full, True),
+        Case("coordinator's plan, 1 join", _plan, members, equal, eq_before_join, False),
         Case("round_robin, from scratch", round_robin, members, equal, {}, False),
         Case("round_robin, 1 join", round_robin, members, equal, eq_before_join, False),
     ]
+
+
+def _plan(
+    members: Collection[str],
+    resources: Mapping[str, float],
+    previous: Mapping[str, AbstractSet[str]],
+) -> Assignment:
+    """The coordinator's plan under the default control record."""
+    return plan_target(sticky_balanced, members, resources, previous, Control())
 
 
 def run(case: Case, runs: int) -> tuple[float, Assignment]:
