@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rebalancer_spark.core.config import MemberConfig
 from rebalancer_spark.member import Member, default_backend_url
+from rebalancer_spark.shutdown import stop_on_signals
 from rebalancer_spark.testing import member_process
 from rebalancer_spark.testing.member_process import Trail
 
@@ -61,7 +62,7 @@ def threads(argv: Sequence[str]) -> int:
     ids = args.members.split(",")
     resources = read_ids(args.resources_file) if args.resources_file else None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_on_signals(stop, signal.SIGTERM)
     options: dict[str, object] = dict(o.split("=", 1) for o in args.option)
     with ExitStack() as files:
         members: list[Member] = []

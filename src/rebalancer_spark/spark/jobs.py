@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 from rebalancer_spark.core.errors import RebalancerError
 from rebalancer_spark.member import default_backend_url
 from rebalancer_spark.member.logfields import configure_logging
+from rebalancer_spark.shutdown import stop_on_signals
 from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.job_config import JobConfig
 from rebalancer_spark.spark.layers import AddArguments, parse_job_command_line
@@ -121,8 +122,7 @@ def job_main(
         spark.stop()
         return 2
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop, signal.SIGTERM, signal.SIGINT)
     name = node.member.member_id
     jvm = jvm_probes(spark.sparkContext)
     print(f"member {name} of group {job.member.group} running", flush=True)

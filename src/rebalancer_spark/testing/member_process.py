@@ -32,7 +32,7 @@ from rebalancer_spark.core.config import MemberConfig
 from rebalancer_spark.core.errors import BackendUnavailable, FencedError, RebalancerError
 from rebalancer_spark.core.events import EventSink, OwnershipEvent
 from rebalancer_spark.member import Member, OwnedResource, default_backend_url
-from rebalancer_spark.shutdown import exit_process
+from rebalancer_spark.shutdown import exit_process, stop_on_signals
 
 __all__ = ["command", "main"]
 
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.update({"group": args.group, "member_id": args.member_id, "backend": args.backend})
     config = MemberConfig.from_mapping(options, default_backend=default_backend_url())
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_on_signals(stop, signal.SIGTERM)
     with open(args.log, "a", encoding="utf-8") as stream:
         trail = Trail(stream)
         work = _Counters(trail)

@@ -31,7 +31,7 @@ from rebalancer_spark.core.errors import ConfigurationError, RebalancerError
 from rebalancer_spark.core.events import EventSink
 from rebalancer_spark.core.urls import redact_url
 from rebalancer_spark.member import Member, default_backend_url
-from rebalancer_spark.shutdown import exit_process
+from rebalancer_spark.shutdown import exit_process, stop_on_signals
 from rebalancer_spark.sources import open_source
 from rebalancer_spark.sources.queues import QueueSource
 from rebalancer_spark.spark.outputs import DeltaOutput
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options: dict[str, object] = dict(o.split("=", 1) for o in args.option)
     options.update({"group": args.group, "member_id": args.member_id, "backend": args.backend})
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_on_signals(stop, signal.SIGTERM)
     spark = _spark(args.group)
     audit = DeltaAuditLog(args.audit) if args.audit else None
     sinks: list[EventSink] = [audit] if audit is not None else []
