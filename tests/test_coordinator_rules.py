@@ -233,6 +233,13 @@ def test_a_publication_counts_the_resources_that_change_owner() -> None:
     }
     assert changed == before.assignment["c"]  # sticky: only the departed member's two move
     assert publication.moves == 2
+    joined = publication.assignment
+    group.join("d")  # a join: present members give the newcomer some of theirs
+    _run(coordinator, 10.0, 15.0, {})
+    last = coordinator.publications[-1]
+    given = last.assignment["d"]
+    assert given and all(any(r in rs for rs in joined.values()) for r in given)
+    assert last.moves == len(given)
 
 
 # -- the transitions table -----------------------------------------------------------------------

@@ -281,7 +281,7 @@ def _plan(
     forced: bool,
     settings: Settings,
 ) -> dict[str, frozenset[str]]:
-    previous = dict(target.assignment) if target else {}
+    previous: Mapping[str, frozenset[str]] = target.assignment if target else {}
     weights = {r.id: r.weight for r in group.resources.values()}
     assignor = get_assignor(settings.assignor)
     return plan_target(assignor, present, weights, previous, group.control, forced=forced)
@@ -324,7 +324,7 @@ def _publish(
     assignment = (
         _plan(group, present, target, state.forced, settings) if desired is None else desired
     )
-    previous = dict(target.assignment) if target else {}
+    previous: Mapping[str, frozenset[str]] = target.assignment if target else {}
     started = state.first_change if state.pending is not None else now
     state, trigger, why = _cause(state, group, present, target)
     # Resources another member had before: set operations in C (a target is a partition).
