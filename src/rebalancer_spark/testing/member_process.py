@@ -26,11 +26,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import IO, Any
 
 from rebalancer_spark.core.config import MemberConfig
 from rebalancer_spark.core.errors import BackendUnavailable, FencedError, RebalancerError
 from rebalancer_spark.core.events import EventSink, OwnershipEvent
+from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.member import Member, OwnedResource, default_backend_url
 from rebalancer_spark.shutdown import exit_process, stop_on_signals
 
@@ -84,6 +86,25 @@ _encode = json.JSONEncoder(sort_keys=True).encode
 """``json.dumps(..., sort_keys=True)`` without building an encoder per line (a newcomer writes
 thousands of lines in one step)."""
 
+_string = encode_basestring_ascii
+"""A JSON string, as :data:`_encode` writes it (``ensure_ascii``)."""
+
+
+def _text(value: str | None) -> str:
+    return "null" if value is None else _string(value)
+
+
+def _number(value: float | None) -> str:
+    return "null" if value is None else repr(value)
+
+
+_EVENT = (
+    '{"at": %s, "epoch": %d, "freed": %s, "freed_at": %s, "generation": %s, "group": %s, '
+    '"kind": %s, "member_id": %s, "observed_at": %s, "prev_epoch": %s, "prev_member_id": %s, '
+    '"prev_session_id": %s, "reason": %s, "resource": %s, "session_id": %s}\n'
+)
+_HANDED = '{"at": %s, "epoch": %d, "kind": "handed", "progress": %s, "resource": %s}\n'
+
 
 class Trail:
     """Appends JSON lines to a file, flushing each write, from any thread; as an event sink,
@@ -96,10 +117,11 @@ class Trail:
     def write(self, record: dict[str, Any]) -> None:
         self._append(_encode(record) + "\n")
 
-    def write_many(self, records: Iterable[dict[str, Any]]) -> None:
-        """Several lines in one write (a newcomer is handed thousands of resources at once:
-        a flush per line kept its member thread waiting on its ``on_assigned``)."""
-        self._append("".join(_encode(r) + "\n" for r in records))
+    def write_lines(self, lines: Iterable[str]) -> None:
+        """Several lines, each ending in a newline, in one write (a newcomer is handed
+        thousands of resources at once: a flush per line kept its member thread waiting on
+        its ``on_assigned``)."""
+        self._append("".join(lines))
 
     def _append(self, text: str) -> None:
         with self._lock:
@@ -113,29 +135,40 @@ class Trail:
     def emit_many(self, events: Sequence[OwnershipEvent]) -> None:
         """The events of one change, written and flushed together (before the member goes
         on: a release's lines are in the file before its claims are freed)."""
-        self._append("".join(_encode(_line(e)) + "\n" for e in events))
+        self._append("".join(map(event_line, events)))
 
 
-def _line(event: OwnershipEvent) -> dict[str, Any]:
-    return {
-        "kind": event.kind.value,
-        "group": event.group,
-        "resource": event.resource,
-        "member_id": event.member_id,
-        "session_id": event.session_id,
-        "epoch": event.epoch,
-        "at": event.at,
-        "observed_at": event.observed_at,
-        "reason": event.reason,
-        # The grant's link of the epoch chain: the trail's intervals end a killed owner's
-        # ownership where the store says, as the audit table's do.
-        "generation": event.generation,
-        "prev_member_id": event.prev_member_id,
-        "prev_session_id": event.prev_session_id,
-        "prev_epoch": event.prev_epoch,
-        "freed": event.freed,
-        "freed_at": event.freed_at,
-    }
+def event_line(event: OwnershipEvent) -> str:
+    """The trail's line of ``event``: the JSON object of its fields below with sorted keys, as
+    :data:`_encode` would write it, and a newline. Formatted directly: a newcomer of a
+    100,000-resource group writes 6,000 of these in the step that holds what it was granted,
+    and :data:`_encode` of a dict took twice as long. ``generation`` and the ``prev_*`` and
+    ``freed*`` fields are the grant's link of the epoch chain: the trail's intervals end a
+    killed owner's ownership where the store says, as the audit table's do."""
+    return _EVENT % (
+        _number(event.at),
+        event.epoch,
+        _text(event.freed),
+        _number(event.freed_at),
+        _number(event.generation),
+        _string(event.group),
+        _string(event.kind.value),
+        _string(event.member_id),
+        _number(event.observed_at),
+        _number(event.prev_epoch),
+        _text(event.prev_member_id),
+        _text(event.prev_session_id),
+        _string(event.reason),
+        _string(event.resource),
+        _string(event.session_id),
+    )
+
+
+def handed_line(resource: str, epoch: int, progress: JsonValue, at: float) -> str:
+    """The trail's ``handed`` line: the progress a grant handed over, formatted as
+    :data:`_encode` would (this module's counters directly, anything else through it)."""
+    value = _number(progress) if progress is None or type(progress) is int else _encode(progress)
+    return _HANDED % (_number(at), epoch, value, _string(resource))
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -179,16 +212,7 @@ class _Counters:
                 start = o.progress if isinstance(o.progress, int) else 0
                 self.counters.setdefault((o.resource, o.epoch), start)  # the loop may be ahead
             at = time.time()
-            self.trail.write_many(
-                {
-                    "kind": "handed",
-                    "resource": o.resource,
-                    "epoch": o.epoch,
-                    "progress": o.progress,
-                    "at": at,
-                }
-                for o in owned
-            )
+            self.trail.write_lines(handed_line(o.resource, o.epoch, o.progress, at) for o in owned)
 
     def commit(self, member: Member, owned: OwnedResource) -> None:
         key = (owned.resource, owned.epoch)
