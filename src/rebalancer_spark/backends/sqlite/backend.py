@@ -304,8 +304,10 @@ class SqliteBackend(Backend):
         # What may be granted is found in a snapshot, without the file's write lock: the write
         # transaction re-reads those rows alone, so that a member walking a part of thousands
         # of resources does not keep every other member from releasing meanwhile.
+        kept = self._parts.get(session)
+        part = len(kept[1]) if kept is not None and kept[0] == generation else None
         with self._transaction(_READ) as db:
-            found = ownership.claimable(db, self._clock, session, resources, generation)
+            found = ownership.claimable(db, self._clock, session, resources, generation, part)
             if found.held is not None:
                 return found.held
         with self._transaction(_WRITE) as db:

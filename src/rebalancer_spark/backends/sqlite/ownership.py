@@ -69,6 +69,15 @@ _CLAIMABLE = (
 )
 """The rows of the session's part of the target that a claim may grant or return."""
 
+_CLAIMABLE_IDS = _CLAIMABLE + " AND t.resource_id IN ({marks})"
+"""The rows of :data:`_CLAIMABLE` among given ids: one seek per id in the member's covering
+index of the target (368 ids of a part of 6,250: 1 ms instead of the whole part's 10)."""
+
+BY_IDS = 2 / 3
+"""A claim of at most this share of the session's part finds its rows by id
+(:data:`_CLAIMABLE_IDS`) rather than by walking the part: a seek per id costs about one and a
+half times a row of the walk."""
+
 _BY_KEY = (
     "SELECT o.resource_id, o.member_id, o.session_id, o.epoch, o.prev_member, "
     "o.prev_session, o.freed, o.freed_at, m.expires "
@@ -106,23 +115,28 @@ def claimable(
     session: Session,
     resources: Collection[str],
     generation: int,
+    part: int | None = None,
 ) -> Claimable:
     """What a claim of ``resources`` at ``generation`` may grant or return, read in a snapshot
-    (no write lock): the session's whole part of the target is walked here, so that the write
-    transaction of :func:`claim` re-reads only these rows, and judges them there. When the
-    session holds every one already, their grants are read here (with their progress): a
-    claim with nothing new takes no write lock."""
+    (no write lock), so that the write transaction of :func:`claim` re-reads only these rows,
+    and judges them there. ``part``: the size of the session's part of the target at
+    ``generation``, if known; a claim of a small share of it (:data:`BY_IDS`: the 368 a leave
+    gives each of 16 members, the rest of a newcomer's part) looks its ids up, any other
+    walks the whole part. When the session holds every one already, their grants are read
+    here (with their progress): a claim with nothing new takes no write lock."""
     require_alive(db, session, clock)
     if not _running(db, session.group, generation):
         return Claimable([], {})
     wanted = set(resources)
-    rows = [
-        row
-        for row in db.execute(
-            _CLAIMABLE, (session.group, session.member_id, session.session_id, clock.monotonic())
-        ).fetchall()
-        if row[0] in wanted
-    ]
+    args = (session.group, session.member_id, session.session_id, clock.monotonic())
+    if part is not None and len(wanted) <= part * BY_IDS:
+        rows = []
+        for chunk in chunks(sorted(wanted)):
+            # Only '?' placeholders are formatted in; every value is bound.
+            query = _CLAIMABLE_IDS.format(marks=",".join("?" * len(chunk)))
+            rows += db.execute(query, (*args, *chunk)).fetchall()
+    else:
+        rows = [row for row in db.execute(_CLAIMABLE, args).fetchall() if row[0] in wanted]
     ids = [row[0] for row in rows]
     if any(row[2] != session.session_id for row in rows):
         return Claimable(ids, None)
