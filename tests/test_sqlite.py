@@ -274,9 +274,12 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
         conn.execute(f"ALTER TABLE ownership DROP COLUMN {column}")
     conn.execute("ALTER TABLE members DROP COLUMN host")
     conn.execute("ALTER TABLE groups DROP COLUMN incarnation")
-    conn.execute("DROP INDEX targets_since")
+    conn.execute("DROP INDEX targets_given")
     conn.execute("ALTER TABLE targets DROP COLUMN gen")
     conn.execute("ALTER TABLE groups DROP COLUMN target_since")
+    conn.execute("DROP TABLE target_away")
+    conn.execute("ALTER TABLE groups DROP COLUMN away_since")
+    conn.execute("ALTER TABLE groups DROP COLUMN away_upto")
     conn.execute("UPDATE rebalancer_meta SET value='1' WHERE key='schema'")
     conn.commit()
     conn.close()
@@ -346,11 +349,16 @@ def _led(path: Path) -> tuple[SqliteBackend, SqliteBackend, Session, Session, in
     return store, coordinator, lead, m, record.epoch
 
 
-def test_a_members_view_reads_only_the_rows_moved_since_its_last_view(sqlite_path: Path) -> None:
-    # Each target row carries the generation that wrote it: a member's next view reads the
-    # rows written since its last one, not its whole part; a generation that deleted rows
-    # (a resource gone from the set) leaves no trace of them, so the next view reads it whole.
+def test_a_members_view_reads_only_its_own_moves_since_its_last_view(sqlite_path: Path) -> None:
+    # A member's next view reads the target rows given to it since its last one (each row
+    # carries the generation that wrote it) and the ids the away log says were taken from it
+    # since: never its whole part, nor the rows that moved between other members. A view
+    # older than the log's reach, or a log a publication did not write (a process of schema
+    # version 4), makes it read its part whole.
+    from rebalancer_spark.backends.sqlite.coordinator import AWAY_KEPT
+
     store, coordinator, lead, m, epoch = _led(sqlite_path)
+    other = coordinator.join("g", "other", info={}, ttl=600.0, static=False)
     ids = [f"r{i:03d}" for i in range(300)]
     statements: list[str] = []
     store._conn.set_trace_callback(statements.append)
@@ -359,38 +367,58 @@ def test_a_members_view_reads_only_the_rows_moved_since_its_last_view(sqlite_pat
         return coordinator.publish(
             lead,
             epoch,
-            assignment,
+            {"other": [], **assignment},
             phase=Phase.RUNNING,
             resources_version=0,
             previous=previous,
         )
 
-    def view() -> tuple[frozenset[str], bool]:
+    def view() -> tuple[frozenset[str], bool, int]:
+        """m's part, whether it was read whole, and how many statements read its moves."""
         statements.clear()
         part = store.member_view(m).target
         whole = any(
             "FROM targets WHERE grp=" in s and "AND member_id=" in s and "gen >" not in s
             for s in statements
         )
-        return part, whole
+        moves = [s for s in statements if "gen >" in s]
+        assert all("member_id='m'" in s for s in moves), moves  # its own rows only
+        return part, whole, len(moves)
 
     t = publish({"lead": ids[:150], "m": ids[150:]}, None)
-    assert view() == (frozenset(ids[150:]), True)  # the first view reads the part whole
-    assert view() == (frozenset(ids[150:]), False)  # same generation: nothing read again
+    assert view()[:2] == (frozenset(ids[150:]), True)  # the first view reads the part whole
+    assert view() == (frozenset(ids[150:]), False, 0)  # same generation: nothing read again
     t = publish({"lead": ids[:140] + ids[290:], "m": ids[140:290]}, t)
-    assert view() == (frozenset(ids[140:290]), False)  # 10 moved in, 10 away
-    assert any("FROM targets WHERE grp=" in s and "AND gen > " in s for s in statements)
+    assert view()[:2] == (frozenset(ids[140:290]), False)  # 10 moved in, 10 away
     t = publish({"lead": ids[5:140] + ids[295:], "m": ids[140:295] + ids[:5]}, t)
     t = publish({"lead": ids[:140] + ids[295:], "m": ids[140:295]}, t)  # two generations
-    assert view() == (frozenset(ids[140:295]), False)
+    assert view()[:2] == (frozenset(ids[140:295]), False)
     t = publish({"lead": ids[:140] + ids[295:298], "m": ids[140:295]}, t)  # 2 ids deleted
-    assert view() == (frozenset(ids[140:295]), True)
-    t = publish({"lead": ids[:140] + ids[290:298], "m": ids[140:290]}, t)
-    assert view() == (frozenset(ids[140:290]), False)  # changes again after the whole read
+    assert view()[:2] == (frozenset(ids[140:295]), False)  # not m's: nothing of it read
+    t = publish({"lead": ids[:140] + ids[296:298], "m": ids[140:294], "other": ids[294:296]}, t)
+    assert view()[:2] == (frozenset(ids[140:294]), False)  # 1 to another member, 1 deleted
+    # 200 resources move between the lead and another member: m reads none of them.
+    t = publish({"lead": ids[100:140], "m": ids[140:294], "other": ids[:100] + ids[294:298]}, t)
+    assert view() == (frozenset(ids[140:294]), False, 2)
+    # A view older than the log's reach reads whole: the log keeps AWAY_KEPT generations.
+    for _ in range(AWAY_KEPT):
+        t = publish({"lead": ids[100:140], "m": ids[140:294], "other": ids[:100]}, t)
+    assert view() == (frozenset(ids[140:294]), False, 2)
+    for _ in range(AWAY_KEPT + 1):
+        t = publish({"lead": ids[100:140], "m": ids[140:294], "other": ids[:100]}, t)
+    assert view()[:2] == (frozenset(ids[140:294]), True)
+    # A publication that logged nothing (a process of schema version 4): read whole.
+    t = publish({"lead": ids[100:140], "m": ids[140:290], "other": ids[:100]}, t)
+    with coordinator._transaction("BEGIN IMMEDIATE") as db:
+        db.execute("UPDATE groups SET away_upto=away_upto-1")
+    assert view()[:2] == (frozenset(ids[140:290]), True)
+    t = publish({"lead": ids[100:140], "m": ids[140:285], "other": ids[:100]}, t)
+    assert view()[:2] == (frozenset(ids[140:285]), False)  # the log starts again
     store.leave(m)
     m = store.join("g", "m", info={}, ttl=600.0, static=False)  # a new session: read whole
-    assert view() == (frozenset(ids[140:290]), True)
+    assert view()[:2] == (frozenset(ids[140:285]), True)
     assert store.member_view(m).target == coordinator.target("g").assignment["m"]  # type: ignore[union-attr]
+    store.leave(other)
     store._conn.set_trace_callback(None)
 
 
@@ -563,7 +591,7 @@ def test_a_file_with_the_indexes_of_an_earlier_release_gains_the_covering_ones(
 ) -> None:
     import sqlite3
 
-    from rebalancer_spark.backends.sqlite.ownership import _CLAIMABLE
+    from rebalancer_spark.backends.sqlite.ownership import _CLAIMABLE, _CLAIMABLE_IDS
     from rebalancer_spark.backends.sqlite.store.schema import INDEXES
 
     clock = ManualClock()
@@ -577,17 +605,27 @@ def test_a_file_with_the_indexes_of_an_earlier_release_gains_the_covering_ones(
     conn.execute("CREATE INDEX targets_by_member ON targets(grp, member_id)")
     conn.execute("CREATE INDEX targets_by_gen ON targets(grp, gen)")
     conn.execute("CREATE INDEX ownership_by_session ON ownership(session_id)")
+    conn.execute("CREATE INDEX targets_since ON targets(grp, gen, member_id, resource_id)")
     conn.commit()
     conn.close()
     reopened, _ = _pair(sqlite_path, clock)
     query = "SELECT name FROM sqlite_master WHERE type='index'"
     names = {r[0] for r in reopened._conn.execute(query)}
     assert names >= INDEXES.keys()
-    assert not names & {"targets_by_member", "targets_by_gen", "ownership_by_session"}
+    replaced = {"targets_by_member", "targets_by_gen", "ownership_by_session", "targets_since"}
+    assert not names & replaced
     plan = reopened._conn.execute(
         f"EXPLAIN QUERY PLAN {_CLAIMABLE}", ("g", "m", "s", 0.0)
     ).fetchall()
-    assert "COVERING INDEX targets_of_member" in plan[0][3]
+    # Either covering index of the member's rows serves a walk of its part.
+    assert "COVERING INDEX targets_of_member" in plan[0][3] or "targets_given" in plan[0][3]
+    by_ids = _CLAIMABLE_IDS.format(marks="?,?")
+    plan = reopened._conn.execute(
+        f"EXPLAIN QUERY PLAN {by_ids}", ("g", "m", "s", 0.0, "a", "b")
+    ).fetchall()
+    assert (
+        "COVERING INDEX targets_of_member (grp=? AND member_id=? AND resource_id=?)" in (plan[0][3])
+    )
     owned = "SELECT resource_id, epoch FROM ownership WHERE grp=? AND session_id=?"
     plan = reopened._conn.execute(f"EXPLAIN QUERY PLAN {owned}", ("g", "s")).fetchall()
     assert "COVERING INDEX ownership_of_session" in plan[0][3]

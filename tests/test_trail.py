@@ -93,10 +93,10 @@ def test_an_event_line_is_the_sorted_json_of_its_fields(event: OwnershipEvent) -
 
 @pytest.mark.parametrize("progress", [None, 0, 41, 10**20, "text", {"files": ["a", "b"]}, 2.5])
 def test_a_handed_line_is_the_sorted_json_of_its_fields(progress: object) -> None:
-    line = handed_line("dir/\u00e9 \"x\"", 3, progress, 1764366462.5)
+    line = handed_line('dir/\u00e9 "x"', 3, progress, 1764366462.5)
     record = {
         "kind": "handed",
-        "resource": "dir/\u00e9 \"x\"",
+        "resource": 'dir/\u00e9 "x"',
         "epoch": 3,
         "progress": progress,
         "at": 1764366462.5,

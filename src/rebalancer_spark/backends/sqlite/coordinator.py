@@ -18,7 +18,10 @@ from rebalancer_spark.backends.sqlite.store.groups import bump
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.model import CoordinatorRecord, Freed, Phase, Target
 
-__all__ = ["elect", "publish", "require_coordinator", "resign"]
+__all__ = ["AWAY_KEPT", "elect", "publish", "require_coordinator", "resign"]
+
+AWAY_KEPT = 16
+"""Generations the away log keeps: a member whose last view is older reads its part whole."""
 
 
 def elect(
@@ -83,31 +86,53 @@ def publish(
     change: TargetChange | None = None,
 ) -> Target:
     """:meth:`Backend.publish`: write only the rows of the target that changed, each with the
-    new generation; from ``change`` when the stored target is still its base generation (no
-    read of the target), else from a comparison with the stored rows."""
+    new generation, and log per member the ids taken away from it (``target_away``); from
+    ``change`` when the stored target is still its base generation (no read of the target),
+    else from a comparison with the stored rows.
+
+    The away log lets a member's view read its own moves alone (reads.member_view). It
+    covers the generations after ``groups.away_since`` up to ``groups.away_upto``: a
+    publication after one that logged nothing (a file of schema version 4, or a process of
+    that version still publishing into a migrated file) starts the log again at its own
+    generation, and each publication drops the generations older than :data:`AWAY_KEPT`."""
     group = session.group
     require_coordinator(db, clock, session, epoch)
-    stored, has_target = db.execute(
-        "SELECT generation, has_target FROM groups WHERE name=?", (group,)
+    stored, has_target, since, upto = db.execute(
+        "SELECT generation, has_target, away_since, away_upto FROM groups WHERE name=?", (group,)
     ).fetchone()
     generation = parse_count(group, "generation", stored, store="SQLite") + 1
     if change is not None and has_target and stored == change.base:
         moved_to = {r: m for m, rs in change.added.items() for r in rs}
         gone = [(group, r) for rs in change.removed.values() for r in rs if r not in moved_to]
         changed = [(group, r, m, generation) for r, m in moved_to.items()]
+        away = [(group, m, generation, r) for m, rs in change.removed.items() for r in rs]
     else:
-        gone, changed = _compare(db, group, assignment, generation)
+        gone, changed, away = _compare(db, group, assignment, generation)
     db.executemany("DELETE FROM targets WHERE grp=? AND resource_id=?", gone)
     db.executemany("INSERT OR REPLACE INTO targets VALUES (?, ?, ?, ?)", changed)
     db.execute("DELETE FROM target_members WHERE grp=?", (group,))
     db.executemany("INSERT INTO target_members VALUES (?, ?)", [(group, m) for m in assignment])
-    # Every row this generation wrote carries it; a deleted row leaves no trace, so a view
-    # kept from before it must read its part whole (reads.member_view).
+    oldest = generation - AWAY_KEPT
+    db.execute("DELETE FROM target_away WHERE grp=? AND gen <= ?", (group, oldest))
+    db.executemany("INSERT OR REPLACE INTO target_away VALUES (?, ?, ?, ?)", away)
+    since = max(since if upto == generation - 1 else generation - 1, oldest)
+    # target_since: what a view of schema version 4 reads by (a deleted row leaves no trace
+    # in targets), kept up for such a process while one still runs beside this one.
     db.execute(
         "UPDATE groups SET generation=?, target_epoch=?, phase=?, has_target=1, "
-        "target_resources_version=?, target_since=CASE WHEN ? THEN ? ELSE target_since END "
-        "WHERE name=?",
-        (generation, epoch, phase.value, resources_version, bool(gone), generation, group),
+        "target_resources_version=?, target_since=CASE WHEN ? THEN ? ELSE target_since END, "
+        "away_since=?, away_upto=? WHERE name=?",
+        (
+            generation,
+            epoch,
+            phase.value,
+            resources_version,
+            bool(gone),
+            generation,
+            since,
+            generation,
+            group,
+        ),
     )
     bump(db, group)
     return Target(
@@ -124,16 +149,17 @@ def _compare(
     group: str,
     assignment: Mapping[str, Collection[str]],
     generation: int,
-) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, int]]]:
-    """The target rows to delete and to write (at ``generation``), against what the table
-    holds."""
-    current = dict(
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, int]], list[tuple[str, str, int, str]]]:
+    """The target rows to delete and to write (at ``generation``), and the away log's rows,
+    against what the table holds."""
+    current: dict[str, str] = dict(
         db.execute("SELECT resource_id, member_id FROM targets WHERE grp=?", (group,)).fetchall()
     )
     wanted = {r: m for m, rs in assignment.items() for r in rs}
     gone = [(group, r) for r in current.keys() - wanted.keys()]
     changed = [(group, r, m, generation) for r, m in wanted.items() if current.get(r) != m]
-    return gone, changed
+    away = [(group, m, generation, r) for r, m in current.items() if wanted.get(r) != m]
+    return gone, changed, away
 
 
 def resign(db: sqlite3.Connection, session: Session, epoch: int) -> None:

@@ -228,19 +228,22 @@ def member_view(
 ) -> MemberView:
     """:meth:`Backend.member_view`: what ``session`` is given and, if ``claims``, holds.
 
-    The part of the target is read as a change where it can be: every target row carries the
-    generation that wrote it, so a part kept (in ``kept``) from generation ``g`` is brought up
-    to date with the rows written after ``g`` alone (the ids moved since: to this member, or
-    away from it), unless a generation after ``g`` deleted rows (``target_since``: a deleted
-    row leaves nothing to read), when it is read whole. A member's read per rebalance then
-    follows what moved, not the size of its part."""
+    The part of the target is read as a change where it can be: a part kept (in ``kept``)
+    from generation ``g`` is brought up to date with this member's moves since ``g`` alone:
+    the target rows given to it after ``g`` (each row carries the generation that wrote it)
+    and the ids the away log says were taken from it after ``g`` (``target_away``, written by
+    every publication: see coordinator.publish). When the log does not cover every generation
+    since ``g`` (``away_since``, ``away_upto``), the part is read whole. A member's read per
+    rebalance then follows its own moves: not the size of its part, nor what moved between
+    the others."""
     require_alive(db, session, clock)
-    generation, phase, target_epoch, since = db.execute(
-        "SELECT generation, phase, target_epoch, target_since FROM groups WHERE name=?",
+    generation, phase, target_epoch, since, upto = db.execute(
+        "SELECT generation, phase, target_epoch, away_since, away_upto FROM groups WHERE name=?",
         (session.group,),
     ).fetchone()
     generation = parse_count(session.group, "generation", generation, store=STORE)
-    target = _part(db, session, generation, since, kept.get(session))
+    logged = since if upto == generation and isinstance(since, int) else None
+    target = _part(db, session, generation, logged, kept.get(session))
     kept.keep(session, (generation, target))
     return MemberView(
         generation,
@@ -268,24 +271,29 @@ def _part(
     db: sqlite3.Connection,
     session: Session,
     generation: int,
-    since: object,
+    logged: int | None,
     kept: tuple[int, frozenset[str]] | None,
 ) -> frozenset[str]:
     """``session``'s part of the target at ``generation``: ``kept`` (generation, part) brought
-    up to date with the rows written since, or read whole."""
+    up to date with its moves since, when the away log covers every generation after
+    ``logged`` up to ``generation`` (None: it does not reach ``generation``), or read whole."""
     group, me = session.group, session.member_id
     if kept is not None:
         at, part = kept
         if at == generation:
             return part
-        if isinstance(since, int) and since <= at < generation:
-            # Ids only, taken apart by set operations run in C: every member reads every row
-            # a join moved (thousands), most of them between two other members.
-            moved = "SELECT resource_id FROM targets WHERE grp=? AND gen > ? AND member_id"
-            away = db.execute(moved + "<>?", (group, at, me)).fetchall()
-            given = db.execute(moved + "=?", (group, at, me)).fetchall()
+        if logged is not None and logged <= at < generation:
+            away = db.execute(
+                "SELECT resource_id FROM target_away WHERE grp=? AND member_id=? AND gen > ?",
+                (group, me, at),
+            ).fetchall()
+            given = db.execute(
+                "SELECT resource_id FROM targets WHERE grp=? AND member_id=? AND gen > ?",
+                (group, me, at),
+            ).fetchall()
             if not away and not given:
                 return part
+            # A resource taken away and given back since is in both: given wins.
             return part.difference(map(_first, away)).union(map(_first, given))
     return frozenset(
         r
