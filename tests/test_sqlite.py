@@ -261,6 +261,30 @@ def test_a_held_epoch_that_is_not_a_count_is_corrupt_data_naming_it(sqlite_path:
         store.member_view(session)
 
 
+def test_a_free_row_whose_epoch_is_not_a_count_is_corrupt_data_not_a_grant(
+    sqlite_path: Path,
+) -> None:
+    # A free row is granted by an UPDATE that adds one to its epoch: SQLite would make 'one'
+    # + 1 into 1 and hand out an epoch already used. Such a row is left to the read by key,
+    # which names it.
+    import sqlite3
+
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    session = store.join("g", "m1", info={}, ttl=600.0, static=False)
+    generation = _lead_and_give(store, session, "m1")
+    store.release(session, {"a": store.claim(session, ["a"], generation)["a"].epoch})
+    db = sqlite3.connect(sqlite_path)
+    try:
+        with db:
+            db.execute("UPDATE ownership SET epoch='one' WHERE resource_id='a'")
+    finally:
+        db.close()
+    with pytest.raises(CorruptStateError, match="epoch of 'a' = 'one'"):
+        store.claim(session, ["a"], generation)
+    assert store.state("g").claims.get("a") is None  # nothing granted
+
+
 def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -> None:
     import sqlite3
 
@@ -423,8 +447,9 @@ def test_a_members_view_reads_only_its_own_moves_since_its_last_view(sqlite_path
 
 
 def test_a_claim_walks_the_members_part_outside_the_write_lock(sqlite_path: Path) -> None:
-    # The part is walked in a snapshot; the write transaction reads by key only the rows that
-    # walk found, and a claim that finds nothing to grant takes no write lock at all: the
+    # The part is walked in a snapshot; the write transaction grants by key only the rows
+    # that walk found (free ones in one statement that returns their chain; the others read
+    # again), and a claim that finds nothing to grant takes no write lock at all: the
     # releases of the others never wait behind a walk of thousands of rows.
     store, coordinator, lead, m, epoch = _led(sqlite_path)
     ids = [f"r{i:03d}" for i in range(200)]
@@ -455,9 +480,11 @@ def test_a_claim_walks_the_members_part_outside_the_write_lock(sqlite_path: Path
     granted = store.claim(m, ids[:100], moved.generation)
     assert sorted(granted) == ids[:10]
     assert all(g.epoch == 2 and g.prev_member_id == "lead" for g in granted.values())
-    inside = [s for s in locked() if "FROM ownership o" in s]
-    assert inside and all("o.resource_id IN (" in s for s in inside)
+    inside = [s for s in locked() if "ownership" in s]
+    assert inside and all("resource_id IN (" in s for s in inside)
     assert sum(s.count("'r0") for s in inside) == 10  # exactly the rows the walk found
+    assert [s for s in inside if s.startswith("UPDATE ownership") and "RETURNING" in s]
+    assert not [s for s in inside if "FROM ownership o" in s]  # free: granted without a read
     assert not [s for s in locked() if "targets" in s]
     statements.clear()
     assert store.claim(m, ids[:100], moved.generation) == granted  # held: returned, no write
