@@ -4,9 +4,11 @@ Every write runs inside a write transaction the caller opened, and re-reads in i
 write depends on: the target generation and phase and each row it grants for a claim, the
 claim's session and epoch for a release or a commit, and the member's lease. A claim is found
 first in a read transaction (:func:`claimable`, which also returns the grants when nothing is
-new), so that the walk of the member's whole part takes no write lock; :func:`claim` then
-re-reads by key, under the lock, only the ``ownership`` rows found (the target rows cannot
-have changed: the generation is checked again, and every publication writes a new one).
+new), so that the walk of the member's part takes no write lock; :func:`claim` then works,
+under the lock, on the ``ownership`` rows found alone, by key: it grants those still free in
+one statement that checks and returns them as it writes, and reads the others again (the
+target rows cannot have changed: the generation is checked again, and every publication
+writes a new one).
 
 The epoch chain: an ``ownership`` row keeps, besides the holder and epoch, ``prev_member``,
 ``prev_session``, ``freed`` and ``freed_at`` (wall-clock seconds). While the resource is held
