@@ -210,3 +210,29 @@ def test_an_outbox_entry_that_cannot_be_read_does_not_stop_the_log(tmp_path: Pat
             log(e)
         assert log.flush(30), f"the writer stopped: {log.last_error}"
     assert len(load_events(str(table))) == len(events)
+
+
+def test_a_writer_killed_before_its_rename_leaves_a_file_the_next_scan_removes(
+    tmp_path: Path,
+) -> None:
+    """A writer killed between creating ``.<id>.new`` and renaming it leaves an empty file
+    that no scan reads as an outbox. A scan deletes it once it is old, empty and unlocked;
+    a recent one (a writer about to lock it), a locked one and one with content stay."""
+    import fcntl
+    import time
+
+    from rebalancer_spark.audit.outbox import STALE_NEW
+
+    directory = tmp_path / "box"
+    directory.mkdir()
+    old = time.time() - STALE_NEW - 5
+    dead, fresh, locked, written = (directory / f".{n}.new" for n in ("d", "f", "l", "w"))
+    for path in (dead, fresh, locked):
+        path.touch()
+    written.write_text("?")
+    for path in (dead, locked, written):
+        os.utime(path, (old, old))
+    with open(locked, "rb") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert list(orphans(directory)) == []
+        assert sorted(p.name for p in directory.iterdir()) == [".f.new", ".l.new", ".w.new"]

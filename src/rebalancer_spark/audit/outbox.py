@@ -12,8 +12,10 @@ is never written twice (see :func:`pending_batches`).
 One directory per table (a hash of its path) under the outbox root; one file per writer,
 ``<writer id>.jsonl``, held with an exclusive ``flock`` while its writer lives: a file whose
 lock can be taken has no writer. A writer creates its file as ``.<writer id>.new``, locks it and
-only then renames it, so no scan ever sees a live writer's file unlocked (a process killed in
-between leaves an empty ``.<writer id>.new``, which no scan reads). Lines are JSON:
+only then renames it, so no scan ever sees a live writer's file unlocked. A process killed in
+between leaves an empty ``.<writer id>.new``, which no scan reads as an outbox: the scan
+deletes it once it is empty, unlocked and older than :data:`STALE_NEW` (a live writer holds
+that name for the microseconds between its open and its lock). Lines are JSON:
 
 * ``{"i": 7, "row": [...]}``: the writer's 7th accepted row (the audit table's columns);
 * ``{"batch": 3, "upto": 7}``: the writer is about to commit batch 3, rows up to 7.
@@ -30,12 +32,21 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Orphan", "Outbox", "default_outbox_root", "orphans", "pending_batches", "table_dir"]
+__all__ = [
+    "STALE_NEW",
+    "Orphan",
+    "Outbox",
+    "default_outbox_root",
+    "orphans",
+    "pending_batches",
+    "table_dir",
+]
 
 log = logging.getLogger("rebalancer_spark.audit")
 
@@ -131,9 +142,11 @@ class Orphan:
 
 def orphans(directory: Path) -> Iterator[Orphan]:
     """The outbox files in ``directory`` that no live writer holds, read and locked, oldest
-    first; a file another process replays or writes right now is skipped."""
+    first; a file another process replays or writes right now is skipped. Stale files of
+    writers killed before their first rename are deleted (:func:`_remove_stale_new`)."""
     if not directory.is_dir():
         return
+    _remove_stale_new(directory)
     dated: list[tuple[float, Path]] = []
     for path in directory.glob("*.jsonl"):
         with contextlib.suppress(FileNotFoundError):  # replayed and deleted since the listing
@@ -177,6 +190,35 @@ def orphans(directory: Path) -> Iterator[Orphan]:
             )
             continue
         yield orphan
+
+
+STALE_NEW = 60.0
+"""Seconds after which an empty, unlocked ``.<writer id>.new`` in an outbox directory is a
+dead writer's (see the module docstring) and deleted by the next scan."""
+
+
+def _remove_stale_new(directory: Path, *, now: float | None = None) -> None:
+    """Delete the ``.<writer id>.new`` files of writers killed between creating and renaming
+    their outbox: empty, older than :data:`STALE_NEW`, and not locked by anyone (checked
+    while holding the lock, so a writer that locked it meanwhile keeps it)."""
+    now = time.time() if now is None else now
+    for path in directory.glob(".*.new"):
+        try:
+            info = path.stat()
+            if info.st_size or now - info.st_mtime < STALE_NEW:
+                continue
+            handle = open(path, "rb")  # noqa: SIM115
+        except OSError:
+            continue  # gone meanwhile, or not ours to open: left as it is
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(handle.fileno()).st_size == 0:
+                path.unlink()
+                log.info("audit outbox: removed %s, left by a writer killed at its start", path)
+        except OSError:
+            pass  # locked by a writer, or removed by another scan
+        finally:
+            handle.close()
 
 
 def _sync_directory(directory: Path) -> None:
