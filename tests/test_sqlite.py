@@ -658,3 +658,18 @@ def test_a_file_with_the_indexes_of_an_earlier_release_gains_the_covering_ones(
     assert "COVERING INDEX ownership_of_session" in plan[0][3]
     assert reopened.member_view(session).target == {"a"}
     reopened.close()
+
+
+def test_without_returning_a_claim_grants_the_same_through_the_read_by_key(
+    sqlite_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite before 3.35 has no UPDATE ... RETURNING: every row takes the read by key.
+    from rebalancer_spark.backends.sqlite import ownership
+
+    monkeypatch.setattr(ownership, "_RETURNING", False)
+    _, store, m, gen = _given_to_m(sqlite_path)
+    first = store.claim(m, ["a"], gen)["a"]
+    store.release(m, {"a": first.epoch})
+    again = store.claim(m, ["a"], gen)["a"]
+    assert (first.epoch, again.epoch) == (1, 2)
+    assert again.freed is Freed.RELEASED and again.prev_member_id == "m"
