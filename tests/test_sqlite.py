@@ -670,6 +670,11 @@ def test_without_returning_a_claim_grants_the_same_through_the_read_by_key(
     _, store, m, gen = _given_to_m(sqlite_path)
     first = store.claim(m, ["a"], gen)["a"]
     store.release(m, {"a": first.epoch})
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
     again = store.claim(m, ["a"], gen)["a"]
+    store._conn.set_trace_callback(None)
+    assert not [s for s in statements if "RETURNING" in s]
+    assert [s for s in statements if "FROM ownership o" in s]  # the read by key
     assert (first.epoch, again.epoch) == (1, 2)
     assert again.freed is Freed.RELEASED and again.prev_member_id == "m"
