@@ -1276,3 +1276,69 @@ def test_a_member_claims_each_holders_release_without_reading_its_view_again(
     assert any(
         prev.startswith("claim") and now == "claim+" for prev, now in itertools.pairwise(calls)
     ), calls
+
+
+class HeldBack(CountingViews):
+    """Holds back the answer of the member's first claim that grants something until what
+    that claim left out is free in the store: the other holders released it meanwhile."""
+
+    def __init__(self, inner: Backend, state: Callable[[], GroupState]) -> None:
+        super().__init__(inner)
+        self._state = state
+        self.left_out: set[str] | None = None
+        """What the held-back claim left out, once it came back."""
+
+    def _claim(self, session: Session, resources: list[str], generation: int) -> dict[str, Grant]:
+        granted = super()._claim(session, resources, generation)
+        if granted and self.left_out is None:
+            rest = set(resources) - set(granted)
+            wait_for(
+                lambda: not rest & set(self._state().claims),
+                timeout=10,
+                what=f"the release of {sorted(rest)}",
+            )
+            self.left_out = rest
+        return granted
+
+
+def test_a_newcomer_claims_what_was_released_meanwhile_before_it_holds_its_grants(
+    grp: Group,
+) -> None:
+    """A claim that granted part of what a member wants is followed at once by a claim of
+    the rest: a resource released while the first claim ran waits in the store for that
+    claim alone, not also for the hold (events, on_assigned) of those granted before. Both
+    grants are then held together, each dated when its own claim came back."""
+    slow_once = threading.Event()
+
+    def slow(owned: Sequence[OwnedResource]) -> None:
+        if owned and not slow_once.is_set():
+            slow_once.set()
+            time.sleep(0.6)  # within callback_timeout (1 s)
+
+    grp.members.append(Member(grp.config(member_id="a"), resources=RESOURCES).start())
+    grp.members.append(Member(grp.config(member_id="b"), on_revoked=slow).start())
+    grp.wait_settled(2)
+    batches: list[list[str]] = []
+
+    def on_assigned(owned: Sequence[OwnedResource]) -> None:
+        batches.append([o.resource for o in owned])
+
+    store = HeldBack(open_backend(grp.url), grp.state)
+    events: list[OwnershipEvent] = []
+    c = Member(
+        grp.config(member_id="c"),
+        backend=store,
+        on_assigned=on_assigned,
+        event_sinks=[events.append],
+    )
+    grp.members.append(c.start())
+    state = grp.wait_settled(3)
+    assert _counts(state) == {"a": 4, "b": 4, "c": 4}
+    wait_for(lambda: len(c.assigned()) == 4, timeout=10, what="c to hold its four resources")
+    assert store.left_out, f"c's first grant took everything: {store.calls}"
+    # c's member thread called on_assigned before it held them (and before wait_settled).
+    assert batches == [sorted(o.resource for o in c.assigned())], (batches, store.calls)
+    at = {e.resource: e.at for e in events if e.kind is EventKind.ACQUIRED}
+    first = {r: t for r, t in at.items() if r not in store.left_out}
+    later = {r: t for r, t in at.items() if r in store.left_out}
+    assert first and later and max(first.values()) < min(later.values()), at

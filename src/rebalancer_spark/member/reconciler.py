@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from rebalancer_spark.backends.base import Backend, Interest, Session, Watch
@@ -43,12 +43,18 @@ from rebalancer_spark.member.lease import Lease, LeaseSnapshot
 from rebalancer_spark.member.ownership import OwnedResource, Ownership
 from rebalancer_spark.member.state import Lifecycle, MemberState
 
-__all__ = ["MAX_WAIT", "Reconciler"]
+__all__ = ["CLAIM_CHAIN", "MAX_WAIT", "Reconciler"]
 
 log = logging.getLogger("rebalancer_spark.member")
 
 MAX_WAIT = 1.0
 """The longest a member's loops wait at once before they look again (seconds)."""
+
+CLAIM_CHAIN = 0.2
+"""How long (seconds) a member claims again, at once, what a claim that granted something
+left out, before it holds what it was granted (see :meth:`Reconciler._acquire`): the longest
+the first of a rebalance's grants waits for its hold (``on_assigned``) on that account,
+besides one claim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,33 +401,58 @@ class Reconciler:
     ) -> bool:
         """Claim ``wanted`` and hold what is granted; whether the member holds every grant
         (False: granted after the lease lapsed, and not taken). What is not granted is kept
-        for the next wake-up (:attr:`_rest`)."""
-        agree = self._hold(backend, session, backend.claim(session, wanted, view.generation), view)
+        for the next wake-up (:attr:`_rest`).
+
+        A claim that grants something is followed at once by a claim of what is still
+        missing, until one grants nothing, everything is granted, or :data:`CLAIM_CHAIN`
+        seconds passed since the first grant came back; then every grant is held, each as of the time
+        its claim returned. The releases of one rebalance land in the store while the claims
+        run: a resource released meanwhile waits for the next claim only, not also for the
+        hold of those granted before (their events and ``on_assigned``: about 10 µs a
+        resource, 60 ms for 6,000 on two busy cores, while a claim of them takes 20 to 40)."""
+        left = set(wanted)
+        batches: list[tuple[float, Mapping[str, Grant]]] = []
+        first: float | None = None  # when the first grant came back (monotonic)
+        while left:
+            granted = backend.claim(session, left, view.generation)
+            if not granted:
+                break
+            batches.append((self._clock.wall(), granted))
+            now = self._clock.monotonic()
+            first = now if first is None else first
+            left.difference_update(granted)
+            if self._draining.is_set() or self._stop.is_set() or now - first >= CLAIM_CHAIN:
+                break
+        agree = self._hold(backend, session, batches, view)
         rest = self._ownership.missing(wanted)
         if rest and agree and not self._draining.is_set():
             self._rest = _Rest(session.session_id, self._ownership.version, rest, view)
         return agree
 
     def _hold(
-        self, backend: Backend, session: Session, granted: Mapping[str, Grant], view: MemberView
+        self,
+        backend: Backend,
+        session: Session,
+        batches: Sequence[tuple[float, Mapping[str, Grant]]],
+        view: MemberView,
     ) -> bool:
-        """Hold what ``granted`` gives that is not held yet; see :meth:`_acquire`."""
-        fresh = self._ownership.not_held(granted)
-        if not fresh:
-            return True
-        now = self._clock.wall()
+        """Hold what ``batches`` (the wall time a claim returned, what it granted) give that
+        is not held yet; see :meth:`_acquire`."""
         owned = [
             OwnedResource(
                 r,
                 g.epoch,
                 None if g.progress is None else g.progress.value,  # handed over with the grant
-                now,
+                at,
                 grant=g,
                 generation=view.generation,
                 coordinator_epoch=view.coordinator_epoch,
             )
-            for r, g in sorted(fresh.items())
+            for at, granted in batches
+            for r, g in sorted(self._ownership.not_held(granted).items())
         ]
+        if not owned:
+            return True
         ended = self._lapsed_at(session)
         if ended is not None:
             # The answers came back after the lease ran out (a slow store, a pause): this
@@ -433,7 +464,7 @@ class Reconciler:
             log.info(
                 "member %s: %d resources granted after its lease lapsed; not taking them",
                 session.member_id,
-                len(fresh),
+                len(owned),
             )
             why = "granted after the lease lapsed; not taken"
             for o in owned:
