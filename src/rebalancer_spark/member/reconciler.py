@@ -405,10 +405,10 @@ class Reconciler:
 
         A claim that grants something is followed at once by a claim of what is still
         missing, until one grants nothing, everything is granted, or :data:`CLAIM_CHAIN`
-        seconds passed since the first grant came back; then every grant is held, each as of the time
-        its claim returned. The releases of one rebalance land in the store while the claims
-        run: a resource released meanwhile waits for the next claim only, not also for the
-        hold of those granted before (their events and ``on_assigned``: about 10 µs a
+        seconds passed since the first grant came back; then every grant is held, each as of
+        the time its claim returned. The releases of one rebalance land in the store while
+        the claims run: a resource released meanwhile waits for the next claim only, not also
+        for the hold of those granted before (their events and ``on_assigned``: about 10 µs a
         resource, 60 ms for 6,000 on two busy cores, while a claim of them takes 20 to 40)."""
         left = set(wanted)
         batches: list[tuple[float, Mapping[str, Grant]]] = []
