@@ -1280,11 +1280,15 @@ def test_a_member_claims_each_holders_release_without_reading_its_view_again(
 
 class HeldBack(CountingViews):
     """Holds back the answer of the member's first claim that grants something until what
-    that claim left out is free in the store: the other holders released it meanwhile."""
+    that claim left out is free in the store: the other holders released it meanwhile. With
+    ``lose_after``, the answer of the claim after that one is lost on the way."""
 
-    def __init__(self, inner: Backend, state: Callable[[], GroupState]) -> None:
+    def __init__(
+        self, inner: Backend, state: Callable[[], GroupState], *, lose_after: bool = False
+    ) -> None:
         super().__init__(inner)
         self._state = state
+        self._lose_after = lose_after
         self.left_out: set[str] | None = None
         """What the held-back claim left out, once it came back."""
 
@@ -1298,7 +1302,51 @@ class HeldBack(CountingViews):
                 what=f"the release of {sorted(rest)}",
             )
             self.left_out = rest
+            if self._lose_after:
+                self.lose_next_answer.set()
         return granted
+
+
+def _newcomer_after_two_owners(
+    grp: Group, *, lose_after: bool
+) -> tuple[Member, HeldBack, list[list[str]], list[OwnershipEvent]]:
+    """Members a and b split RESOURCES (b's first on_revoked takes 1.5 s), then c joins
+    through a :class:`HeldBack` store and takes four, two from each: its on_assigned calls
+    and events, once the group settled."""
+    slow_once = threading.Event()
+
+    def slow(owned: Sequence[OwnedResource]) -> None:
+        if owned and not slow_once.is_set():
+            slow_once.set()
+            time.sleep(1.5)
+
+    grp.members.append(Member(grp.config(member_id="a"), resources=RESOURCES).start())
+    config = grp.config(member_id="b", callback_timeout=10.0)
+    grp.members.append(Member(config, on_revoked=slow).start())
+    grp.wait_settled(2)
+    batches: list[list[str]] = []
+    events: list[OwnershipEvent] = []
+    lock = threading.Lock()
+
+    def on_assigned(owned: Sequence[OwnedResource]) -> None:
+        with lock:
+            batches.append([o.resource for o in owned])
+
+    def sink(event: OwnershipEvent) -> None:
+        with lock:
+            events.append(event)
+
+    store = HeldBack(open_backend(grp.url), grp.state, lose_after=lose_after)
+    c = Member(
+        grp.config(member_id="c"), backend=store, on_assigned=on_assigned, event_sinks=[sink]
+    )
+    grp.members.append(c.start())
+    state = grp.wait_settled(3)
+    assert _counts(state) == {"a": 4, "b": 4, "c": 4}
+    wait_for(lambda: sum(map(len, batches)) == 4, timeout=10, what="c's on_assigned calls")
+    assert store.left_out, f"c's first grant took everything: {store.calls}"
+    with lock:
+        return c, store, list(batches), list(events)
 
 
 def test_a_newcomer_claims_what_was_released_meanwhile_before_it_holds_its_grants(
@@ -1308,37 +1356,25 @@ def test_a_newcomer_claims_what_was_released_meanwhile_before_it_holds_its_grant
     the rest: a resource released while the first claim ran waits in the store for that
     claim alone, not also for the hold (events, on_assigned) of those granted before. Both
     grants are then held together, each dated when its own claim came back."""
-    slow_once = threading.Event()
-
-    def slow(owned: Sequence[OwnedResource]) -> None:
-        if owned and not slow_once.is_set():
-            slow_once.set()
-            time.sleep(0.6)  # within callback_timeout (1 s)
-
-    grp.members.append(Member(grp.config(member_id="a"), resources=RESOURCES).start())
-    grp.members.append(Member(grp.config(member_id="b"), on_revoked=slow).start())
-    grp.wait_settled(2)
-    batches: list[list[str]] = []
-
-    def on_assigned(owned: Sequence[OwnedResource]) -> None:
-        batches.append([o.resource for o in owned])
-
-    store = HeldBack(open_backend(grp.url), grp.state)
-    events: list[OwnershipEvent] = []
-    c = Member(
-        grp.config(member_id="c"),
-        backend=store,
-        on_assigned=on_assigned,
-        event_sinks=[events.append],
-    )
-    grp.members.append(c.start())
-    state = grp.wait_settled(3)
-    assert _counts(state) == {"a": 4, "b": 4, "c": 4}
-    wait_for(lambda: len(c.assigned()) == 4, timeout=10, what="c to hold its four resources")
-    assert store.left_out, f"c's first grant took everything: {store.calls}"
-    # c's member thread called on_assigned before it held them (and before wait_settled).
+    c, store, batches, events = _newcomer_after_two_owners(grp, lose_after=False)
     assert batches == [sorted(o.resource for o in c.assigned())], (batches, store.calls)
     at = {e.resource: e.at for e in events if e.kind is EventKind.ACQUIRED}
+    assert store.left_out is not None
     first = {r: t for r, t in at.items() if r not in store.left_out}
     later = {r: t for r, t in at.items() if r in store.left_out}
     assert first and later and max(first.values()) < min(later.values()), at
+
+
+def test_a_claim_that_fails_in_the_middle_of_a_chain_holds_what_was_granted_before_it(
+    grp: Group,
+) -> None:
+    """The second claim of a chain is carried out and its answer lost: the grants of the
+    first are held at once, dated when they came back, before the error goes to the step;
+    the next step reads the view with the claims and holds the rest."""
+    c, store, batches, events = _newcomer_after_two_owners(grp, lose_after=True)
+    assert store.left_out is not None
+    held = sorted(o.resource for o in c.assigned())
+    first = sorted(set(held) - store.left_out)
+    assert batches == [first, sorted(store.left_out)], (batches, store.calls)
+    acquired = [e for e in events if e.kind is EventKind.ACQUIRED]
+    assert sorted(e.resource for e in acquired) == held  # each acquired once

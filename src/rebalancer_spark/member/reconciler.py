@@ -400,29 +400,48 @@ class Reconciler:
         self, backend: Backend, session: Session, wanted: Collection[str], view: MemberView
     ) -> bool:
         """Claim ``wanted`` and hold what is granted; whether the member holds every grant
-        (False: granted after the lease lapsed, and not taken). What is not granted is kept
-        for the next wake-up (:attr:`_rest`).
+        (False: held after the lease lapsed, and not taken). What is not granted is kept for
+        the next wake-up (:attr:`_rest`).
 
         A claim that grants something is followed at once by a claim of what is still
-        missing, until one grants nothing, everything is granted, or :data:`CLAIM_CHAIN`
-        seconds passed since the first grant came back; then every grant is held, each as of
-        the time its claim returned. The releases of one rebalance land in the store while
-        the claims run: a resource released meanwhile waits for the next claim only, not also
-        for the hold of those granted before (their events and ``on_assigned``: about 10 µs a
-        resource, 60 ms for 6,000 on two busy cores, while a claim of them takes 20 to 40)."""
+        missing, until one grants nothing, everything is granted, the lease lapsed, or
+        :data:`CLAIM_CHAIN` seconds passed since the first grant came back; then every grant
+        is held, each as of the time its claim returned. The releases of one rebalance land
+        in the store while the claims run: a resource released meanwhile waits for the next
+        claim only, not also for the hold of those granted before (their events and
+        ``on_assigned``: about 10 µs a resource, 60 ms for 6,000 on two busy cores, while a
+        claim of them takes 20 to 40). A claim that fails ends the chain: what the claims
+        before it granted is held first (or recorded as not taken when the session is
+        gone), then the error goes on to the step."""
         left = set(wanted)
         batches: list[tuple[float, Mapping[str, Grant]]] = []
         first: float | None = None  # when the first grant came back (monotonic)
-        while left:
-            granted = backend.claim(session, left, view.generation)
-            if not granted:
-                break
-            batches.append((self._clock.wall(), granted))
-            now = self._clock.monotonic()
-            first = now if first is None else first
-            left.difference_update(granted)
-            if self._draining.is_set() or self._stop.is_set() or now - first >= CLAIM_CHAIN:
-                break
+        try:
+            while left:
+                granted = backend.claim(session, left, view.generation)
+                if granted.keys().isdisjoint(left):
+                    break  # nothing granted (nothing asked for, from a store that errs)
+                batches.append((self._clock.wall(), granted))
+                now = self._clock.monotonic()
+                first = now if first is None else first
+                left.difference_update(granted)
+                if (
+                    self._draining.is_set()
+                    or self._stop.is_set()
+                    or now - first >= CLAIM_CHAIN
+                    or self._lapsed_at(session) is not None
+                ):
+                    break
+        except Exception as exc:
+            if batches:
+                # What the chain's earlier claims granted is this member's all the same: held
+                # now, or, if the store says the session is gone, recorded as granted and
+                # lost at once (the audit's chain names every epoch handed out). The step
+                # fails as before; its next one reads the view with the claims.
+                if isinstance(exc, SessionExpired):
+                    self._lease.lapse(session)
+                self._hold(backend, session, batches, view)
+            raise
         agree = self._hold(backend, session, batches, view)
         rest = self._ownership.missing(wanted)
         if rest and agree and not self._draining.is_set():
@@ -449,8 +468,9 @@ class Reconciler:
                 coordinator_epoch=view.coordinator_epoch,
             )
             for at, granted in batches
-            for r, g in sorted(self._ownership.not_held(granted).items())
+            for r, g in self._ownership.not_held(granted).items()
         ]
+        owned.sort(key=lambda o: o.resource)  # on_assigned gets them in order, as before
         if not owned:
             return True
         ended = self._lapsed_at(session)
@@ -462,7 +482,8 @@ class Reconciler:
             # time at all (acquired and lost at once), so that the audit's epoch chain names
             # every epoch the store handed out.
             log.info(
-                "member %s: %d resources granted after its lease lapsed; not taking them",
+                "member %s: %d resources granted, their hold after its lease lapsed; not "
+                "taking them",
                 session.member_id,
                 len(owned),
             )
