@@ -1287,7 +1287,7 @@ class HeldBack(CountingViews):
         self, inner: Backend, state: Callable[[], GroupState], *, lose_after: bool = False
     ) -> None:
         super().__init__(inner)
-        self._state = state
+        self._group_state = state
         self._lose_after = lose_after
         self.left_out: set[str] | None = None
         """What the held-back claim left out, once it came back."""
@@ -1297,7 +1297,7 @@ class HeldBack(CountingViews):
         if granted and self.left_out is None:
             rest = set(resources) - set(granted)
             wait_for(
-                lambda: not rest & set(self._state().claims),
+                lambda: not rest & set(self._group_state().claims),
                 timeout=10,
                 what=f"the release of {sorted(rest)}",
             )
