@@ -105,11 +105,17 @@ times, so this sets how soon the harness notices, not what it measures; reading 
 every 20 ms (each opened and closed) took a tenth of a core of this 2-core machine during a
 100,000 x 100 join, away from the members measured (session 22)."""
 STORE_POLL = 0.05
-OWNERSHIP_KIND = re.compile(rb'"kind": "(acquired|released|lost)"')
-"""An ownership event's line in a trail (``member_process.event_line``: sorted keys, ``": "``
-between key and value; a quote inside a string is escaped, so no id can look like a key)."""
+TRAIL_KIND = re.compile(rb'"kind": "([a-z]+)"')
+"""A trail line's kind: its first match. Keys are sorted (``member_process.event_line``,
+``handed_line``) and only numbers and strings come before ``kind``, where a quote is escaped,
+so nothing can look like the key before it: a ``handed`` line's progress (after its kind,
+and not escaped: a JSON value) may hold ``"kind": "acquired"``, which a search for the
+ownership kinds alone would find (``tests/test_bench_scale_trail.py``)."""
+OWNERSHIP_KINDS = frozenset({b"acquired", b"released", b"lost"})
 TRAIL_AT = re.compile(rb'"at": ([-+.0-9eE]+)')
+"""The first key of every trail line."""
 TRAIL_RESOURCE = re.compile(rb'"resource": ("(?:[^"\\]|\\.)*")')
+"""An event line's resource: only numbers and escaped strings come before it."""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -144,8 +150,8 @@ class TrailFile:
             # Only the ownership lines, and of them only three fields: a join's 6,000
             # "handed" lines and the other fields of the 12,000 events took the json module
             # 0.1-0.2 s of this process's CPU, on the cores the members were measured on.
-            kind = OWNERSHIP_KIND.search(line)
-            if kind is None:
+            kind = TRAIL_KIND.search(line)
+            if kind is None or kind[1] not in OWNERSHIP_KINDS:
                 continue
             at, resource = TRAIL_AT.search(line), TRAIL_RESOURCE.search(line)
             if at is None or resource is None:
