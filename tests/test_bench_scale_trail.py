@@ -9,11 +9,18 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import bench_scale
 from rebalancer_spark.core.events import EventKind, OwnershipEvent
 from rebalancer_spark.testing.member_process import event_line, handed_line
+
+# The benchmark imports its neighbours by name and puts the checkout on sys.path; the path
+# is put back as it was, so that the subprocesses other tests start (PYTHONPATH built from
+# sys.path) see what they would have seen without this module.
+_saved = list(sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+try:
+    import bench_scale
+finally:
+    sys.path[:] = _saved
 
 IDS = [
     "s3://bucket/prefix/000123/",
