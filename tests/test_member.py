@@ -1378,3 +1378,5 @@ def test_a_claim_that_fails_in_the_middle_of_a_chain_holds_what_was_granted_befo
     assert batches == [first, sorted(store.left_out)], (batches, store.calls)
     acquired = [e for e in events if e.kind is EventKind.ACQUIRED]
     assert sorted(e.resource for e in acquired) == held  # each acquired once
+    at = {e.resource: e.at for e in acquired}
+    assert max(at[r] for r in first) < min(at[r] for r in store.left_out), at
