@@ -651,6 +651,33 @@ def test_epochs_keep_growing_and_stale_commits_stay_refused_after_data_loss(
         b.close()
 
 
+def test_a_set_declared_again_after_a_loss_keeps_another_writers_change(
+    redis_server: RedisServer,
+) -> None:
+    """Handle a remembers the set it read, b adds a resource, then a adds one as a delta: a
+    used to apply its delta to the set it had read and forget b's resource, and declared that
+    set into Redis when Redis lost the group. It now reads the set again when its delta's
+    version is not the one after the set it kept."""
+    group, ttl = _group(), 1.5
+    a, b = open_backend(redis_server.url()), open_backend(redis_server.url())
+    try:
+        _join(a, group, "m1", ttl)
+        a.update_resources(group, replace=[Resource("r")])
+        assert set(a.state(group).resources) == {"r"}
+        b.update_resources(group, add=[Resource("from-b")])
+        a.update_resources(group, add=[Resource("from-a")])
+        wanted = {"r", "from-b", "from-a"}
+        assert set(b.state(group).resources) == wanted
+
+        redis_server.restart()  # no persistence: everything is gone
+
+        wait_for(lambda: _rejoined(a, group, "m1", ttl), timeout=5, what="rejoin")
+        assert set(b.state(group).resources) == wanted, "a declared the set it last saw"
+    finally:
+        a.close()
+        b.close()
+
+
 def test_fresh_jobs_with_audit_floors_get_epochs_above_redis_clock_after_each_loss(
     redis_server: RedisServer,
 ) -> None:

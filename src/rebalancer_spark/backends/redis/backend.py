@@ -238,7 +238,7 @@ class RedisBackend(Backend):
         self._memory.saw_ttls(group, decoded.ttls_ms)
         joined = self._memory.snapshot(group).incarnation
         if decoded.incarnation and joined in ("", decoded.incarnation):
-            self._memory.saw_resources(group, decoded.resources)
+            self._memory.saw_resources(group, decoded.resources, decoded.state.resources_version)
         return decoded.state
 
     def _head(self, group: str) -> GroupHead:
@@ -271,7 +271,7 @@ class RedisBackend(Backend):
         weights = pairs(flat)
         joined = self._memory.snapshot(group).incarnation
         if incarnation and joined in ("", str(incarnation)):
-            self._memory.saw_resources(group, weights)
+            self._memory.saw_resources(group, weights, version)
         return version, weights
 
     def _target(self, group: str) -> Target | None:
@@ -445,14 +445,17 @@ class RedisBackend(Backend):
         ttl_ms = self._memory.snapshot(group).max_ttl_ms
         if replace is None:
             version = self._update(group, "delta", added, removed, ttl_ms)
-            self._memory.changed_resources(group, added, removed)
+            if not self._memory.changed_resources(group, added, removed, version):
+                # Another writer changed the set since this handle last saw it: keep the
+                # set as it is, not this delta applied to an older one.
+                self._resource_weights(group)
             return version
         wanted = {r.id: repr(float(r.weight)) for r in replace}
         wanted.update(added)
         for rid in removed:
             wanted.pop(rid, None)
         version = self._update(group, "replace", wanted, [], ttl_ms)
-        self._memory.saw_resources(group, wanted)
+        self._memory.saw_resources(group, wanted, version)
         return version
 
     def _update(

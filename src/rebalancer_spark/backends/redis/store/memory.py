@@ -8,7 +8,12 @@ processes that were members still remember. This handle keeps, per group:
   has seen or presented in any incarnation of the group;
 * ``incarnation``: the id of the group's incarnation it last joined (or created);
 * ``max_ttl_ms``: the longest lease of any member it has seen, and
-* ``resources``: the last resource set it saw (id -> weight as stored).
+* ``resources``: the last resource set it saw (id -> weight as stored), with
+  ``resources_version``, the version it had in the group's incarnation this handle joined.
+  A later read of an older version does not replace it, and this handle's own delta is
+  applied only to the version just before the one the delta made: a delta applied to a set
+  that another writer changed in between kept a set the group never had (the other writer's
+  change lost), which this handle would have declared again into a store that lost the group.
 
 ``high`` is kept by the script runner itself (:mod:`.runner`): every script's reply comes with
 the group's high-water mark, so no call site notes numbers by hand. Every join (and resource
@@ -39,6 +44,7 @@ class GroupMemory:
     incarnation: str = ""
     max_ttl_ms: int = 0
     resources: dict[str, str] | None = field(default=None, repr=False)
+    resources_version: int = 0
 
 
 class Memory:
@@ -53,7 +59,9 @@ class Memory:
         with self._lock:
             known = self._groups.get(group, GroupMemory())
             resources = None if known.resources is None else dict(known.resources)
-            return GroupMemory(known.high, known.incarnation, known.max_ttl_ms, resources)
+            return GroupMemory(
+                known.high, known.incarnation, known.max_ttl_ms, resources, known.resources_version
+            )
 
     def high(self, group: str) -> int:
         """The highest number seen for ``group`` (0 if none), without copying the rest."""
@@ -75,6 +83,10 @@ class Memory:
     def joined(self, group: str, incarnation: str, ttl_ms: int) -> None:
         with self._lock:
             known = self._get(group)
+            if incarnation != known.incarnation:
+                # Versions are numbered afresh in another incarnation; the set is kept, to be
+                # declared again into it (Backend._join).
+                known.resources_version = 0
             known.incarnation = incarnation
             known.max_ttl_ms = max(known.max_ttl_ms, ttl_ms)
 
@@ -85,15 +97,29 @@ class Memory:
                 known = self._get(group)
                 known.max_ttl_ms = max(known.max_ttl_ms, top)
 
-    def saw_resources(self, group: str, resources: Mapping[str, str]) -> None:
-        with self._lock:
-            self._get(group).resources = dict(resources)
-
-    def changed_resources(self, group: str, add: Mapping[str, str], remove: Iterable[str]) -> None:
-        """Apply a delta to the remembered set, if there is one."""
+    def saw_resources(self, group: str, resources: Mapping[str, str], version: int) -> None:
+        """The set at ``version`` was read or written: keep it unless a newer one is kept."""
         with self._lock:
             known = self._get(group)
-            if known.resources is not None:
-                known.resources.update(add)
-                for rid in remove:
-                    known.resources.pop(rid, None)
+            if known.resources is None or version >= known.resources_version:
+                known.resources = dict(resources)
+                known.resources_version = version
+
+    def changed_resources(
+        self, group: str, add: Mapping[str, str], remove: Iterable[str], version: int
+    ) -> bool:
+        """This handle's delta made the set ``version``: apply it to the kept set if that is
+        the version just before (or ``version`` itself: the delta changed nothing). False if
+        the kept set is older than that (another writer changed the set in between): the
+        caller reads the set as it is. True if nothing is kept."""
+        with self._lock:
+            known = self._get(group)
+            if known.resources is None or version == known.resources_version:
+                return True
+            if version != known.resources_version + 1:
+                return version < known.resources_version  # a newer set is kept already
+            known.resources.update(add)
+            for rid in remove:
+                known.resources.pop(rid, None)
+            known.resources_version = version
+            return True
