@@ -24,10 +24,10 @@ from rebalancer_spark import (
     OwnershipEvent,
     ProtocolName,
 )
-from rebalancer_spark.backends import Backend, open_backend
+from rebalancer_spark.backends import Backend, base, open_backend
 from rebalancer_spark.backends.base import GroupReader, Session, Watch
 from rebalancer_spark.core import audit
-from rebalancer_spark.core.clock import SystemClock
+from rebalancer_spark.core.clock import ManualClock, SystemClock
 from rebalancer_spark.core.coordinator import Role
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
 from rebalancer_spark.core.model import Grant, GroupState, Resource
@@ -1028,7 +1028,8 @@ def test_a_candidate_reads_the_head_alone_and_a_follower_only_remembers_the_set(
         sa = first.join("g", "a", info={}, ttl=10.0, static=False)
         sb = second.join("g", "b", info={}, ttl=10.0, static=False)
         version = first.update_resources("g", replace=[Resource("r1"), Resource("r2")])
-        a, b = GroupReader(first, "g"), GroupReader(second, "g")
+        clock = SystemClock()
+        a, b = GroupReader(first, "g", clock=clock), GroupReader(second, "g", clock=clock)
         candidate = a.read("a", sa.session_id)
         assert candidate.coordinator is None and candidate.resources == {}
         assert a.reads == {"head": 1, "resources": 0, "target": 0, "holders": 0}
@@ -1047,6 +1048,87 @@ def test_a_candidate_reads_the_head_alone_and_a_follower_only_remembers_the_set(
     finally:
         first.close()
         second.close()
+
+
+def test_followers_remember_a_new_set_one_after_the_other_in_the_order_of_their_ids(
+    tmp_path: Any,
+) -> None:
+    """100 followers that read a new set of 100,000 at once kept Redis past its command
+    timeout: each follower waits its rank among the followers times the stagger from when it
+    first saw the new version, and keeps that turn if the version moves again meanwhile."""
+    url = f"sqlite://{tmp_path}/g.db"
+    handles = {m: open_backend(url) for m in "abc"}
+    try:
+        sessions = {m: h.join("g", m, info={}, ttl=30.0, static=False) for m, h in handles.items()}
+        assert handles["a"].elect(sessions["a"]) is not None
+        clock = ManualClock()
+        readers = {m: GroupReader(handles[m], "g", clock=clock, stagger=0.5) for m in "bc"}
+        first = handles["a"].update_resources("g", replace=[Resource("r1")])
+        for m, reader in readers.items():
+            reader.read(m, sessions[m].session_id)
+        assert (readers["b"].reads["resources"], readers["b"].remember_due) == (1, None)
+        assert (readers["c"].reads["resources"], readers["c"].remember_due) == (0, 1000.5)
+        second = handles["a"].update_resources("g", add=[Resource("r2")])
+        assert second > first
+        clock.advance(0.4)
+        readers["c"].read("c", sessions["c"].session_id)  # still not its turn
+        assert (readers["c"].reads["resources"], readers["c"].remember_due) == (0, 1000.5)
+        clock.advance(0.1)
+        readers["c"].read("c", sessions["c"].session_id)
+        assert (readers["c"].reads["resources"], readers["c"].remember_due) == (1, None)
+        assert sorted(r.id for r in handles["c"].epochs.resources("g")) == ["r1", "r2"]
+        readers["c"].read("c", sessions["c"].session_id)  # nothing new: nothing read
+        assert readers["c"].reads["resources"] == 1
+    finally:
+        for h in handles.values():
+            h.close()
+
+
+def test_a_followers_thread_remembers_a_changed_set_in_its_turn_with_nothing_else_written(
+    backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower's thread steps when its turn to remember a new set comes, though its watch
+    reports nothing more (a follower whose watch is quiet does not step otherwise). Here no
+    member thread renews a lease or claims, so nothing but the change itself is written: the
+    follower ranked second must still remember the changed set, 1.5 s after the first, which
+    it would declare into a store that lost the group."""
+    monkeypatch.setattr(base, "REMEMBER_STAGGER", 1.5)
+    handles = {m: open_backend(backend_url) for m in "abc"}
+    loops: list[CoordinatorLoop] = []
+    try:
+        sessions = {
+            m: h.join(group, m, info={}, ttl=60.0, static=False) for m, h in handles.items()
+        }
+        handles["a"].update_resources(group, replace=[Resource("r1")])
+        assert handles["a"].elect(sessions["a"]) is not None
+        for m in "bc":
+            config = MemberConfig(group=group, backend=backend_url, member_id=m)
+            loop = CoordinatorLoop(
+                config,
+                handles[m],
+                SystemClock(),
+                lambda m=m: sessions[m],  # type: ignore[misc]
+            )
+            loops.append(loop)
+            loop.start()
+        for m in "bc":
+            wait_for(
+                lambda m=m: {r.id for r in handles[m].epochs.resources(group)} == {"r1"},  # type: ignore[misc]
+                timeout=10,
+                what=f"{m} to remember the first set",
+            )
+        handles["a"].update_resources(group, add=[Resource("r2")])
+        for m in "bc":
+            wait_for(
+                lambda m=m: {r.id for r in handles[m].epochs.resources(group)} == {"r1", "r2"},  # type: ignore[misc]
+                timeout=10,
+                what=f"{m} to remember the changed set",
+            )
+    finally:
+        for loop in loops:
+            loop.stop()
+        for h in handles.values():
+            h.close()
 
 
 def test_a_join_and_a_leave_cost_the_coordinator_no_read_of_resources_or_target(

@@ -57,6 +57,7 @@ from types import TracebackType
 from typing import ClassVar, Generic, Self, TypeVar
 
 from rebalancer_spark.backends.epochs import EpochMemory
+from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.coordinator import GroupView
 from rebalancer_spark.core.errors import ConfigurationError, FencedError, SessionExpired
@@ -79,6 +80,8 @@ from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = [
+    "REMEMBER_STAGGER",
+    "REMEMBER_STAGGER_MAX",
     "Backend",
     "Capability",
     "GroupReader",
@@ -772,6 +775,17 @@ def fenced_coordinator(
     )
 
 
+REMEMBER_STAGGER = 0.1
+"""Seconds between two followers' reads of a new resource set (:class:`GroupReader`): the
+follower ranked *i* among the followers' sorted ids reads it ``i`` times this after it saw the new
+version. 100 followers that read a set of 100,000 at once kept Redis busy past its 5 s command
+timeout at start-up (about 60 ms of the server each); spaced this far apart they keep it busy
+about 60 % of the time and each other command waits behind one read at most, most of the
+time."""
+REMEMBER_STAGGER_MAX = 10.0
+"""The longest a follower puts off remembering a new resource set (:data:`REMEMBER_STAGGER`)."""
+
+
 class GroupReader:
     """The coordinator's view of one group, read in proportion to what changed.
 
@@ -781,14 +795,27 @@ class GroupReader:
     a join or a leave read no resource and no target at 100,000 resources. A target this
     coordinator published itself is kept as it was written (:meth:`published`), so it is never
     read back. Not thread-safe: one reader per coordinator thread.
+
+    A follower puts off remembering a new set by its rank among the followers times
+    ``stagger`` (:data:`REMEMBER_STAGGER`, at most :data:`REMEMBER_STAGGER_MAX` seconds), so
+    that the followers of a large group read it one after the other, not all at once; its
+    thread steps again when :attr:`remember_due` comes (:class:`~.member.coordinator.
+    CoordinatorLoop`).
     """
 
-    def __init__(self, backend: Backend, group: str) -> None:
+    def __init__(
+        self, backend: Backend, group: str, *, clock: Clock, stagger: float | None = None
+    ) -> None:
         self._backend = backend
         self._group = group
+        self._clock = clock
+        self._stagger = REMEMBER_STAGGER if stagger is None else stagger
         self._resources: tuple[int, Mapping[str, Resource]] | None = None
         self._remembered: int | None = None
         """The version of the set last remembered as a follower (not built here)."""
+        self._due: float | None = None
+        """When this follower remembers the set whose version it has not read yet (monotonic
+        seconds on ``clock``), or None if it has nothing to read."""
         self._head: GroupHead | None = None
         self._target: Target | None = None
         self._session: str | None = None
@@ -803,10 +830,11 @@ class GroupReader:
         would leave a store that lost the group together with its coordinator with no resource
         set at all (session 18 tried it; see
         ``test_a_store_that_lost_the_group_with_its_coordinator_gets_the_set_back_from_a_follower``).
-        A follower (the role held by another live session) only remembers the set
-        (:meth:`Backend.remember_resources`: on ZooKeeper the chunks as read, built only if a
-        store that lost the group needs them; 100 followers built 100,000 resources each,
-        together, when a group of 100 started) and reads no target:
+        A follower (the role held by another live session) only remembers the set, in its
+        turn (the class docstring; :meth:`Backend.remember_resources`: on ZooKeeper the
+        chunks as read, built only if a store that lost the group needs them; 100 followers
+        built 100,000 resources each, together, when a group of 100 started) and reads no
+        target:
         :func:`~rebalancer_spark.core.coordinator_rules.decide` looks at neither before this
         member holds the role (a vacant role is an election at once: a candidate's read is the
         head alone, and :meth:`won` completes it). With the role held, the set is read and
@@ -826,9 +854,12 @@ class GroupReader:
             # coordinator left, 99 followers each built 100,000 resources for an election
             # that one of them wins.)
             kept = self._remembered if self._resources is None else self._resources[0]
-            if kept != head.resources_version:
+            if kept == head.resources_version:
+                self._due = None
+            elif self._remember_now(member_id, head, coordinator):
                 self._remembered = self._backend.remember_resources(self._group)
                 self._resources = None
+                self._due = None
                 self.reads["resources"] += 1
         return GroupView(
             member_id,
@@ -841,6 +872,24 @@ class GroupReader:
             head.control,
         )
 
+    def _remember_now(
+        self, member_id: str, head: GroupHead, coordinator: CoordinatorRecord
+    ) -> bool:
+        """Whether this follower's turn to read a new set has come (the class docstring); the
+        turn is set when the new version is first seen and kept if the version moves again."""
+        now = self._clock.monotonic()
+        if self._due is None:
+            followers = sorted(m for m in head.members if m != coordinator.member_id)
+            rank = followers.index(member_id) if member_id in followers else 0
+            self._due = now + min(rank * self._stagger, REMEMBER_STAGGER_MAX)
+        return now >= self._due
+
+    @property
+    def remember_due(self) -> float | None:
+        """When this follower will remember a new resource set it has not read yet (monotonic
+        seconds on the reader's clock), or None if it has nothing to read."""
+        return self._due
+
     def won(self, view: GroupView, record: CoordinatorRecord) -> GroupView:
         """``view``, the read of the step whose election ``record`` answered (won), completed
         with what a coordinator decides on: the set and the target, on the same head."""
@@ -850,6 +899,7 @@ class GroupReader:
     def _whole(
         self, member_id: str, session_id: str, head: GroupHead, coordinator: CoordinatorRecord
     ) -> GroupView:
+        self._due = None  # the coordinator reads the set itself, now
         if self._resources is None or self._resources[0] != head.resources_version:
             self._resources = self._backend.resources(self._group)
             self.reads["resources"] += 1
@@ -898,4 +948,5 @@ class GroupReader:
         """Drop what is kept (after an error: the next read starts afresh)."""
         self._resources = None
         self._remembered = None
+        self._due = None
         self._target = None

@@ -114,7 +114,7 @@ class CoordinatorLoop:
         )
         self._sinks = list(event_sinks)
         self._info = dict(info or {})
-        self._reader = GroupReader(backend, config.group)
+        self._reader = GroupReader(backend, config.group, clock=clock)
         """The group as this thread last read it: re-read in proportion to what changed."""
 
     # -- what the member reads -------------------------------------------------------------------
@@ -184,7 +184,14 @@ class CoordinatorLoop:
             while not self._stop.is_set():
                 timeout = _IDLE_WAIT
                 following = self._state.role is Role.FOLLOWER
-                if not (quiet and following and watch is not None and not self._wake.is_set()):
+                due = self._reader.remember_due
+                if not (
+                    quiet
+                    and following
+                    and watch is not None
+                    and not self._wake.is_set()
+                    and (due is None or due > self._clock.monotonic())
+                ):
                     try:
                         if watch is None:
                             watch = self._backend.watch(self._config.group)
@@ -194,14 +201,18 @@ class CoordinatorLoop:
                     if self._wake.is_set():
                         self._wake.clear()
                         continue
-                # else: a follower whose watch reported nothing has nothing to read. Nothing
-                # but the coordinator's going (or a member's coming, for its static members,
-                # when it gives a rejoin grace) moves its decision, and a new resource set
-                # its memory of the set (GroupReader); its watch covers
-                # what does (``self._following``): a follower that read the
-                # group's head every second cost 100 reads a second in an idle group of 100.
+                # else: a follower whose watch reported nothing has nothing to read, unless
+                # its turn to remember a new resource set came (GroupReader.remember_due).
+                # Nothing but the coordinator's going (or a member's coming, for its static
+                # members, when it gives a rejoin grace) moves its decision, and a new
+                # resource set its memory of the set; its watch covers what does
+                # (``self._following``): a follower that read the group's head every second
+                # cost 100 reads a second in an idle group of 100.
                 # Waits are capped so that stop(), wake() and rediscover() act within a second.
                 timeout = min(timeout, _IDLE_WAIT)
+                due = self._reader.remember_due
+                if due is not None:  # wake at the turn (a wait of 0 is no wait: step at once)
+                    timeout = min(timeout, max(due - self._clock.monotonic(), 0.0))
                 if watch is not None:
                     # A follower acts only when the coordinator goes away; on becoming the
                     # coordinator, the wider interest reports what was held back meanwhile.
