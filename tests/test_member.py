@@ -1054,15 +1054,18 @@ def test_followers_remember_a_new_set_one_after_the_other_in_the_order_of_their_
     tmp_path: Any,
 ) -> None:
     """100 followers that read a new set of 100,000 at once kept Redis past its command
-    timeout: each follower waits its rank among the followers times the stagger from when it
-    first saw the new version, and keeps that turn if the version moves again meanwhile."""
+    timeout: beyond the first ``at_once`` (here 1), each follower waits its rank beyond them
+    times the stagger from when it first saw the new version, and keeps that turn if the
+    version moves again meanwhile."""
     url = f"sqlite://{tmp_path}/g.db"
     handles = {m: open_backend(url) for m in "abc"}
     try:
         sessions = {m: h.join("g", m, info={}, ttl=30.0, static=False) for m, h in handles.items()}
         assert handles["a"].elect(sessions["a"]) is not None
         clock = ManualClock()
-        readers = {m: GroupReader(handles[m], "g", clock=clock, stagger=0.5) for m in "bc"}
+        readers = {
+            m: GroupReader(handles[m], "g", clock=clock, at_once=1, stagger=0.5) for m in "bc"
+        }
         first = handles["a"].update_resources("g", replace=[Resource("r1")])
         for m, reader in readers.items():
             reader.read(m, sessions[m].session_id)
@@ -1091,7 +1094,8 @@ def test_a_followers_thread_remembers_a_changed_set_in_its_turn_with_nothing_els
     reports nothing more (a follower whose watch is quiet does not step otherwise). Here no
     member thread renews a lease or claims, so nothing but the change itself is written: the
     follower ranked second must still remember the changed set, 1.5 s after the first, which
-    it would declare into a store that lost the group."""
+    it would declare into a store that lost the group. (One follower reads at once here.)"""
+    monkeypatch.setattr(base, "REMEMBER_AT_ONCE", 1)
     monkeypatch.setattr(base, "REMEMBER_STAGGER", 1.5)
     handles = {m: open_backend(backend_url) for m in "abc"}
     loops: list[CoordinatorLoop] = []

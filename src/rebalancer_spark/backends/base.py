@@ -80,6 +80,7 @@ from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
 
 __all__ = [
+    "REMEMBER_AT_ONCE",
     "REMEMBER_STAGGER",
     "REMEMBER_STAGGER_MAX",
     "Backend",
@@ -775,13 +776,20 @@ def fenced_coordinator(
     )
 
 
+REMEMBER_AT_ONCE = 8
+"""How many followers read a new resource set as soon as they see it (:class:`GroupReader`):
+those ranked first among the followers' sorted ids. The others take turns
+(:data:`REMEMBER_STAGGER`). A few reads at once cost a store little, and a group of up to
+this many followers keeps no window in which a store that lost the group together with its
+coordinator gets back an older set from a follower whose turn had not come (a test that
+killed the coordinator and lost the store right after a change of the set caught it)."""
 REMEMBER_STAGGER = 0.1
-"""Seconds between two followers' reads of a new resource set (:class:`GroupReader`): the
-follower ranked *i* among the followers' sorted ids reads it ``i`` times this after it saw the new
-version. 100 followers that read a set of 100,000 at once kept Redis busy past its 5 s command
-timeout at start-up (about 60 ms of the server each); spaced this far apart they keep it busy
-about 60 % of the time and each other command waits behind one read at most, most of the
-time."""
+"""Seconds between two followers' reads of a new resource set beyond the first
+:data:`REMEMBER_AT_ONCE` (:class:`GroupReader`): the follower ranked *i* among the followers'
+sorted ids reads it ``(i - REMEMBER_AT_ONCE + 1)`` times this after it saw the new version.
+100 followers that read a set of 100,000 at once kept Redis busy past its 5 s command timeout
+at start-up (about 60 ms of the server each); spaced this far apart they keep it busy about
+60 % of the time, and each other command waits behind one read at most, most of the time."""
 REMEMBER_STAGGER_MAX = 10.0
 """The longest a follower puts off remembering a new resource set (:data:`REMEMBER_STAGGER`)."""
 
@@ -796,19 +804,27 @@ class GroupReader:
     coordinator published itself is kept as it was written (:meth:`published`), so it is never
     read back. Not thread-safe: one reader per coordinator thread.
 
-    A follower puts off remembering a new set by its rank among the followers times
-    ``stagger`` (:data:`REMEMBER_STAGGER`, at most :data:`REMEMBER_STAGGER_MAX` seconds), so
-    that the followers of a large group read it one after the other, not all at once; its
-    thread steps again when :attr:`remember_due` comes (:class:`~.member.coordinator.
-    CoordinatorLoop`).
+    The first ``at_once`` followers (:data:`REMEMBER_AT_ONCE`, by their sorted ids) remember
+    a new set as soon as they see it; each of the others puts it off by its rank beyond them
+    times ``stagger`` (:data:`REMEMBER_STAGGER`, at most :data:`REMEMBER_STAGGER_MAX`
+    seconds), so that the followers of a large group read it one after the other, not all at
+    once; its thread wakes when :attr:`remember_due` comes and calls :meth:`remember`
+    (:class:`~.member.coordinator.CoordinatorLoop`).
     """
 
     def __init__(
-        self, backend: Backend, group: str, *, clock: Clock, stagger: float | None = None
+        self,
+        backend: Backend,
+        group: str,
+        *,
+        clock: Clock,
+        at_once: int | None = None,
+        stagger: float | None = None,
     ) -> None:
         self._backend = backend
         self._group = group
         self._clock = clock
+        self._at_once = REMEMBER_AT_ONCE if at_once is None else at_once
         self._stagger = REMEMBER_STAGGER if stagger is None else stagger
         self._resources: tuple[int, Mapping[str, Resource]] | None = None
         self._remembered: int | None = None
@@ -881,8 +897,23 @@ class GroupReader:
         if self._due is None:
             followers = sorted(m for m in head.members if m != coordinator.member_id)
             rank = followers.index(member_id) if member_id in followers else 0
-            self._due = now + min(rank * self._stagger, REMEMBER_STAGGER_MAX)
+            turn = max(rank - self._at_once + 1, 0)
+            self._due = now + min(turn * self._stagger, REMEMBER_STAGGER_MAX)
         return now >= self._due
+
+    def remember(self) -> bool:
+        """As a follower whose turn to remember a new set has come (:attr:`remember_due`),
+        and whose watch reported nothing since its last :meth:`read`: remember the set
+        without reading the head again (the head that set the turn said the set moved; on
+        ZooKeeper a head is the members' 100 records, and 99 followers each reading it once
+        more cost 9,000 reads when a group of 100 got its first set). Whether it read."""
+        if self._due is None or self._clock.monotonic() < self._due:
+            return False
+        self._remembered = self._backend.remember_resources(self._group)
+        self._resources = None
+        self._due = None
+        self.reads["resources"] += 1
+        return True
 
     @property
     def remember_due(self) -> float | None:

@@ -182,54 +182,68 @@ class CoordinatorLoop:
         quiet = False
         try:
             while not self._stop.is_set():
-                timeout = _IDLE_WAIT
-                following = self._state.role is Role.FOLLOWER
-                due = self._reader.remember_due
-                if not (
-                    quiet
-                    and following
-                    and watch is not None
-                    and not self._wake.is_set()
-                    and (due is None or due > self._clock.monotonic())
-                ):
-                    try:
-                        if watch is None:
-                            watch = self._backend.watch(self._config.group)
-                        timeout = self.step()
-                    except Exception as exc:
-                        timeout = self._failed_step(exc, retry)
-                    if self._wake.is_set():
-                        self._wake.clear()
-                        continue
-                # else: a follower whose watch reported nothing has nothing to read, unless
-                # its turn to remember a new resource set came (GroupReader.remember_due).
-                # Nothing but the coordinator's going (or a member's coming, for its static
-                # members, when it gives a rejoin grace) moves its decision, and a new
-                # resource set its memory of the set; its watch covers what does
-                # (``self._following``): a follower that read the group's head every second
-                # cost 100 reads a second in an idle group of 100.
-                # Waits are capped so that stop(), wake() and rediscover() act within a second.
-                timeout = min(timeout, _IDLE_WAIT)
-                due = self._reader.remember_due
-                if due is not None:  # wake at the turn (a wait of 0 is no wait: step at once)
-                    timeout = min(timeout, max(due - self._clock.monotonic(), 0.0))
-                if watch is not None:
-                    # A follower acts only when the coordinator goes away; on becoming the
-                    # coordinator, the wider interest reports what was held back meanwhile.
-                    following = self._state.role is Role.FOLLOWER
-                    watch.focus(self._following if following else Interest.ALL)
-                quiet = False
-                if timeout > 0:
-                    woke = self._wait(watch, timeout, retry)
-                    if woke is None and watch is not None:
-                        watch.close()
-                        watch = None
-                    quiet = woke is False
+                watch, timeout = self._act(watch, quiet, retry)
+                if timeout is not None:
+                    watch, quiet = self._pause(watch, timeout, retry)
         except Exception:
             log.exception("coordinator thread of group %s died", self._config.group)
         finally:
             if watch is not None:
                 watch.close()
+
+    def _act(
+        self, watch: Watch | None, quiet: bool, retry: float
+    ) -> tuple[Watch | None, float | None]:
+        """One pass of the loop: a step, or, for a follower whose watch reported nothing
+        (``quiet``), the set whose turn to be remembered came (GroupReader.remember). Nothing
+        but the coordinator's going (or a member's coming, for its static members, when it
+        gives a rejoin grace) moves a follower's decision, and a new resource set its memory
+        of the set; its watch covers what does (``self._following``): a follower that read the
+        group's head every second cost 100 reads a second in an idle group of 100. Returns the
+        watch and how long to wait, or None to act again at once (woken meanwhile)."""
+        following = self._state.role is Role.FOLLOWER
+        if quiet and following and watch is not None and not self._wake.is_set():
+            try:
+                self._reader.remember()
+            except Exception as exc:
+                return watch, self._failed_step(exc, retry)
+            return watch, _IDLE_WAIT
+        try:
+            if watch is None:
+                watch = self._backend.watch(self._config.group)
+            timeout = self.step()
+        except Exception as exc:
+            timeout = self._failed_step(exc, retry)
+        if self._wake.is_set():
+            self._wake.clear()
+            return watch, None
+        return watch, timeout
+
+    def _pause(
+        self, watch: Watch | None, timeout: float, retry: float
+    ) -> tuple[Watch | None, bool]:
+        """Wait until ``timeout`` (at most a second, so that stop(), wake() and rediscover()
+        act within one; at most until the turn to remember a new set), a change the watch
+        reports, or a wake(). Returns the watch (None if it failed) and whether the wait
+        ended with nothing reported."""
+        wanted = timeout = min(timeout, _IDLE_WAIT)
+        due = self._reader.remember_due
+        if due is not None:
+            timeout = min(wanted, max(due - self._clock.monotonic(), 0.0))
+        if watch is not None:
+            # A follower acts only when the coordinator goes away; on becoming the
+            # coordinator, the wider interest reports what was held back meanwhile.
+            following = self._state.role is Role.FOLLOWER
+            watch.focus(self._following if following else Interest.ALL)
+        if timeout <= 0:
+            # No wait. If only the turn to remember a set cut it short, nothing calls for a
+            # step but the set (the watch reports at the next wait what happened meanwhile).
+            return watch, wanted > 0
+        woke = self._wait(watch, timeout, retry)
+        if woke is None and watch is not None:
+            watch.close()
+            watch = None
+        return watch, woke is False
 
     def _failed_step(self, exc: Exception, retry: float) -> float:
         """What a step's error means: how long to wait before the next step."""
