@@ -14,7 +14,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from rebalancer_spark.audit import verify_table
+from rebalancer_spark.audit import AuditVerdict, verify_table
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import BackendError
@@ -138,11 +138,20 @@ class MemberProcesses:
         owned = [r for r in records if r["kind"] in ("acquired", "released", "lost")]
         intervals = audit.intervals(owned)
         assert audit.overlaps(intervals) == [], "two owners at once"
+
         # The Delta audit table the members wrote tells the same (events of a process killed
-        # with -9 before its writer flushed are missing there, never wrong).
-        verdict = verify_table(str(self.audit_path), group=self.group)
-        assert verdict.ok, verdict.report()
-        assert verdict.events > 0
+        # with -9 before its writer flushed are missing there, never wrong). Each member
+        # appends on its own every 0.2 s, the first time after importing deltalake: a test that
+        # ends right after the group settled may read the table before any member wrote, so
+        # wait for its first events.
+        def flushed() -> AuditVerdict | None:
+            if not (self.audit_path / "_delta_log").is_dir():
+                return None
+            verdict = verify_table(str(self.audit_path), group=self.group)
+            return verdict if verdict.events > 0 else None
+
+        verdict = wait_for(flushed, timeout=30, what="the members' first audit events")
+        assert verdict is not None and verdict.ok, verdict and verdict.report()
         commits: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
         for r in records:
             if r["kind"] == "commit" and r["ok"]:
