@@ -7,7 +7,9 @@ one seed with the command printed on failure.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
@@ -30,7 +32,15 @@ SEEDS = int(os.environ.get("SIM_SEEDS", "700"))
 """Seeds per protocol in the normal run (3 protocols: 2,100 seeds, about 20-40 s)."""
 
 
-def _run(protocol: ProtocolName, seeds: range, faults: tuple[str, ...] = FAULTS) -> None:
+SPLIT = 2000
+"""A run of at least this many seeds is split between two processes (the slow tests': the
+suite runs one test at a time and the second core was idle through their 6 minutes)."""
+
+
+def _outcomes(
+    protocol: ProtocolName, seeds: range, faults: tuple[str, ...]
+) -> tuple[list[str], list[float]]:
+    """The violations found and the settling times of ``seeds`` (also a worker's task)."""
     failures: list[str] = []
     settled: list[float] = []
     for seed in seeds:
@@ -39,6 +49,23 @@ def _run(protocol: ProtocolName, seeds: range, faults: tuple[str, ...] = FAULTS)
             failures.append(str(result.violation))
         elif result.settled_after is not None:
             settled.append(result.settled_after)
+    return failures, settled
+
+
+def _run(protocol: ProtocolName, seeds: range, faults: tuple[str, ...] = FAULTS) -> None:
+    if len(seeds) < SPLIT or (os.cpu_count() or 1) < 2:
+        failures, settled = _outcomes(protocol, seeds, faults)
+    else:
+        # Spawned, not forked: this process may run threads of other tests' clients.
+        half = seeds.start + len(seeds) // 2
+        parts = [range(seeds.start, half), range(half, seeds.stop)]
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = [pool.submit(_outcomes, protocol, part, faults) for part in parts]
+            failures, settled = [], []
+            for future in done:
+                part_failures, part_settled = future.result()
+                failures += part_failures
+                settled += part_settled
     assert not failures, f"{len(failures)} of {len(seeds)} seeds failed:\n" + "\n".join(
         failures[:10]
     )
