@@ -33,6 +33,13 @@ declares the resources starts last, once every other member joined: the first ta
 resources then covers the whole group, as when a group of jobs starts before its source is
 listed.
 
+During the first assignment, ``store_probe.py`` (a process of its own) reads the group's
+control record every 50 ms and the cell's last line gives the longest, 99th percentile and
+median time of those small reads, failed ones included: how long the store kept a member
+waiting while the group started (75 followers reading a new set of 100,000 at once kept a
+Redis server past its 5 s command timeout in session 27). The probe waits for a core like any
+member on this 2-core machine: the median says how loaded it was.
+
 Per measurement also: resources moved next to ``assignors.minimum_moves``; resources without an
 owner inside the window (count, longest gap, from the trails' ownership intervals, a killed
 member's ending at the kill); store operations and bytes in the window (``store_counters.py``
@@ -99,6 +106,7 @@ lock, 200 connections) left ZooKeeper renewals unanswered for 10 s at 100,000 re
 QUIET = 3600.0
 """Seconds between progress commits of a member: none during a run."""
 HOST = Path(__file__).resolve().parent / "member_host.py"
+PROBE = Path(__file__).resolve().parent / "store_probe.py"
 TRAIL_POLL = 0.05
 """Seconds between two reads of the trails. The times measured are the trails' own event
 times, so this sets how soon the harness notices, not what it measures; reading 100 trails
@@ -211,6 +219,8 @@ class Run:
         """Member ids expected in the next stable state, oldest first."""
         self.proc: dict[str, br.MemberProc] = {}
         """Member id -> the process it runs in (the host, for threads)."""
+        self.probe: subprocess.Popen[bytes] | None = None
+        """``store_probe.py``, while the first assignment is under way."""
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -258,6 +268,27 @@ class Run:
             self.trails[member_id] = TrailFile(self.workdir / f"{member_id}.jsonl")
             self.live.append(member_id)
         return host
+
+    def start_probe(self) -> None:
+        """Time a small read of the store every 50 ms until :meth:`stop_probe`."""
+        out = self.workdir / "probe.json"
+        cmd = [sys.executable, str(PROBE), self.url, self.group.group, str(out)]
+        self.probe = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+
+    def stop_probe(self) -> dict[str, float | int | None]:
+        """Stop the probe; its figures (empty if it was not running or wrote none)."""
+        probe, self.probe = self.probe, None
+        if probe is None:
+            return {}
+        probe.terminate()
+        try:
+            probe.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+            return {}
+        out = self.workdir / "probe.json"
+        return json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
 
     def await_ready(self, proc: br.MemberProc) -> None:
         while not proc.stdout_done.wait(min(self.remaining(), 1.0)):
@@ -388,6 +419,7 @@ class Run:
         snap = self.counters.snapshot() if self.counters else None
         size0 = self.counters.size(self.group.group) if self.counters else {}
         started = time.time()
+        self.start_probe()
         if self.cell.threads:
             per = self.host_threads
             sizes = [per] * (self.cell.threads // per)
@@ -410,6 +442,7 @@ class Run:
             self.await_ready(proc)
         seen, _ = self.settled("first complete assignment")
         self.cell.first_assignment = seen - started
+        self.cell.first_probe = self.stop_probe()
         if self.counters:
             self.cell.first_store = self.counters.delta(snap, self.counters.snapshot())
             size1 = self.counters.size(self.group.group)
@@ -433,6 +466,8 @@ class Run:
 
     def finish(self) -> None:
         """Stop every member; then the unowned figures and double ownerships from the trails."""
+        if self.probe is not None:  # the start-up failed: what the store's answers were
+            self.cell.first_probe = self.stop_probe()
         self.group.close()
         for trail in self.trails.values():
             trail.close()

@@ -35,6 +35,8 @@ class Cell:
     points: list[Point] = field(default_factory=list)
     first_assignment: float | None = None
     first_store: Figures = field(default_factory=dict)
+    first_probe: dict[str, float | int | None] = field(default_factory=dict)
+    """``store_probe.py``'s figures over the first assignment (empty if it did not run)."""
     size: Figures = field(default_factory=dict)
     double: int | None = None
     failure: str | None = None
@@ -67,12 +69,32 @@ def _med(values: Sequence[float | None]) -> float | None:
     return statistics.median(got) if got else None
 
 
+def _probe_note(cell: Cell) -> str:
+    probe = cell.first_probe
+    if probe.get("longest_s") is None:
+        return ""
+    figures = ", ".join(
+        f"{name} {_secs(probe[key])}"
+        for name, key in (("longest", "longest_s"), ("p99", "p99_s"), ("median", "median_s"))
+    )
+    return (
+        f"; a small read during the first assignment: {figures} "
+        f"({probe['reads']} reads, {probe['failures']} failed)"
+    )
+
+
+def _secs(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f} ms" if value < 0.1 else f"{value:.3f} s"
+
+
 def rows(cell: Cell, ttl: float) -> list[tuple[str, ...]]:
     kind = f"{cell.threads}t+{cell.members - cell.threads}p" if cell.threads else "p"
     who = f"{cell.members} ({kind})"
     res = f"{cell.resources:,}"
     if cell.first_assignment is None and cell.failure:
-        return [(res, who, f"  ({cell.failure})", *("",) * 10)]
+        return [(res, who, f"  ({cell.failure}{_probe_note(cell)})", *("",) * 10)]
     size = cell.size
     first = (
         res, who, "first assignment", "1", f"{cell.first_assignment:.3f}", "-", "-", "-", "-",
@@ -109,6 +131,7 @@ def rows(cell: Cell, ttl: float) -> list[tuple[str, ...]]:
         f", {k} {_num(v)}" for k, v in size.items() if k != "bytes"
     )
     note += f"; double ownerships {cell.double if cell.double is not None else '-'}"
+    note += _probe_note(cell)
     if cell.failure:
         note = f"{cell.failure}; {note}"
     out.append((res, who, f"  ({note})", *("",) * 10))
@@ -143,7 +166,8 @@ def cell_json(cell: Cell) -> dict[str, Any]:
     return {
         "backend": cell.backend, "resources": cell.resources, "members": cell.members,
         "member_threads": cell.threads, "first_assignment_s": cell.first_assignment,
-        "first_assignment_store": cell.first_store, "store_size": cell.size,
+        "first_assignment_store": cell.first_store,
+        "first_assignment_probe": cell.first_probe, "store_size": cell.size,
         "double_ownerships": cell.double, "failure": cell.failure,
         "points": [
             {"scenario": p.scenario, "seconds": p.seconds, "moved": p.moved,
