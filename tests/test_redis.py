@@ -651,13 +651,16 @@ def test_epochs_keep_growing_and_stale_commits_stay_refused_after_data_loss(
         b.close()
 
 
+@pytest.mark.parametrize("added", ["from-a", "r"], ids=["a-change", "no-change"])
 def test_a_set_declared_again_after_a_loss_keeps_another_writers_change(
-    redis_server: RedisServer,
+    redis_server: RedisServer, added: str
 ) -> None:
     """Handle a remembers the set it read, b adds a resource, then a adds one as a delta: a
     used to apply its delta to the set it had read and forget b's resource, and declared that
-    set into Redis when Redis lost the group. It now reads the set again when its delta's
-    version is not the one after the set it kept."""
+    set into Redis when Redis lost the group. It now reads the set again when its delta did
+    not make the version after the set it kept: a delta that changed the set made the version
+    after b's, and one that changed nothing (``r`` again) returns b's version, the one after
+    a's kept set, and must not pass for having made it."""
     group, ttl = _group(), 1.5
     a, b = open_backend(redis_server.url()), open_backend(redis_server.url())
     try:
@@ -665,8 +668,8 @@ def test_a_set_declared_again_after_a_loss_keeps_another_writers_change(
         a.update_resources(group, replace=[Resource("r")])
         assert set(a.state(group).resources) == {"r"}
         b.update_resources(group, add=[Resource("from-b")])
-        a.update_resources(group, add=[Resource("from-a")])
-        wanted = {"r", "from-b", "from-a"}
+        a.update_resources(group, add=[Resource(added)])
+        wanted = {"r", "from-b", added}
         assert set(b.state(group).resources) == wanted
 
         redis_server.restart()  # no persistence: everything is gone

@@ -444,8 +444,8 @@ class RedisBackend(Backend):
         removed = remove
         ttl_ms = self._memory.snapshot(group).max_ttl_ms
         if replace is None:
-            version = self._update(group, "delta", added, removed, ttl_ms)
-            if not self._memory.changed_resources(group, added, removed, version):
+            version, changed = self._update(group, "delta", added, removed, ttl_ms)
+            if not self._memory.changed_resources(group, added, removed, version, changed):
                 # Another writer changed the set since this handle last saw it: keep the
                 # set as it is, not this delta applied to an older one.
                 self._resource_weights(group)
@@ -454,13 +454,14 @@ class RedisBackend(Backend):
         wanted.update(added)
         for rid in removed:
             wanted.pop(rid, None)
-        version = self._update(group, "replace", wanted, [], ttl_ms)
+        version, _ = self._update(group, "replace", wanted, [], ttl_ms)
         self._memory.saw_resources(group, wanted, version)
         return version
 
     def _update(
         self, group: str, mode: str, staged: Mapping[str, str], removed: list[str], ttl_ms: int
-    ) -> int:
+    ) -> tuple[int, bool]:
+        """UPDATE_RESOURCES: the set's version after it, and whether this call changed it."""
         known = self._memory.snapshot(group)
         high = self._presented(group, known.high)
         remembers = high > 0 or known.incarnation != ""
@@ -468,10 +469,10 @@ class RedisBackend(Backend):
         nonce = uuid.uuid4().hex
         fill = stage_resources(group, nonce, staged)
         args = [mode, nonce, high, known.incarnation, ttl_ms, uptime, *removed]
-        version = int(
-            self._runner.run_staged(Lua.UPDATE_RESOURCES, group, fill, args, "updating resources")
+        version, changed = self._runner.run_staged(
+            Lua.UPDATE_RESOURCES, group, fill, args, "updating resources"
         )
-        return version
+        return int(version), str(changed) == "1"
 
     # -- ownership ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ __all__ = ["LIFT_EPOCHS", "UPDATE_RESOURCES"]
 # KEYS[1] meta
 # ARGV    mode ('replace'|'delta'|'restore'), nonce, floor, incarnation, quarantine ttl ms,
 #         server uptime s, ids to remove ...
-# Returns the resources version
+# Returns {resources version, 1 if this call changed the set else 0}
 UPDATE_RESOURCES = (
     PRELUDE
     + """
@@ -55,7 +55,7 @@ end
 redis.call('DEL', stage)
 local v = num(redis.call('HGET', META, 'resources_version'))
 if changed then v = next_value('resources_version'); notify('resources') end
-return int(v)
+return {int(v), changed and 1 or 0}
 """
 )
 

@@ -106,17 +106,24 @@ class Memory:
                 known.resources_version = version
 
     def changed_resources(
-        self, group: str, add: Mapping[str, str], remove: Iterable[str], version: int
+        self,
+        group: str,
+        add: Mapping[str, str],
+        remove: Iterable[str],
+        version: int,
+        changed: bool,
     ) -> bool:
-        """This handle's delta made the set ``version``: apply it to the kept set if that is
-        the version just before (or ``version`` itself: the delta changed nothing). False if
-        the kept set is older than that (another writer changed the set in between): the
-        caller reads the set as it is. True if nothing is kept."""
+        """This handle's delta left the set at ``version``, ``changed`` or not: apply it to
+        the kept set if it made ``version`` from the version just before (a delta that
+        changed nothing leaves the kept set right only if it is at ``version`` already). False
+        if the kept set is older than that (another writer changed the set in between; a
+        delta that changed nothing says nothing of what the other writer did): the caller
+        reads the set as it is. True if nothing is kept."""
         with self._lock:
             known = self._get(group)
             if known.resources is None or version == known.resources_version:
                 return True
-            if version != known.resources_version + 1:
+            if not changed or version != known.resources_version + 1:
                 return version < known.resources_version  # a newer set is kept already
             known.resources.update(add)
             for rid in remove:
