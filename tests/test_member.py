@@ -1087,47 +1087,116 @@ def test_followers_remember_a_new_set_one_after_the_other_in_the_order_of_their_
             h.close()
 
 
+def test_turns_come_closer_together_when_the_last_would_come_after_the_longest_delay(
+    tmp_path: Any,
+) -> None:
+    """Turns 5 s apart for three followers would end 15 s after the change: they come
+    10 / 3 s apart instead, the last at REMEMBER_STAGGER_MAX (a cap on each delay alone had
+    every follower beyond the hundredth read at once, at the cap)."""
+    url = f"sqlite://{tmp_path}/g.db"
+    handles = {m: open_backend(url) for m in "abcde"}
+    try:
+        sessions = {m: h.join("g", m, info={}, ttl=30.0, static=False) for m, h in handles.items()}
+        assert handles["a"].elect(sessions["a"]) is not None
+        handles["a"].update_resources("g", replace=[Resource("r1")])
+        clock = ManualClock()
+        dues = {}
+        for m in "bcde":
+            reader = GroupReader(handles[m], "g", clock=clock, at_once=1, stagger=5.0)
+            reader.read(m, sessions[m].session_id)
+            dues[m] = reader.remember_due
+        assert dues["b"] is None  # read at once
+        offsets = {m: round(due - 1000.0, 6) for m, due in dues.items() if due is not None}
+        assert offsets == {"c": round(10 / 3, 6), "d": round(20 / 3, 6), "e": 10.0}
+        assert base.REMEMBER_STAGGER_MAX == 10.0
+    finally:
+        for h in handles.values():
+            h.close()
+
+
+def _follower_loops(
+    backend_url: str, group: str, handles: dict[str, Backend]
+) -> tuple[dict[str, Session], list[CoordinatorLoop]]:
+    """``a`` coordinates (elected, no thread: it writes nothing more), and the coordinator
+    threads of the followers ``b`` and ``c`` run, with no member thread: nothing renews a
+    lease or claims, so the store sees no write but the test's own."""
+    sessions = {m: h.join(group, m, info={}, ttl=60.0, static=False) for m, h in handles.items()}
+    handles["a"].update_resources(group, replace=[Resource("r1")])
+    assert handles["a"].elect(sessions["a"]) is not None
+    loops = []
+    for m in "bc":
+        config = MemberConfig(group=group, backend=backend_url, member_id=m)
+        session = sessions[m]
+        loop = CoordinatorLoop(config, handles[m], SystemClock(), lambda s=session: s)  # type: ignore[misc]
+        loops.append(loop)
+        loop.start()
+    for m in "bc":
+        _wait_remembered(handles[m], group, {"r1"}, m)
+    return sessions, loops
+
+
+def _wait_remembered(handle: Backend, group: str, ids: set[str], who: str) -> None:
+    wait_for(
+        lambda: {r.id for r in handle.epochs.resources(group)} == ids,
+        timeout=15,
+        what=f"{who} to remember {sorted(ids)}",
+    )
+
+
 def test_a_followers_thread_remembers_a_changed_set_in_its_turn_with_nothing_else_written(
     backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A follower's thread steps when its turn to remember a new set comes, though its watch
-    reports nothing more (a follower whose watch is quiet does not step otherwise). Here no
-    member thread renews a lease or claims, so nothing but the change itself is written: the
-    follower ranked second must still remember the changed set, 1.5 s after the first, which
-    it would declare into a store that lost the group. (One follower reads at once here.)"""
+    """A follower's thread wakes when its turn to remember a new set comes, though its watch
+    reports nothing more (a follower whose watch is quiet does not step otherwise), and not
+    before: the follower ranked second (one follower reads at once here) remembers the changed
+    set 1.5 s after it saw it, which it would declare into a store that lost the group."""
     monkeypatch.setattr(base, "REMEMBER_AT_ONCE", 1)
     monkeypatch.setattr(base, "REMEMBER_STAGGER", 1.5)
     handles = {m: open_backend(backend_url) for m in "abc"}
     loops: list[CoordinatorLoop] = []
     try:
-        sessions = {
-            m: h.join(group, m, info={}, ttl=60.0, static=False) for m, h in handles.items()
-        }
-        handles["a"].update_resources(group, replace=[Resource("r1")])
-        assert handles["a"].elect(sessions["a"]) is not None
-        for m in "bc":
-            config = MemberConfig(group=group, backend=backend_url, member_id=m)
-            loop = CoordinatorLoop(
-                config,
-                handles[m],
-                SystemClock(),
-                lambda m=m: sessions[m],  # type: ignore[misc]
-            )
-            loops.append(loop)
-            loop.start()
-        for m in "bc":
-            wait_for(
-                lambda m=m: {r.id for r in handles[m].epochs.resources(group)} == {"r1"},  # type: ignore[misc]
-                timeout=10,
-                what=f"{m} to remember the first set",
-            )
+        _, loops = _follower_loops(backend_url, group, handles)
+        changed_at = time.monotonic()
         handles["a"].update_resources(group, add=[Resource("r2")])
         for m in "bc":
-            wait_for(
-                lambda m=m: {r.id for r in handles[m].epochs.resources(group)} == {"r1", "r2"},  # type: ignore[misc]
-                timeout=10,
-                what=f"{m} to remember the changed set",
-            )
+            _wait_remembered(handles[m], group, {"r1", "r2"}, m)
+            if m == "c":  # its turn came 1.5 s after it saw the change, at the earliest
+                assert time.monotonic() - changed_at >= 1.5
+    finally:
+        for loop in loops:
+            loop.stop()
+        for h in handles.values():
+            h.close()
+
+
+def test_a_follower_whose_turn_to_remember_failed_reads_the_set_once_the_store_answers(
+    backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store does not answer c when its turn to remember a new set comes: the error
+    drops what its reader kept (turn included), and c, whose watch reports nothing more, used
+    to read nothing until something else moved. It reads again now, and remembers the set
+    once the store answers."""
+    monkeypatch.setattr(base, "REMEMBER_AT_ONCE", 1)
+    monkeypatch.setattr(base, "REMEMBER_STAGGER", 3.0)  # time to cut c off before its turn
+    flaky = FlakyStore(open_backend(backend_url))
+    handles = {"a": open_backend(backend_url), "b": open_backend(backend_url), "c": flaky}
+    loops: list[CoordinatorLoop] = []
+    try:
+        _, loops = _follower_loops(backend_url, group, handles)
+        reader = loops[1]._reader
+        handles["a"].update_resources(group, add=[Resource("r2")])
+        due = wait_for(lambda: reader.remember_due, timeout=15, what="c to see the change")
+        assert due is not None
+        flaky.partitioned.set()
+        clock = SystemClock()  # the loop's clock
+        wait_for(
+            lambda: clock.monotonic() > due + 0.5 and reader.remember_due is None,
+            timeout=15,
+            what="c's turn to fail",
+        )
+        assert {r.id for r in flaky.epochs.resources(group)} == {"r1"}
+        flaky.partitioned.clear()
+        _wait_remembered(flaky, group, {"r1", "r2"}, "c")
     finally:
         for loop in loops:
             loop.stop()

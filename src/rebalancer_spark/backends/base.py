@@ -791,7 +791,10 @@ sorted ids reads it ``(i - REMEMBER_AT_ONCE + 1)`` times this after it saw the n
 at start-up (about 60 ms of the server each); spaced this far apart they keep it busy about
 60 % of the time, and each other command waits behind one read at most, most of the time."""
 REMEMBER_STAGGER_MAX = 10.0
-"""The longest a follower puts off remembering a new resource set (:data:`REMEMBER_STAGGER`)."""
+"""The longest a follower puts off remembering a new resource set: beyond 100 followers
+that take turns, the turns come closer together than :data:`REMEMBER_STAGGER` so that the
+last one still comes within this many seconds (a cap on each delay alone would have every
+follower past the hundredth read at once, at the cap)."""
 
 
 class GroupReader:
@@ -806,10 +809,10 @@ class GroupReader:
 
     The first ``at_once`` followers (:data:`REMEMBER_AT_ONCE`, by their sorted ids) remember
     a new set as soon as they see it; each of the others puts it off by its rank beyond them
-    times ``stagger`` (:data:`REMEMBER_STAGGER`, at most :data:`REMEMBER_STAGGER_MAX`
-    seconds), so that the followers of a large group read it one after the other, not all at
-    once; its thread wakes when :attr:`remember_due` comes and calls :meth:`remember`
-    (:class:`~.member.coordinator.CoordinatorLoop`).
+    times ``stagger`` (:data:`REMEMBER_STAGGER`; closer together if the last turn would
+    come after :data:`REMEMBER_STAGGER_MAX` seconds), so that the followers of a large group
+    read it one after the other, not all at once; its thread wakes when :attr:`remember_due`
+    comes and calls :meth:`remember` (:class:`~.member.coordinator.CoordinatorLoop`).
     """
 
     def __init__(
@@ -832,6 +835,8 @@ class GroupReader:
         self._due: float | None = None
         """When this follower remembers the set whose version it has not read yet (monotonic
         seconds on ``clock``), or None if it has nothing to read."""
+        self._fresh = True
+        """Nothing read since the start or :meth:`forget` (:attr:`needs_read`)."""
         self._head: GroupHead | None = None
         self._target: Target | None = None
         self._session: str | None = None
@@ -861,6 +866,7 @@ class GroupReader:
             self.forget()
             self._session = session_id
         head = self._head = self._backend.head(self._group)
+        self._fresh = False
         self.reads["head"] += 1
         coordinator = head.coordinator
         if coordinator is not None and coordinator.session_id == session_id:
@@ -898,7 +904,9 @@ class GroupReader:
             followers = sorted(m for m in head.members if m != coordinator.member_id)
             rank = followers.index(member_id) if member_id in followers else 0
             turn = max(rank - self._at_once + 1, 0)
-            self._due = now + min(turn * self._stagger, REMEMBER_STAGGER_MAX)
+            turns = max(len(followers) - self._at_once, 1)
+            spacing = min(self._stagger, REMEMBER_STAGGER_MAX / turns)
+            self._due = now + turn * spacing
         return now >= self._due
 
     def remember(self) -> bool:
@@ -914,6 +922,12 @@ class GroupReader:
         self._due = None
         self.reads["resources"] += 1
         return True
+
+    @property
+    def needs_read(self) -> bool:
+        """True until the first :meth:`read`, and again after :meth:`forget` (an error): a
+        turn to remember a set, or anything else, is known only from a read."""
+        return self._fresh
 
     @property
     def remember_due(self) -> float | None:
@@ -977,6 +991,7 @@ class GroupReader:
 
     def forget(self) -> None:
         """Drop what is kept (after an error: the next read starts afresh)."""
+        self._fresh = True
         self._resources = None
         self._remembered = None
         self._due = None

@@ -202,7 +202,13 @@ class CoordinatorLoop:
         group's head every second cost 100 reads a second in an idle group of 100. Returns the
         watch and how long to wait, or None to act again at once (woken meanwhile)."""
         following = self._state.role is Role.FOLLOWER
-        if quiet and following and watch is not None and not self._wake.is_set():
+        if (
+            quiet
+            and following
+            and watch is not None
+            and not self._wake.is_set()
+            and not self._reader.needs_read  # after an error: a step, though nothing moved
+        ):
             try:
                 self._reader.remember()
             except Exception as exc:
