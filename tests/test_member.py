@@ -1156,12 +1156,13 @@ def test_a_followers_thread_remembers_a_changed_set_in_its_turn_with_nothing_els
     loops: list[CoordinatorLoop] = []
     try:
         _, loops = _follower_loops(backend_url, group, handles)
-        changed_at = time.monotonic()
+        clock = SystemClock()  # the loops' clock
+        changed_at = clock.monotonic()
         handles["a"].update_resources(group, add=[Resource("r2")])
         for m in "bc":
             _wait_remembered(handles[m], group, {"r1", "r2"}, m)
             if m == "c":  # its turn came 1.5 s after it saw the change, at the earliest
-                assert time.monotonic() - changed_at >= 1.5
+                assert clock.monotonic() - changed_at >= 1.5
     finally:
         for loop in loops:
             loop.stop()
@@ -1169,33 +1170,41 @@ def test_a_followers_thread_remembers_a_changed_set_in_its_turn_with_nothing_els
             h.close()
 
 
+class _SetReadFails(FlakyStore):
+    """A real store whose resource-set reads fail while ``cut`` is set (everything else
+    answers), counting the failures."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.cut = threading.Event()
+        self.failed = 0
+
+    def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
+        if self.cut.is_set():
+            self.failed += 1
+            raise BackendUnavailable("the resource set is cut off by the test")
+        return super()._resources(group)
+
+
 def test_a_follower_whose_turn_to_remember_failed_reads_the_set_once_the_store_answers(
     backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The store does not answer c when its turn to remember a new set comes: the error
-    drops what its reader kept (turn included), and c, whose watch reports nothing more, used
-    to read nothing until something else moved. It reads again now, and remembers the set
-    once the store answers."""
+    """c sees the change (its head read answers) but its read of the set fails at its turn:
+    the error drops what its reader kept (turn included), and c, whose watch reports nothing
+    more, used to read nothing until something else moved. It reads again now, and remembers
+    the set once the store answers."""
     monkeypatch.setattr(base, "REMEMBER_AT_ONCE", 1)
-    monkeypatch.setattr(base, "REMEMBER_STAGGER", 3.0)  # time to cut c off before its turn
-    flaky = FlakyStore(open_backend(backend_url))
+    monkeypatch.setattr(base, "REMEMBER_STAGGER", 1.0)
+    flaky = _SetReadFails(open_backend(backend_url))
     handles = {"a": open_backend(backend_url), "b": open_backend(backend_url), "c": flaky}
     loops: list[CoordinatorLoop] = []
     try:
         _, loops = _follower_loops(backend_url, group, handles)
-        reader = loops[1]._reader
+        flaky.cut.set()
         handles["a"].update_resources(group, add=[Resource("r2")])
-        due = wait_for(lambda: reader.remember_due, timeout=15, what="c to see the change")
-        assert due is not None
-        flaky.partitioned.set()
-        clock = SystemClock()  # the loop's clock
-        wait_for(
-            lambda: clock.monotonic() > due + 0.5 and reader.remember_due is None,
-            timeout=15,
-            what="c's turn to fail",
-        )
+        wait_for(lambda: flaky.failed > 0, timeout=15, what="c's turn to fail")
         assert {r.id for r in flaky.epochs.resources(group)} == {"r1"}
-        flaky.partitioned.clear()
+        flaky.cut.clear()
         _wait_remembered(flaky, group, {"r1", "r2"}, "c")
     finally:
         for loop in loops:

@@ -17,7 +17,7 @@ from typing import Any
 from rebalancer_spark.audit import AuditVerdict, verify_table
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.core import audit
-from rebalancer_spark.core.errors import BackendError, ConfigurationError
+from rebalancer_spark.core.errors import BackendError
 from rebalancer_spark.core.model import GroupState
 from rebalancer_spark.testing import member_process
 from tests.support.helpers import wait_for
@@ -145,10 +145,10 @@ class MemberProcesses:
         # ends right after the group settled may read the table before any member wrote, so
         # wait for its first events.
         def flushed() -> AuditVerdict | None:
-            try:  # the log's directory may be there a moment before its first commit
-                verdict = verify_table(str(self.audit_path), group=self.group)
-            except ConfigurationError:
-                return None  # no table yet
+            # The log's directory may be there a moment before its first commit file.
+            if not any((self.audit_path / "_delta_log").glob("*.json")):
+                return None
+            verdict = verify_table(str(self.audit_path), group=self.group)
             return verdict if verdict.events > 0 else None
 
         verdict = wait_for(flushed, timeout=30, what="the members' first audit events")
