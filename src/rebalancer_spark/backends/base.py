@@ -878,11 +878,10 @@ class GroupReader:
             kept = self._remembered if self._resources is None else self._resources[0]
             if kept == head.resources_version:
                 self._due = None
-            elif self._remember_now(member_id, head, coordinator):
-                self._remembered = self._backend.remember_resources(self._group)
-                self._resources = None
-                self._due = None
-                self.reads["resources"] += 1
+            else:
+                if self._due is None:  # kept if the version moves again before the turn
+                    self._due = self._turn(member_id, head, coordinator)
+                self.remember()
         return GroupView(
             member_id,
             session_id,
@@ -894,27 +893,22 @@ class GroupReader:
             head.control,
         )
 
-    def _remember_now(
-        self, member_id: str, head: GroupHead, coordinator: CoordinatorRecord
-    ) -> bool:
-        """Whether this follower's turn to read a new set has come (the class docstring); the
-        turn is set when the new version is first seen and kept if the version moves again."""
-        now = self._clock.monotonic()
-        if self._due is None:
-            followers = sorted(m for m in head.members if m != coordinator.member_id)
-            rank = followers.index(member_id) if member_id in followers else 0
-            turn = max(rank - self._at_once + 1, 0)
-            turns = max(len(followers) - self._at_once, 1)
-            spacing = min(self._stagger, REMEMBER_STAGGER_MAX / turns)
-            self._due = now + turn * spacing
-        return now >= self._due
+    def _turn(self, member_id: str, head: GroupHead, coordinator: CoordinatorRecord) -> float:
+        """When this follower's turn to read the new set ``head`` names comes (the class
+        docstring), on the reader's clock."""
+        followers = sorted(m for m in head.members if m != coordinator.member_id)
+        rank = followers.index(member_id) if member_id in followers else 0
+        turn = max(rank - self._at_once + 1, 0)
+        turns = max(len(followers) - self._at_once, 1)
+        spacing = min(self._stagger, REMEMBER_STAGGER_MAX / turns)
+        return self._clock.monotonic() + turn * spacing
 
     def remember(self) -> bool:
-        """As a follower whose turn to remember a new set has come (:attr:`remember_due`),
-        and whose watch reported nothing since its last :meth:`read`: remember the set
-        without reading the head again (the head that set the turn said the set moved; on
-        ZooKeeper a head is the members' 100 records, and 99 followers each reading it once
-        more cost 9,000 reads when a group of 100 got its first set). Whether it read."""
+        """Remember the new set if this follower's turn has come (:attr:`remember_due`);
+        whether it read. The loop also calls it alone when its watch reported nothing since
+        the last :meth:`read`: the head that set the turn said the set moved, so it is not
+        read again (on ZooKeeper a head is the members' 100 records, and 99 followers each
+        reading it once more cost 9,000 reads when a group of 100 got its first set)."""
         if self._due is None or self._clock.monotonic() < self._due:
             return False
         self._remembered = self._backend.remember_resources(self._group)
