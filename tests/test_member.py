@@ -30,7 +30,7 @@ from rebalancer_spark.core import audit
 from rebalancer_spark.core.clock import ManualClock, SystemClock
 from rebalancer_spark.core.coordinator import Role
 from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
-from rebalancer_spark.core.model import Grant, GroupState, Resource
+from rebalancer_spark.core.model import Grant, GroupState, Resource, ResourceChange
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.member.coordinator import CoordinatorLoop
 from rebalancer_spark.member.state import TRANSITIONS, MemberState
@@ -1184,6 +1184,12 @@ class _SetReadFails(FlakyStore):
             self.failed += 1
             raise BackendUnavailable("the resource set is cut off by the test")
         return super()._resources(group)
+
+    def _resource_changes(self, group: str, since: int) -> ResourceChange | None:
+        if self.cut.is_set():
+            self.failed += 1
+            raise BackendUnavailable("the resource set is cut off by the test")
+        return super()._resource_changes(group, since)
 
 
 def test_a_follower_whose_turn_to_remember_failed_reads_the_set_once_the_store_answers(

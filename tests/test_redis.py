@@ -212,11 +212,34 @@ def test_resource_ids_stay_inside_the_group_key_space(
         assert {k[len(head) :] for k in keys} <= {
             *["meta", "members", "sessions", "info", "acked", "leaving", "static", "ttl"],
             *["resources", "tmembers", "owner", "epochs", "progress", "t:m:1@x"],
-            *["chain", "deadline"],
+            *["chain", "deadline", "rlog", "rlog:1"],
             f"lease:{sid}",
             f"held:{sid}",
         }, "a resource id became part of a key name"
         store.client.flushdb()
+
+
+def test_a_change_a_client_of_an_earlier_release_made_unlogged_is_not_read_as_none(
+    store: RedisBackend,
+) -> None:
+    """A client of the release before the log changes the set with its own script, which
+    logs nothing: readers behind it read the set whole, and the next change starts the log
+    again after it."""
+    group = _group()
+    v1 = store.update_resources(group, replace=[Resource("a"), Resource("b")])
+    v2 = store.update_resources(group, add=[Resource("c")])
+    assert store.resource_changes(group, v1) is not None
+    head = f"rb:{{{group}}}:"
+    store.client.hset(f"{head}resources", "d", repr(1.0))  # as the older script does
+    store.client.hincrby(f"{head}meta", "resources_version", 1)
+    assert store.resource_changes(group, v2) is None
+    assert store.resource_changes(group, v2 + 1) is None
+    v4 = store.update_resources(group, remove=["a"])
+    assert store.resource_changes(group, v2) is None
+    assert store.resource_changes(group, v4 - 1) is None
+    v5 = store.update_resources(group, remove=["b"])
+    change = store.resource_changes(group, v4)
+    assert change is not None and change.version == v5 and change.removed == {"b"}
 
 
 def test_a_foreign_key_in_the_group_space_is_reported_as_corrupt(store: RedisBackend) -> None:

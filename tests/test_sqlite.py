@@ -11,7 +11,7 @@ from rebalancer_spark.backends.base import Interest, Session
 from rebalancer_spark.backends.sqlite import SqliteBackend
 from rebalancer_spark.core.clock import ManualClock
 from rebalancer_spark.core.errors import CorruptStateError
-from rebalancer_spark.core.model import Freed, Grant, Phase, Target
+from rebalancer_spark.core.model import Freed, Grant, Phase, Resource, ResourceChange, Target
 from rebalancer_spark.core.urls import parse_backend_url
 from tests.support.helpers import wait_for
 
@@ -304,6 +304,9 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
     conn.execute("DROP TABLE target_away")
     conn.execute("ALTER TABLE groups DROP COLUMN away_since")
     conn.execute("ALTER TABLE groups DROP COLUMN away_upto")
+    conn.execute("DROP TABLE resource_log")
+    conn.execute("ALTER TABLE groups DROP COLUMN rlog_from")
+    conn.execute("ALTER TABLE groups DROP COLUMN rlog_upto")
     conn.execute("UPDATE rebalancer_meta SET value='1' WHERE key='schema'")
     conn.commit()
     conn.close()
@@ -313,6 +316,49 @@ def test_a_file_of_schema_version_1_gains_the_chain_columns(sqlite_path: Path) -
     assert held["a"] == Grant(1, None, None, None, 0, None)  # its link predates the chain
     assert reopened.member_view(session).target == {"a"}  # its target rows, read whole
     reopened.release(session, {"a": 1})
+    reopened.close()
+
+
+def test_a_file_of_schema_version_5_logs_the_changes_after_its_current_set(
+    sqlite_path: Path,
+) -> None:
+    import sqlite3
+
+    clock = ManualClock()
+    store, _ = _pair(sqlite_path, clock)
+    v1 = store.update_resources("g", replace=[Resource("a"), Resource("b")])
+    v2 = store.update_resources("g", add=[Resource("c")])
+    store.close()
+    conn = sqlite3.connect(sqlite_path)  # make it a file as version 5 wrote it
+    conn.execute("DROP TABLE resource_log")
+    conn.execute("ALTER TABLE groups DROP COLUMN rlog_from")
+    conn.execute("ALTER TABLE groups DROP COLUMN rlog_upto")
+    conn.execute("UPDATE rebalancer_meta SET value='5' WHERE key='schema'")
+    conn.commit()
+    conn.close()
+    reopened, _ = _pair(sqlite_path, clock)
+    assert reopened.resource_changes("g", v1) is None  # before the file logged anything
+    assert reopened.resource_changes("g", v2) == ResourceChange(v2, v2, {}, frozenset())
+    v3 = reopened.update_resources("g", remove=["a"])
+    assert reopened.resource_changes("g", v2) == ResourceChange(v2, v3, {}, frozenset({"a"}))
+    assert reopened.resources("g", (v2, {r: Resource(r) for r in "abc"})) == (
+        v3,
+        {"b": Resource("b"), "c": Resource("c")},
+    )
+    # A process of version 5 still running changes the set without logging it: readers
+    # behind read the set whole, and the next change starts the log again after it.
+    conn = sqlite3.connect(sqlite_path)
+    conn.execute("INSERT INTO resources VALUES ('g', 'd', 1.0)")
+    conn.execute("UPDATE groups SET resources_version=resources_version+1 WHERE name='g'")
+    conn.commit()
+    conn.close()
+    assert reopened.resource_changes("g", v3) is None
+    assert reopened.resource_changes("g", v3 + 1) is None
+    v5 = reopened.update_resources("g", remove=["b"])
+    assert reopened.resource_changes("g", v3) is None
+    assert reopened.resource_changes("g", v5 - 1) is None  # the hole's version
+    v6 = reopened.update_resources("g", remove=["c"])
+    assert reopened.resource_changes("g", v5) == ResourceChange(v5, v6, {}, frozenset("c"))
     reopened.close()
 
 

@@ -22,6 +22,7 @@ from rebalancer_spark.core.model import (
     Phase,
     Progress,
     Resource,
+    ResourceChange,
     Target,
 )
 from rebalancer_spark.core.protocols import MemberHead, MemberView
@@ -123,6 +124,9 @@ class FlakyStore(Backend):
 
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]:
         return self._reach().resources(group)
+
+    def _resource_changes(self, group: str, since: int) -> ResourceChange | None:
+        return self._reach().resource_changes(group, since)
 
     def _target(self, group: str) -> Target | None:
         return self._reach().target(group)

@@ -70,6 +70,7 @@ from rebalancer_spark.core.model import (
     Phase,
     Progress,
     Resource,
+    ResourceChange,
     Target,
     encode_progress,
     validate_group,
@@ -83,6 +84,9 @@ __all__ = [
     "REMEMBER_AT_ONCE",
     "REMEMBER_STAGGER",
     "REMEMBER_STAGGER_MAX",
+    "RESOURCE_LOG_IDS",
+    "RESOURCE_LOG_SHARE",
+    "RESOURCE_LOG_VERSIONS",
     "Backend",
     "Capability",
     "GroupReader",
@@ -94,9 +98,30 @@ __all__ = [
     "expired",
     "fenced_commit",
     "fenced_coordinator",
+    "resource_log_limit",
 ]
 
 log = logging.getLogger("rebalancer_spark.backend")
+
+RESOURCE_LOG_VERSIONS = 64
+"""How many of the resource set's last changes a store logs (:meth:`Backend.resource_changes`),
+at most: a reader further behind reads the set whole."""
+
+
+RESOURCE_LOG_IDS = 1024
+"""The log of a resource set names at least this many ids (:func:`resource_log_limit`)."""
+
+RESOURCE_LOG_SHARE = 4
+"""... or one in this many of the set's resources, if that is more."""
+
+
+def resource_log_limit(size: int) -> int:
+    """How many ids the log of a resource set of ``size`` resources names at most, over all
+    its changes: :data:`RESOURCE_LOG_IDS`, or a :data:`RESOURCE_LOG_SHARE`-th of the set if
+    that is more. A change larger than that is not logged (a reader behind it reads the set
+    whole, which costs little more), and the oldest changes are dropped to keep the log
+    within it."""
+    return max(RESOURCE_LOG_IDS, size // RESOURCE_LOG_SHARE)
 
 
 class Capability(StrEnum):
@@ -353,22 +378,56 @@ class Backend(abc.ABC):
         validate_group(group)
         return self._control(group)
 
-    def resources(self, group: str) -> tuple[int, dict[str, Resource]]:
-        """The group's resource set and its version, read together."""
+    def resources(
+        self, group: str, known: tuple[int, Mapping[str, Resource]] | None = None
+    ) -> tuple[int, dict[str, Resource]]:
+        """The group's resource set and its version, read together. Given ``known``, the set
+        at some version (a copy kept from an earlier call on the same session, which this does
+        not change), only the changes since that version are read where the store still logs
+        them (:meth:`resource_changes`): a listing that found one new prefix among 100,000
+        reads one id, not the set. The whole set otherwise."""
         validate_group(group)
+        if known is not None:
+            change = self._resource_changes(group, known[0])
+            if change is not None:
+                resources = change.apply(known[1]) if change.size else dict(known[1])
+                self.epochs.saw_resources(group, resources, change.version)
+                return change.version, resources
         version, resources = self._resources(group)
-        self.epochs.saw_resources(group, resources)
+        self.epochs.saw_resources(group, resources, version)
         return version, resources
 
-    def remember_resources(self, group: str) -> int:
+    def resource_changes(self, group: str, since: int) -> ResourceChange | None:
+        """What changed in the group's resource set after version ``since``, up to its current
+        version, read together; None if the store no longer logs every change since then (it
+        keeps the last :data:`RESOURCE_LOG_VERSIONS` changes, as long as they name at most
+        :func:`resource_log_limit` ids in all, and none across a change larger than that) or
+        ``since`` is not a version it reached: read the set whole then. Versions count the
+        changes of one incarnation of the group: a caller that kept a version across a store
+        that lost the group (a new session) must not ask by it."""
+        validate_group(group)
+        if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+            raise ConfigurationError(
+                f"resource_changes(since={since!r}) of group {group!r}: use a version the "
+                "store returned (an integer of 0 or more)"
+            )
+        return self._resource_changes(group, since)
+
+    def remember_resources(self, group: str, since: int | None = None) -> int:
         """Read the group's resource set only to remember it (:class:`~.epochs.EpochMemory`:
         to declare it again into a store that lost the group) and return its version: what a
-        follower's coordinator thread needs of it. A backend that can keep the set as read,
-        and build it only if it is ever needed, does (ZooKeeper: 100 followers each built
-        100,000 resources at once when a group of 100 started; SQLite and Redis keep the rows
-        as read: on SQLite about 60 ms a follower at 100,000 resources instead of 215); the
-        default reads it as :meth:`resources` does."""
+        follower's coordinator thread needs of it. Given ``since``, the version this handle
+        last remembered on the same session, only the changes after it are read where the
+        store logs them, and kept beside the set remembered (:meth:`resource_changes`). A
+        backend that can keep the set as read, and build it only if it is ever needed, does
+        (ZooKeeper: 100 followers each built 100,000 resources at once when a group of 100
+        started; SQLite and Redis keep the rows as read: on SQLite about 60 ms a follower at
+        100,000 resources instead of 215); the default reads it as :meth:`resources` does."""
         validate_group(group)
+        if since is not None:
+            change = self._resource_changes(group, since)
+            if change is not None and self.epochs.changed_resources(group, change):
+                return change.version
         return self._remember_resources(group)
 
     def _remember_resources(self, group: str) -> int:
@@ -589,6 +648,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _resources(self, group: str) -> tuple[int, dict[str, Resource]]: ...
+
+    @abc.abstractmethod
+    def _resource_changes(self, group: str, since: int) -> ResourceChange | None:
+        """:meth:`resource_changes` (``since`` checked): None unless the store logged every
+        change after ``since`` and ``since`` is at most its current version."""
 
     @abc.abstractmethod
     def _target(self, group: str) -> Target | None: ...
@@ -864,6 +928,8 @@ class GroupReader:
             # A new session: the store may have lost the group (and numbered it afresh) since
             # anything here was read, so nothing kept is trusted.
             self.forget()
+            self._resources = None
+            self._remembered = None
             self._session = session_id
         head = self._head = self._backend.head(self._group)
         self._fresh = False
@@ -911,7 +977,8 @@ class GroupReader:
         reading it once more cost 9,000 reads when a group of 100 got its first set)."""
         if self._due is None or self._clock.monotonic() < self._due:
             return False
-        self._remembered = self._backend.remember_resources(self._group)
+        kept = self._remembered if self._resources is None else self._resources[0]
+        self._remembered = self._backend.remember_resources(self._group, kept)
         self._resources = None
         self._due = None
         self.reads["resources"] += 1
@@ -940,7 +1007,9 @@ class GroupReader:
     ) -> GroupView:
         self._due = None  # the coordinator reads the set itself, now
         if self._resources is None or self._resources[0] != head.resources_version:
-            self._resources = self._backend.resources(self._group)
+            # The changes since the set kept here, if the store logs them (a listing that
+            # found one new prefix among 100,000 is one id), else the set whole.
+            self._resources = self._backend.resources(self._group, self._resources)
             self.reads["resources"] += 1
         version, resources = self._resources
         known = self._target
@@ -984,9 +1053,12 @@ class GroupReader:
         self._target = target
 
     def forget(self) -> None:
-        """Drop what is kept (after an error: the next read starts afresh)."""
+        """Drop what is kept (after an error: the next read starts afresh), but the version of
+        the set kept or remembered: on the same session the store is the same incarnation of
+        the group, whose versions name the same sets, so the next read of the set reads only
+        what changed since (:meth:`Backend.resources`; a follower's memory of the set answers
+        for its own version, :meth:`~.epochs.EpochMemory.changed_resources`). A new session
+        drops that too (:meth:`read`)."""
         self._fresh = True
-        self._resources = None
-        self._remembered = None
         self._due = None
         self._target = None

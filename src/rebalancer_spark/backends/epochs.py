@@ -13,10 +13,12 @@ that were running still know better, and so does the audit table. This memory ke
 * ``floors``: per resource, the highest epoch this handle saw (granted, held, committed) or was
   told of (:meth:`~.base.Backend.remember_epochs`: the audit table, an operator's floor);
 * ``high`` and ``resources``: the highest epoch of any claim in a group snapshot this handle
-  read (``state``), and the last non-empty resource set it read (``state`` or ``resources``,
-  as the coordinator reads it; a reference, not a copy: the caller does not change it), or
-  kept unparsed (``remember_resources``, as a follower reads it: a loader that builds the set
-  only if it is ever needed, for a declaration into a store that lost the group).
+  read (``state``), and the last non-empty resource set it read, with its version (``state``
+  or ``resources``, as the coordinator reads it; a reference, not a copy: the caller does not
+  change it), or kept unparsed (``remember_resources``, as a follower reads it: a loader that
+  builds the set only if it is ever needed, for a declaration into a store that lost the
+  group), and the changes read since (:meth:`EpochMemory.changed_resources`: applied to that
+  set only when it is built, or after :data:`PENDING_CHANGES` of them).
 
 On a new incarnation the front lifts every remembered epoch into the store before anything is
 granted (each resource of the remembered set at least to ``high``: an epoch that jumps is
@@ -29,10 +31,31 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
-from rebalancer_spark.core.model import GroupState, Resource
+from rebalancer_spark.core.model import GroupState, Resource, ResourceChange
 
-__all__ = ["EpochMemory"]
+__all__ = ["PENDING_CHANGES", "EpochMemory"]
+
+PENDING_CHANGES = 32
+"""Changes of the remembered set kept unapplied at most: the next one builds the set."""
+
+
+@dataclass
+class _KeptSet:
+    version: int
+    base: Mapping[str, Resource] | Callable[[], list[Resource]]
+    changes: list[ResourceChange] = field(default_factory=list)
+
+    def build(self) -> dict[str, Resource]:
+        """The set at :attr:`version` (call with a copy taken under the memory's lock)."""
+        base = self.base
+        out = {r.id: r for r in base()} if callable(base) else dict(base)
+        for change in self.changes:
+            for rid in change.removed:
+                out.pop(rid, None)
+            out.update(change.put)
+        return out
 
 
 class EpochMemory:
@@ -44,7 +67,7 @@ class EpochMemory:
         self._floors: dict[str, dict[str, tuple[int, str | None]]] = {}
         self._incarnations: dict[str, str | None] = {}
         self._high: dict[str, int] = {}
-        self._resources: dict[str, Mapping[str, Resource] | Callable[[], list[Resource]]] = {}
+        self._resources: dict[str, _KeptSet] = {}
 
     def saw_state(self, state: GroupState) -> None:
         """A snapshot of the group was read: keep its highest claim epoch and its resource set
@@ -54,31 +77,54 @@ class EpochMemory:
             if top > self._high.get(state.group, 0):
                 self._high[state.group] = top
             if state.resources:
-                self._resources[state.group] = state.resources
+                self._resources[state.group] = _KeptSet(state.resources_version, state.resources)
 
-    def saw_resources(self, group: str, resources: Mapping[str, Resource]) -> None:
-        """The group's resource set was read (kept if not empty, as in :meth:`saw_state`)."""
+    def saw_resources(self, group: str, resources: Mapping[str, Resource], version: int) -> None:
+        """The group's resource set at ``version`` was read (kept if not empty, as in
+        :meth:`saw_state`)."""
         if resources:
             with self._lock:
-                self._resources[group] = resources
+                self._resources[group] = _KeptSet(version, resources)
 
-    def keep_resources(self, group: str, load: Callable[[], list[Resource]]) -> None:
-        """The group's non-empty resource set was read but not built: ``load`` builds it
-        (from bytes already read: it reads nothing), if :meth:`resources` is ever asked."""
+    def keep_resources(self, group: str, version: int, load: Callable[[], list[Resource]]) -> None:
+        """The group's non-empty resource set at ``version`` was read but not built: ``load``
+        builds it (from bytes already read: it reads nothing), if :meth:`resources` is ever
+        asked."""
         with self._lock:
-            self._resources[group] = load
+            self._resources[group] = _KeptSet(version, load)
+
+    def changed_resources(self, group: str, change: ResourceChange) -> bool:
+        """The changes of the group's set from ``change.since`` were read: kept if the set
+        remembered is at that version (then it is at ``change.version``); whether it was. A
+        memory at another version (none, an empty set that was not kept, another read since)
+        leaves the caller to read the set whole."""
+        with self._lock:
+            kept = self._resources.get(group)
+            if kept is None or kept.version != change.since:
+                return False
+            kept.version = change.version
+            if change.size:
+                kept.changes.append(change)
+            if len(kept.changes) <= PENDING_CHANGES:
+                return True
+        self.resources(group)  # builds it, folding the changes in
+        return True
 
     def resources(self, group: str) -> list[Resource]:
-        """The last non-empty resource set read of ``group`` (empty if none)."""
+        """The last non-empty resource set read of ``group`` (empty if none), with the changes
+        read since."""
         with self._lock:
-            kept = self._resources.get(group, {})
-        if not callable(kept):
-            return list(kept.values())
-        built = kept()
-        with self._lock:
-            if self._resources.get(group) is kept:  # built once
-                self._resources[group] = {r.id: r for r in built}
-        return built
+            kept = self._resources.get(group)
+            if kept is None:
+                return []
+            seen = _KeptSet(kept.version, kept.base, list(kept.changes))
+        if not callable(seen.base) and not seen.changes:
+            return list(seen.base.values())
+        built = seen.build()
+        with self._lock:  # built once, unless it changed meanwhile
+            if self._resources.get(group) is kept and kept.version == seen.version:
+                self._resources[group] = _KeptSet(seen.version, built)
+        return list(built.values())
 
     def see(
         self,

@@ -41,6 +41,7 @@ __all__ = [
     "Phase",
     "Progress",
     "Resource",
+    "ResourceChange",
     "Target",
     "UnreadableProgress",
     "decode_progress",
@@ -188,6 +189,33 @@ class Resource:
             raise ConfigurationError(
                 f"weight of resource {self.id!r} is {self.weight!r}: use a finite number above 0"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceChange:
+    """What changed in a group's resource set from version :attr:`since` to :attr:`version`,
+    as a store that logs its changes returns it (:meth:`~.backends.base.Backend.resources`): an
+    id is in :attr:`put` or in :attr:`removed`, never in both."""
+
+    since: int
+    version: int
+    put: Mapping[str, Resource]
+    """Resources added, or whose weight changed, after :attr:`since` (id to resource)."""
+    removed: frozenset[str]
+    """Ids that were in the set at :attr:`since` and no longer are."""
+
+    def apply(self, known: Mapping[str, Resource]) -> dict[str, Resource]:
+        """The set at :attr:`version`, from ``known``, the set at :attr:`since` (not changed)."""
+        out = dict(known)
+        for rid in self.removed:
+            out.pop(rid, None)
+        out.update(self.put)
+        return out
+
+    @property
+    def size(self) -> int:
+        """Ids this change names."""
+        return len(self.put) + len(self.removed)
 
 
 class Phase(StrEnum):

@@ -25,6 +25,9 @@ import redis
 from redis.client import Pipeline
 
 from rebalancer_spark.backends.base import (
+    RESOURCE_LOG_IDS,
+    RESOURCE_LOG_SHARE,
+    RESOURCE_LOG_VERSIONS,
     Backend,
     Capability,
     KeptParts,
@@ -71,6 +74,7 @@ from rebalancer_spark.core.model import (
     Phase,
     Progress,
     Resource,
+    ResourceChange,
     Target,
 )
 from rebalancer_spark.core.protocols import MemberHead, MemberView
@@ -258,9 +262,31 @@ class RedisBackend(Backend):
         version, weights = self._resource_weights(group)
         if weights:  # built only if a store that lost the group needs it declared again
             self.epochs.keep_resources(
-                group, lambda: list(decode_resources(group, weights).values())
+                group, version, lambda: list(decode_resources(group, weights).values())
             )
         return version
+
+    def _resource_changes(self, group: str, since: int) -> ResourceChange | None:
+        text, incarnation, logged, entries = self._runner.run(
+            Lua.RESOURCE_CHANGES, group, [since], "reading the changes of the resource set"
+        )
+        if str(logged) != "1":
+            return None
+        version = number(group, "resources_version", text)
+        put: dict[str, str] = {}
+        removed: set[str] = set()
+        for entry in entries:
+            for rid, weight in pairs(entry).items():
+                if weight:
+                    put[rid] = weight
+                    removed.discard(rid)
+                else:
+                    put.pop(rid, None)
+                    removed.add(rid)
+        joined = self._memory.snapshot(group).incarnation
+        if incarnation and joined in ("", str(incarnation)):
+            self._memory.caught_up(group, since, version, put, removed)
+        return ResourceChange(since, version, decode_resources(group, put), frozenset(removed))
 
     def _resource_weights(self, group: str) -> tuple[int, dict[str, str]]:
         """The resource set's version and its weights as stored (id → text)."""
@@ -468,7 +494,8 @@ class RedisBackend(Backend):
         uptime = self._runner.server_uptime() if remembers and ttl_ms else -1
         nonce = uuid.uuid4().hex
         fill = stage_resources(group, nonce, staged)
-        args = [mode, nonce, high, known.incarnation, ttl_ms, uptime, *removed]
+        log = [RESOURCE_LOG_IDS, RESOURCE_LOG_SHARE, RESOURCE_LOG_VERSIONS]
+        args = [mode, nonce, high, known.incarnation, ttl_ms, uptime, *log, *removed]
         version, changed = self._runner.run_staged(
             Lua.UPDATE_RESOURCES, group, fill, args, "updating resources"
         )

@@ -8,36 +8,46 @@ from __future__ import annotations
 
 from rebalancer_spark.backends.redis.store.prelude import PRELUDE
 
-__all__ = ["LIFT_EPOCHS", "UPDATE_RESOURCES"]
+__all__ = ["LIFT_EPOCHS", "RESOURCE_CHANGES", "UPDATE_RESOURCES"]
 
 # UPDATE_RESOURCES -- change the resource set; the version grows only if the set changed.
 # The id -> weight pairs to set (replace: the whole new set) were staged (HSET, in the same
 # MULTI) in P..'stage:'..nonce..':res', absent when none. 'restore' replaces the set only if
 # it is empty and untouched in this incarnation (a client re-declaring the set it last saw
 # after Redis lost the group).
+# Each change is logged (RESOURCE_CHANGES reads the log): 'rlog' lists the logged versions,
+# 'rlog:<v>' holds the ids version v put (id -> weight) or removed (id -> ''), meta 'rlog_from'
+# and 'rlog_upto' the versions the log covers (after the one, up to the other: a client of an
+# earlier release that changes the set logs nothing, and leaves 'rlog_upto' behind), and
+# 'rlog_n' how many ids the log holds.
+# A change of more ids than the limit (ARGV[7], or the set's size over ARGV[8] if that is
+# more: base.resource_log_limit) or a restoration empties the log; the oldest changes are
+# dropped beyond ARGV[9] versions or the limit.
 # KEYS[1] meta
 # ARGV    mode ('replace'|'delta'|'restore'), nonce, floor, incarnation, quarantine ttl ms,
-#         server uptime s, ids to remove ...
+#         server uptime s, log ids, log share, log versions, ids to remove ...
 # Returns {resources version, 1 if this call changed the set else 0}
 UPDATE_RESOURCES = (
     PRELUDE
     + """
 local mode, stage, R = ARGV[1], P .. 'stage:' .. ARGV[2] .. ':res', P .. 'resources'
+local versions = tonumber(ARGV[9])
 ensure(tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]))
-local changed = false
+local put, gone, restored = {}, {}, false
 if mode == 'restore' then
   if redis.call('HLEN', R) == 0 and num(redis.call('HGET', META, 'resources_version')) <= base()
-  then mode = 'replace' end
+  then mode = 'replace'; restored = true end
 end
 if mode == 'replace' then
-  local new = redis.call('HGETALL', stage)
-  if #new / 2 ~= redis.call('HLEN', R) then changed = true
-  else
-    for i = 1, #new, 2 do
-      if redis.call('HGET', R, new[i]) ~= new[i + 1] then changed = true; break end
-    end
+  local new, wanted = redis.call('HGETALL', stage), {}
+  for i = 1, #new, 2 do
+    wanted[new[i]] = true
+    if redis.call('HGET', R, new[i]) ~= new[i + 1] then put[#put + 1] = {new[i], new[i + 1]} end
   end
-  if changed then
+  for _, id in ipairs(redis.call('HKEYS', R)) do
+    if not wanted[id] then gone[#gone + 1] = id end
+  end
+  if #put + #gone > 0 then
     redis.call('DEL', R)
     if #new > 0 then redis.call('RENAME', stage, R) end
   end
@@ -45,17 +55,63 @@ elseif mode == 'delta' then
   local add = redis.call('HGETALL', stage)
   for i = 1, #add, 2 do
     if redis.call('HGET', R, add[i]) ~= add[i + 1] then
-      redis.call('HSET', R, add[i], add[i + 1]); changed = true
+      redis.call('HSET', R, add[i], add[i + 1]); put[#put + 1] = {add[i], add[i + 1]}
     end
   end
-  for i = 7, #ARGV do
-    if redis.call('HDEL', R, ARGV[i]) == 1 then changed = true end
+  for i = 10, #ARGV do
+    if redis.call('HDEL', R, ARGV[i]) == 1 then gone[#gone + 1] = ARGV[i] end
   end
 end
 redis.call('DEL', stage)
+local changed = #put + #gone > 0
 local v = num(redis.call('HGET', META, 'resources_version'))
-if changed then v = next_value('resources_version'); notify('resources') end
+if changed then
+  local hole = num(redis.call('HGET', META, 'rlog_upto')) ~= v
+  v = next_value('resources_version'); notify('resources')
+  redis.call('HSET', META, 'rlog_upto', int(v))
+  local L = P .. 'rlog'
+  local limit = math.max(tonumber(ARGV[7]), math.floor(redis.call('HLEN', R) / tonumber(ARGV[8])))
+  local n = num(redis.call('HGET', META, 'rlog_n')) + #put + #gone
+  if restored or hole or #put + #gone > limit then
+    for _, old in ipairs(redis.call('LRANGE', L, 0, -1)) do redis.call('DEL', L .. ':' .. old) end
+    redis.call('DEL', L)
+    redis.call('HSET', META, 'rlog_from', int(v), 'rlog_n', '0')
+  else
+    local entry = L .. ':' .. int(v)
+    for _, p in ipairs(put) do redis.call('HSET', entry, p[1], p[2]) end
+    for _, id in ipairs(gone) do redis.call('HSET', entry, id, '') end
+    redis.call('RPUSH', L, int(v))
+    while redis.call('LLEN', L) > versions or n > limit do
+      local old = redis.call('LPOP', L)
+      n = n - redis.call('HLEN', L .. ':' .. old)
+      redis.call('DEL', L .. ':' .. old)
+      redis.call('HSET', META, 'rlog_from', old)
+    end
+    redis.call('HSET', META, 'rlog_n', int(n))
+  end
+end
 return {int(v), changed and 1 or 0}
+"""
+)
+
+# RESOURCE_CHANGES -- the logged changes of the resource set after a version.
+# KEYS[1] meta
+# ARGV    since
+# Returns {resources version, incarnation, 1 if the log reaches back to since else 0,
+#          {id, weight or '' (removed), ...} of each later version, oldest first}
+RESOURCE_CHANGES = (
+    PRELUDE
+    + """
+local since = tonumber(ARGV[1])
+local v, inc, from, upto = unpack(redis.call('HMGET', META, 'resources_version', 'inc',
+  'rlog_from', 'rlog_upto'))
+v = num(v)
+if since < num(from) or since > v or num(upto) ~= v then return {int(v), inc or '', 0, {}} end
+local out, L = {}, P .. 'rlog'
+for _, logged in ipairs(redis.call('LRANGE', L, 0, -1)) do
+  if tonumber(logged) > since then out[#out + 1] = redis.call('HGETALL', L .. ':' .. logged) end
+end
+return {int(v), inc or '', 1, out}
 """
 )
 

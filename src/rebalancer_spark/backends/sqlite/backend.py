@@ -53,6 +53,7 @@ from rebalancer_spark.core.model import (
     Phase,
     Progress,
     Resource,
+    ResourceChange,
     Target,
 )
 from rebalancer_spark.core.protocols import MemberHead, MemberView
@@ -229,8 +230,12 @@ class SqliteBackend(Backend):
         with self._transaction(_READ) as db:
             version, rows = reads.resource_rows(db, group)
         if rows:  # built only if a store that lost the group needs it declared again
-            self.epochs.keep_resources(group, lambda: reads.build_resources(group, rows))
+            self.epochs.keep_resources(group, version, lambda: reads.build_resources(group, rows))
         return version
+
+    def _resource_changes(self, group: str, since: int) -> ResourceChange | None:
+        with self._transaction(_READ) as db:
+            return reads.resource_changes(db, group, since)
 
     def _target(self, group: str) -> Target | None:
         with self._transaction(_READ) as db:

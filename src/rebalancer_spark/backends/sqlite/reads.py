@@ -33,6 +33,7 @@ from rebalancer_spark.core.model import (
     MemberRecord,
     Progress,
     Resource,
+    ResourceChange,
     Target,
     decode_progress,
 )
@@ -137,6 +138,34 @@ def resource_rows(db: sqlite3.Connection, group: str) -> tuple[int, list[tuple[s
         "SELECT resource_id, weight FROM resources WHERE grp=?", (group,)
     ).fetchall()
     return _count(group, row, "resources version", 0), rows
+
+
+def resource_changes(db: sqlite3.Connection, group: str, since: int) -> ResourceChange | None:
+    """:meth:`Backend.resource_changes`: the logged changes after ``since`` (``resource_log``,
+    written by :func:`.groups.update_resources`), None if the log does not reach back to it."""
+    row = db.execute(
+        "SELECT resources_version, rlog_from, rlog_upto FROM groups WHERE name=?", (group,)
+    ).fetchone()
+    if row is None:  # no group yet: its set is empty at version 0
+        return ResourceChange(0, 0, {}, frozenset()) if since == 0 else None
+    version = _count(group, row, "resources version", 0)
+    if not _count(group, row, "resource log start", 1) <= since <= version:
+        return None
+    if _count(group, row, "resource log end", 2) != version:
+        return None  # a process of schema version 5 changed the set without logging it
+    put: dict[str, Resource] = {}
+    removed: set[str] = set()
+    for rid, weight in db.execute(
+        "SELECT resource_id, weight FROM resource_log WHERE grp=? AND version > ? ORDER BY version",
+        (group, since),
+    ):
+        if weight is None:
+            put.pop(rid, None)
+            removed.add(rid)
+        else:
+            removed.discard(rid)
+            put[rid] = parse_resource(group, rid, weight, store=STORE)
+    return ResourceChange(since, version, put, frozenset(removed))
 
 
 def build_resources(group: str, rows: list[tuple[str, object]]) -> list[Resource]:

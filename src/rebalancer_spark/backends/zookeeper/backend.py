@@ -63,6 +63,7 @@ from rebalancer_spark.core.model import (
     Phase,
     Progress,
     Resource,
+    ResourceChange,
     Target,
     validate_group,
 )
@@ -261,8 +262,16 @@ class ZookeeperBackend(Backend):
             return 0
         version, chunks = self._snapshot(paths).resource_chunks()
         if chunks:  # built only if a store that lost the group needs it declared again
-            self.epochs.keep_resources(group, lambda: list(build_resources(chunks).values()))
+            self.epochs.keep_resources(
+                group, version, lambda: list(build_resources(chunks).values())
+            )
         return version
+
+    def _resource_changes(self, group: str, since: int) -> ResourceChange | None:
+        paths = self._paths(group, create=False)
+        if paths is None:
+            return ResourceChange(0, 0, {}, frozenset()) if since == 0 else None
+        return self._snapshot(paths).resource_changes(since)
 
     def _target(self, group: str) -> Target | None:
         paths = self._paths(group, create=False)

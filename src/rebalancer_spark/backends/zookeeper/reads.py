@@ -28,12 +28,13 @@ from rebalancer_spark.backends.zookeeper.store.records import (
     read_coordinator,
     read_member,
     read_resource_chunk,
+    read_resource_log_chunk,
     read_resources_pointer,
     read_target_chunk,
     read_target_pointer,
 )
 from rebalancer_spark.core.control import Control
-from rebalancer_spark.core.errors import BackendUnavailable
+from rebalancer_spark.core.errors import BackendUnavailable, CorruptStateError
 from rebalancer_spark.core.model import (
     Claim,
     CoordinatorRecord,
@@ -41,6 +42,7 @@ from rebalancer_spark.core.model import (
     GroupState,
     MemberRecord,
     Resource,
+    ResourceChange,
     Target,
 )
 
@@ -309,6 +311,46 @@ class SnapshotReader:
             return rptr.version, read_resource_chunks(self._reader(), self._paths, rptr)()
 
         return self._retry(attempt)
+
+    def resource_changes(self, since: int) -> ResourceChange | None:
+        """:meth:`Backend.resource_changes`: the pointer, then the chunks of every logged
+        change after ``since`` in one round (module :mod:`.resources`); None if the log does
+        not reach back to ``since``, or a change it names was dropped meanwhile."""
+        group = self._paths.group
+        found = self._reader().get(self._paths.resources)()
+        rptr, _ = self._pointers(found, None)
+        if rptr is None:
+            return ResourceChange(0, 0, {}, frozenset()) if since == 0 else None
+        if not rptr.logged_from <= since <= rptr.version:
+            return None
+        reader = self._reader()
+        pending = [
+            (path, reader.get(path, CHUNK_BYTES))
+            for change in rptr.log
+            if change.version > since
+            for k in range(change.chunks)
+            if (path := self._paths.resource_chunk(change.name, k))
+        ]
+        put: dict[str, Resource] = {}
+        removed: set[str] = set()
+        for path, answer in pending:
+            got = answer()
+            if got is None:
+                return None  # dropped from the log by a later change
+            for rid, weight in read_resource_log_chunk(got[0], path):
+                if weight is None:
+                    put.pop(rid, None)
+                    removed.add(rid)
+                else:
+                    removed.discard(rid)
+                    try:
+                        put[rid] = Resource(rid, weight)
+                    except ValueError as exc:
+                        raise CorruptStateError(
+                            f"znode {path} holds an invalid resource ({exc}); it was not "
+                            f"written by rebalancer-spark: recreate group {group!r}"
+                        ) from None
+        return ResourceChange(since, rptr.version, put, frozenset(removed))
 
     def target(self) -> Target | None:
         """:meth:`Backend.target`: the pointer, then every member's part of it."""

@@ -6,6 +6,17 @@ also checks every chunk of the new set and touches ``changes``. A writer that lo
 removes its own directory and tries again on the new set. The winner removes the set it
 replaced, and any set that nobody has pointed to for :data:`ORPHAN_MS` (left by a writer that
 died between its two steps).
+
+Each change is also logged, for readers that kept an earlier set
+(:meth:`~rebalancer_spark.backends.base.Backend.resource_changes`): the ids it put ([id,
+weight]) and removed ([id, null]) go in chunks under a ``resource-sets/log-v<version>-<tag>``
+directory written with the new set and checked by the same switch, and the pointer names the
+log's changes (version, directory, chunks, ids) and the version after which every change is
+in it. The switch drops the oldest beyond
+:data:`~rebalancer_spark.backends.base.RESOURCE_LOG_VERSIONS` changes or
+:func:`~rebalancer_spark.backends.base.resource_log_limit` ids (a larger change empties the
+log), and the writer then removes their directories; a reader that finds one gone reads the
+set whole.
 """
 
 from __future__ import annotations
@@ -14,12 +25,14 @@ import uuid
 from collections.abc import Collection
 from typing import Any
 
+from rebalancer_spark.backends.base import RESOURCE_LOG_VERSIONS, resource_log_limit
 from rebalancer_spark.backends.zookeeper.reads import Changed, read_resources
 from rebalancer_spark.backends.zookeeper.store.client import Settings
 from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES, GroupPaths, chunk_json
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches, transact
 from rebalancer_spark.backends.zookeeper.store.records import (
+    LoggedChange,
     ResourcesPointer,
     encode,
     read_resources_pointer,
@@ -68,12 +81,15 @@ def update_resources(
         writes = [Op("create", paths.resource_set(name))] + [
             Op("create", paths.resource_chunk(name, k), chunk) for k, chunk in enumerate(chunks)
         ]
-        new = ResourcesPointer(version + 1, name, len(chunks))
+        entry, log_writes = _log_change(paths, version + 1, current, wanted)
+        log_from, log = _log(pointer, entry, version + 1, len(wanted))
+        new = ResourcesPointer(version + 1, name, len(chunks), log_from, log)
         switch = (
             Op("create", paths.resources, new.encode())
             if found is None
             else Op("set", paths.resources, new.encode(), version=found[1].version)
         )
+        writes += log_writes if entry in log else []
         try:
             for batch in batches(writes, REQUEST_BYTES):
                 transact(client, batch, settings, what, expired)
@@ -81,8 +97,11 @@ def update_resources(
             transact(client, [*checks, switch, Op("set", paths.changes)], settings, what, expired)
         except Refused:
             delete_dir(client, settings, paths.resource_set(name))
+            if entry in log:
+                delete_dir(client, settings, paths.resource_set(entry.name))
             continue
-        _collect_garbage(client, settings, paths, keep=name, replaced=pointer)
+        dropped = [] if pointer is None else [c.name for c in pointer.log if c not in log]
+        _collect_garbage(client, settings, paths, new, replaced=pointer, dropped=dropped)
         return new.version
     raise BackendUnavailable(
         f"ZooKeeper {settings.shown}: the resources of group {paths.group!r} kept changing "
@@ -90,22 +109,62 @@ def update_resources(
     )
 
 
+def _log_change(
+    paths: GroupPaths, version: int, current: dict[str, Resource], wanted: dict[str, Resource]
+) -> tuple[LoggedChange, list[Op]]:
+    """The log entry of the change from ``current`` to ``wanted`` (which made ``version``),
+    and the writes of its directory and chunks."""
+    entries = [
+        encode([rid, r.weight]) for rid, r in sorted(wanted.items()) if current.get(rid) != r
+    ]
+    entries += [encode([rid, None]) for rid in sorted(current.keys() - wanted.keys())]
+    name = f"log-v{version}-{uuid.uuid4().hex[:8]}"
+    chunks = chunk_json(entries)
+    writes = [Op("create", paths.resource_set(name))] + [
+        Op("create", paths.resource_chunk(name, k), chunk) for k, chunk in enumerate(chunks)
+    ]
+    return LoggedChange(version, name, len(chunks), len(entries)), writes
+
+
+def _log(
+    pointer: ResourcesPointer | None, entry: LoggedChange, version: int, size: int
+) -> tuple[int, tuple[LoggedChange, ...]]:
+    """The log of the pointer that makes ``version`` (its start and its changes): the old
+    pointer's with ``entry`` added, less the oldest beyond :data:`RESOURCE_LOG_VERSIONS` or
+    :func:`resource_log_limit` ids; empty after ``entry`` if it alone names more ids than that.
+    A pointer written before the log was kept starts it at its version."""
+    limit = resource_log_limit(size)
+    if entry.ids > limit:
+        return version, ()
+    start = 0 if pointer is None else pointer.logged_from
+    log = [*(() if pointer is None else pointer.log), entry]
+    while len(log) > RESOURCE_LOG_VERSIONS or sum(c.ids for c in log) > limit:
+        start = log.pop(0).version
+    return start, tuple(log)
+
+
 def _collect_garbage(
     client: Any,
     settings: Settings,
     paths: GroupPaths,
-    keep: str,
+    current: ResourcesPointer,
     replaced: ResourcesPointer | None,
+    dropped: list[str],
 ) -> None:
     if replaced is not None:
         delete_dir(client, settings, paths.resource_set(replaced.name))
+    for name in dropped:  # changes the log no longer names
+        delete_dir(client, settings, paths.resource_set(name))
     what = "listing old resource sets"
     reader = Reader(client, settings, what, settings.unavailable(what, "session expired"))
     listing, pointer = reader.children(paths.resource_sets), reader.stat(paths.resources)
     found, now = listing(), pointer()
     if found is None or now is None or len(found) <= 1:
         return
-    stale = [n for n in found if n != keep and (replaced is None or n != replaced.name)]
+    keep = {current.name, *(c.name for c in current.log), *dropped}
+    if replaced is not None:
+        keep.add(replaced.name)
+    stale = [n for n in found if n not in keep]
     if not stale:
         return
     reader = Reader(client, settings, what, settings.unavailable(what, "session expired"))

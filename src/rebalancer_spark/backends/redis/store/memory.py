@@ -105,6 +105,32 @@ class Memory:
                 known.resources = dict(resources)
                 known.resources_version = version
 
+    def caught_up(
+        self,
+        group: str,
+        since: int,
+        version: int,
+        put: Mapping[str, str],
+        removed: Iterable[str],
+    ) -> None:
+        """The changes of the set from ``since`` to ``version`` were read: applied if the
+        kept set is at ``since``. A kept set at a version in between, or before ``since``,
+        can no longer be brought up to date from them: it is dropped rather than declared
+        again stale (the front's memory, :class:`~..epochs.EpochMemory`, declares the set it
+        keeps through the same changes, :meth:`~..base.Backend._adopt`)."""
+        with self._lock:
+            known = self._get(group)
+            if known.resources is None or known.resources_version >= version:
+                return
+            if known.resources_version != since:
+                known.resources = None
+                known.resources_version = 0
+                return
+            for rid in removed:
+                known.resources.pop(rid, None)
+            known.resources.update(put)
+            known.resources_version = version
+
     def changed_resources(
         self,
         group: str,

@@ -11,6 +11,7 @@ import sqlite3
 import uuid
 from collections.abc import Collection
 
+from rebalancer_spark.backends.base import RESOURCE_LOG_VERSIONS, resource_log_limit
 from rebalancer_spark.core.model import Resource
 
 __all__ = ["bump", "ensure_group", "update_resources"]
@@ -48,13 +49,13 @@ def update_resources(
     for rid in remove:
         wanted.pop(rid, None)
     if wanted != current:
+        gone = list(current.keys() - wanted.keys())
+        put = [(r, w) for r, w in wanted.items() if current.get(r) != w]
         db.executemany(
-            "DELETE FROM resources WHERE grp=? AND resource_id=?",
-            [(group, r) for r in current.keys() - wanted.keys()],
+            "DELETE FROM resources WHERE grp=? AND resource_id=?", [(group, r) for r in gone]
         )
         db.executemany(
-            "INSERT OR REPLACE INTO resources VALUES (?, ?, ?)",
-            [(group, r, w) for r, w in wanted.items() if current.get(r) != w],
+            "INSERT OR REPLACE INTO resources VALUES (?, ?, ?)", [(group, r, w) for r, w in put]
         )
         db.execute(
             "UPDATE groups SET resources_version = resources_version + 1 WHERE name=?",
@@ -64,4 +65,47 @@ def update_resources(
     (version,) = db.execute(
         "SELECT resources_version FROM groups WHERE name=?", (group,)
     ).fetchone()
+    if wanted != current:
+        _log(db, group, int(version), put, gone, len(wanted))
     return int(version)
+
+
+def _log(
+    db: sqlite3.Connection,
+    group: str,
+    version: int,
+    put: list[tuple[str, float]],
+    gone: list[str],
+    size: int,
+) -> None:
+    """Log the change that made ``version`` (weight NULL: removed), then drop the oldest
+    changes beyond :data:`RESOURCE_LOG_VERSIONS` or :func:`resource_log_limit` ids; a change
+    larger than the limit empties the log. Every change after ``rlog_from`` up to
+    ``rlog_upto`` is logged."""
+    limit = resource_log_limit(size)
+    (upto,) = db.execute("SELECT rlog_upto FROM groups WHERE name=?", (group,)).fetchone()
+    db.execute("UPDATE groups SET rlog_upto=? WHERE name=?", (version, group))
+    if len(put) + len(gone) > limit or upto != version - 1:
+        # Too large to log, or the log has a hole (a process of schema version 5 changed the
+        # set without logging it): the log starts again after this change.
+        db.execute("DELETE FROM resource_log WHERE grp=?", (group,))
+        db.execute("UPDATE groups SET rlog_from=? WHERE name=?", (version, group))
+        return
+    db.executemany(
+        "INSERT INTO resource_log VALUES (?, ?, ?, ?)",
+        [(group, version, r, w) for r, w in put] + [(group, version, r, None) for r in gone],
+    )
+    counts = db.execute(
+        "SELECT version, count(*) FROM resource_log WHERE grp=? GROUP BY version "
+        "ORDER BY version DESC",
+        (group,),
+    ).fetchall()
+    total = 0
+    for kept, (logged, n) in enumerate(counts):
+        total += n
+        if kept >= RESOURCE_LOG_VERSIONS or total > limit:
+            db.execute("DELETE FROM resource_log WHERE grp=? AND version <= ?", (group, logged))
+            db.execute(
+                "UPDATE groups SET rlog_from=max(rlog_from, ?) WHERE name=?", (logged, group)
+            )
+            return

@@ -19,7 +19,7 @@ from rebalancer_spark.core.errors import CorruptStateError
 
 __all__ = ["INDEXES", "SCHEMA", "SCHEMA_VERSION", "TABLES", "boot_id", "initialise", "is_ready"]
 
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 
 _TO_3 = [
     # 3: a session records the host that joined it (see host.py); a group has an identity
@@ -44,6 +44,17 @@ _TO_5 = [
     "ALTER TABLE groups ADD COLUMN away_upto INTEGER NOT NULL DEFAULT -1",
 ]
 
+_TO_6 = [
+    # 6: each change of the resource set logs its ids (resource_log, created with the other
+    # tables), and the group the versions the log covers, after rlog_from up to rlog_upto
+    # (see groups.update_resources and reads.resource_changes): nothing is logged yet. A
+    # process of version 5 still writing changes the version without logging: rlog_upto
+    # then falls behind and readers read the set whole.
+    "ALTER TABLE groups ADD COLUMN rlog_from INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE groups ADD COLUMN rlog_upto INTEGER NOT NULL DEFAULT 0",
+    "UPDATE groups SET rlog_from=resources_version, rlog_upto=resources_version",
+]
+
 _MIGRATIONS = {
     "1": [
         # 2: ownership rows keep the epoch chain (the last holder, how and when it ended).
@@ -54,10 +65,12 @@ _MIGRATIONS = {
         *_TO_3,
         *_TO_4,
         *_TO_5,
+        *_TO_6,
     ],
-    "2": [*_TO_3, *_TO_4, *_TO_5],
-    "3": [*_TO_4, *_TO_5],
-    "4": _TO_5,
+    "2": [*_TO_3, *_TO_4, *_TO_5, *_TO_6],
+    "3": [*_TO_4, *_TO_5, *_TO_6],
+    "4": [*_TO_5, *_TO_6],
+    "5": _TO_6,
 }
 """Statements that bring a file of an older schema version to :data:`SCHEMA_VERSION`."""
 
@@ -93,7 +106,8 @@ CREATE TABLE IF NOT EXISTS groups(
     target_resources_version INTEGER NOT NULL DEFAULT 0,
     resources_version INTEGER NOT NULL DEFAULT 0, change_seq INTEGER NOT NULL DEFAULT 0,
     incarnation TEXT, target_since INTEGER NOT NULL DEFAULT 0,
-    away_since INTEGER NOT NULL DEFAULT 0, away_upto INTEGER NOT NULL DEFAULT -1);
+    away_since INTEGER NOT NULL DEFAULT 0, away_upto INTEGER NOT NULL DEFAULT -1,
+    rlog_from INTEGER NOT NULL DEFAULT 0, rlog_upto INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS members(
     grp TEXT NOT NULL, member_id TEXT NOT NULL, session_id TEXT NOT NULL UNIQUE,
     info TEXT NOT NULL, expires REAL NOT NULL, acked INTEGER NOT NULL DEFAULT 0,
@@ -102,6 +116,9 @@ CREATE TABLE IF NOT EXISTS members(
 CREATE TABLE IF NOT EXISTS resources(
     grp TEXT NOT NULL, resource_id TEXT NOT NULL, weight REAL NOT NULL,
     PRIMARY KEY(grp, resource_id));
+CREATE TABLE IF NOT EXISTS resource_log(
+    grp TEXT NOT NULL, version INTEGER NOT NULL, resource_id TEXT NOT NULL, weight REAL,
+    PRIMARY KEY(grp, version, resource_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS target_members(
     grp TEXT NOT NULL, member_id TEXT NOT NULL, PRIMARY KEY(grp, member_id));
 CREATE TABLE IF NOT EXISTS targets(
@@ -128,6 +145,7 @@ TABLES = frozenset(
         "groups",
         "members",
         "resources",
+        "resource_log",
         "target_members",
         "targets",
         "target_away",

@@ -28,6 +28,7 @@ from rebalancer_spark.core.model import (
 
 __all__ = [
     "LAYOUT",
+    "LoggedChange",
     "ResourcesPointer",
     "TargetPointer",
     "apply_changes",
@@ -42,6 +43,7 @@ __all__ = [
     "read_member",
     "read_progress",
     "read_resource_chunk",
+    "read_resource_log_chunk",
     "read_resources_pointer",
     "read_target_chunk",
     "read_target_pointer",
@@ -231,22 +233,83 @@ def read_progress(resource: str, data: bytes, path: str) -> Progress:
 
 
 @dataclass(frozen=True, slots=True)
-class ResourcesPointer:
-    """The current resource set: its version and the directory of its chunks."""
+class LoggedChange:
+    """One change of the resource set in its log: the version it made and the directory of
+    its chunks (``resource-sets/<name>``: [id, weight] put, [id, null] removed)."""
 
     version: int
     name: str
     chunks: int
+    ids: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcesPointer:
+    """The current resource set: its version and the directory of its chunks; and the log of
+    its last changes (every change after ``log_from`` is in ``log``, oldest first). A pointer
+    written before the log was kept reads as one whose log starts at its version."""
+
+    version: int
+    name: str
+    chunks: int
+    log_from: int = -1
+    log: tuple[LoggedChange, ...] = ()
+
+    @property
+    def logged_from(self) -> int:
+        return self.version if self.log_from < 0 else self.log_from
 
     def encode(self) -> bytes:
-        return encode({"version": self.version, "set": self.name, "chunks": self.chunks})
+        return encode(
+            {
+                "version": self.version,
+                "set": self.name,
+                "chunks": self.chunks,
+                "log_from": self.logged_from,
+                "log": [[c.version, c.name, c.chunks, c.ids] for c in self.log],
+            }
+        )
 
 
 def read_resources_pointer(data: bytes, path: str) -> ResourcesPointer:
     obj = _object(data, path)
+    version = _get(obj, "version", int, path)
+    log: list[LoggedChange] = []
+    for item in obj.get("log", []):
+        if not (
+            isinstance(item, list)
+            and len(item) == 4
+            and isinstance(item[1], str)
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in (item[0], *item[2:]))
+        ):
+            raise _corrupt(path, f"the logged change {item!r}, not [version, set, chunks, ids]")
+        log.append(LoggedChange(item[0], item[1], item[2], item[3]))
     return ResourcesPointer(
-        _get(obj, "version", int, path), _get(obj, "set", str, path), _get(obj, "chunks", int, path)
+        version,
+        _get(obj, "set", str, path),
+        _get(obj, "chunks", int, path),
+        _get(obj, "log_from", int, path) if "log_from" in obj else version,
+        tuple(log),
     )
+
+
+def read_resource_log_chunk(data: bytes, path: str) -> list[tuple[str, float | None]]:
+    """A chunk of a logged change: (id, weight) put, (id, None) removed."""
+    value = decode(data, path)
+    if not isinstance(value, list):
+        raise _corrupt(path, "a chunk of a resource-set change that is not a list")
+    out: list[tuple[str, float | None]] = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not (item[1] is None or isinstance(item[1], int | float))
+            or isinstance(item[1], bool)
+        ):
+            raise _corrupt(path, f"the logged entry {item!r}, not [id, weight or null]")
+        out.append((item[0], None if item[1] is None else float(item[1])))
+    return out
 
 
 def read_resource_chunk(data: bytes, path: str) -> list[Resource]:

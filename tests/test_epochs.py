@@ -1,0 +1,52 @@
+"""The remembered resource set of :class:`~rebalancer_spark.backends.epochs.EpochMemory`: kept
+with its version, brought up to date by changes only when they start at that version."""
+
+from __future__ import annotations
+
+from rebalancer_spark.backends.epochs import PENDING_CHANGES, EpochMemory
+from rebalancer_spark.core.model import Resource, ResourceChange
+
+
+def _change(
+    since: int, put: tuple[str, ...] | list[str] = (), removed: tuple[str, ...] | list[str] = ()
+) -> ResourceChange:
+    return ResourceChange(since, since + 1, {r: Resource(r) for r in put}, frozenset(removed))
+
+
+def test_changes_from_the_remembered_version_are_applied_when_the_set_is_built() -> None:
+    memory = EpochMemory()
+    loads: list[int] = []
+
+    def load() -> list[Resource]:
+        loads.append(1)
+        return [Resource("a"), Resource("b")]
+
+    memory.keep_resources("g", 4, load)
+    assert memory.changed_resources("g", _change(4, put=["c"], removed=["a"]))
+    assert memory.changed_resources("g", _change(5, put=["a"]))
+    assert loads == []  # nothing built yet: a follower keeps the rows as read
+    assert {r.id for r in memory.resources("g")} == {"a", "b", "c"}
+    assert {r.id for r in memory.resources("g")} == {"a", "b", "c"} and loads == [1]
+
+
+def test_a_change_from_another_version_is_refused_and_leaves_the_set() -> None:
+    memory = EpochMemory()
+    assert not memory.changed_resources("g", _change(0, put=["x"]))  # nothing remembered
+    memory.saw_resources("g", {"a": Resource("a")}, 7)
+    assert not memory.changed_resources("g", _change(6, put=["x"]))  # older than the set
+    assert not memory.changed_resources("g", _change(8, put=["x"]))  # a version skipped
+    assert [r.id for r in memory.resources("g")] == ["a"]
+    memory.saw_resources("g", {}, 9)  # an empty set read is not kept: neither is its version
+    assert not memory.changed_resources("g", _change(9, put=["x"]))
+    assert memory.changed_resources("g", _change(7, put=["x"]))
+    assert {r.id for r in memory.resources("g")} == {"a", "x"}
+
+
+def test_many_changes_are_folded_into_the_set_instead_of_piling_up() -> None:
+    memory = EpochMemory()
+    memory.keep_resources("g", 0, lambda: [Resource("base")])
+    for v in range(PENDING_CHANGES + 5):
+        assert memory.changed_resources("g", _change(v, put=[f"r{v}"], removed=[f"r{v - 1}"]))
+    kept = memory._resources["g"]
+    assert len(kept.changes) <= PENDING_CHANGES and kept.version == PENDING_CHANGES + 5
+    assert {r.id for r in memory.resources("g")} == {"base", f"r{PENDING_CHANGES + 4}"}
