@@ -50,3 +50,14 @@ def test_many_changes_are_folded_into_the_set_instead_of_piling_up() -> None:
     kept = memory._resources["g"]
     assert len(kept.changes) <= PENDING_CHANGES and kept.version == PENDING_CHANGES + 5
     assert {r.id for r in memory.resources("g")} == {"base", f"r{PENDING_CHANGES + 4}"}
+
+
+def test_no_change_applies_to_a_set_kept_from_another_incarnation() -> None:
+    memory = EpochMemory()
+    memory.joined("g", "one")
+    memory.saw_resources("g", {"a": Resource("a")}, 3)
+    memory.joined("g", "one")  # the same incarnation again: the set keeps its version
+    assert memory.changed_resources("g", _change(3, put=["b"]))
+    memory.joined("g", "two")  # the store lost the group: versions are numbered afresh
+    assert not memory.changed_resources("g", _change(4, put=["c"]))
+    assert {r.id for r in memory.resources("g")} == {"a", "b"}  # kept, to be declared again

@@ -242,6 +242,37 @@ def test_a_change_a_client_of_an_earlier_release_made_unlogged_is_not_read_as_no
     assert change is not None and change.version == v5 and change.removed == {"b"}
 
 
+def test_versions_a_jump_skipped_or_another_incarnation_numbered_are_not_read_as_logged(
+    store: RedisBackend, redis_backend_url: str
+) -> None:
+    """After a loss (or a return to an older copy) the set's version jumps to the base: the
+    versions skipped are no versions of the log. And a handle that joined one incarnation
+    reads no change of another by its own versions."""
+    group = _group()
+    store.join(group, "m", info={}, ttl=30.0, static=False)
+    v1 = store.update_resources(group, replace=[Resource("a")])
+    v2 = store.update_resources(group, add=[Resource("b")])
+    head = f"rb:{{{group}}}:"
+    store.client.hset(f"{head}meta", "base", str(v2 + 1000))  # as a loss lifts it
+    v3 = store.update_resources(group, add=[Resource("c")])
+    assert v3 > v2 + 1000
+    for since in (v1, v2, v2 + 1, v3 - 1):
+        assert store.resource_changes(group, since) is None, since
+    assert store.resource_changes(group, v3) is not None
+    other = open_backend(redis_backend_url)
+    try:
+        assert isinstance(other, RedisBackend)
+        for key in store.client.scan_iter(match=f"{head}*"):
+            store.client.delete(key)  # the group is lost ...
+        other.join(group, "n", info={}, ttl=30.0, static=False)  # ... and created again
+        for i in range(5):
+            other.update_resources(group, add=[Resource(f"new{i}")])
+        assert store.resource_changes(group, 2) is None  # store joined the old incarnation
+        assert other.resource_changes(group, other.resources(group)[0]) is not None
+    finally:
+        other.close()
+
+
 def test_a_foreign_key_in_the_group_space_is_reported_as_corrupt(store: RedisBackend) -> None:
     group = _group()
     _join(store, group, "m1")

@@ -51,6 +51,7 @@ from rebalancer_spark.core.model import (
     GroupState,
     Phase,
     Resource,
+    ResourceChange,
     Target,
     grant_epochs,
     validate_resource_id,
@@ -1737,3 +1738,55 @@ def test_kill_9_and_sigstop_members_of_an_ensemble_group(
     procs.signal("m2", signal.SIGCONT)
     procs.wait_stable(2, timeout=ETTL + 10)
     procs.assert_trail_is_clean()
+
+
+# -- the resource set's change log -------------------------------------------------------------
+
+
+def test_the_set_s_log_outlives_the_orphan_collection_and_a_dropped_change_reads_as_none(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every writer removes the set directories nobody points to once they are older than
+    ORPHAN_MS: never a change the pointer's log names. A change removed under a reader (a
+    later writer dropped it from the log) makes that reader read the set whole."""
+    from rebalancer_spark.backends.zookeeper import resources as zk_resources
+
+    monkeypatch.setattr(zk_resources, "ORPHAN_MS", -1)  # every directory is old enough
+    with open_backend(zookeeper_backend_url) as store:
+        v1 = store.update_resources(group, replace=[Resource("a"), Resource("b")])
+        v2 = store.update_resources(group, add=[Resource("c")])
+        v3 = store.update_resources(group, remove=["a"])
+        change = store.resource_changes(group, v1)
+        assert change == ResourceChange(v1, v3, {"c": Resource("c")}, frozenset({"a"}))
+        zk = _zk(store)
+        paths = zk._paths(group)
+        assert paths is not None
+        sets = zk._client.get_children(paths.resource_sets)
+        assert len([n for n in sets if n.startswith("log-")]) == 3 and len(sets) == 4
+        logged = sorted(n for n in sets if n.startswith(f"log-v{v3}-"))
+        zk._client.delete(paths.resource_set(logged[0]), recursive=True)
+        assert store.resource_changes(group, v2) is None
+        assert store.resources(group, (v2, {"a": Resource("a")}))[1] == {
+            "b": Resource("b"),
+            "c": Resource("c"),
+        }
+
+
+def test_a_pointer_written_before_the_log_reads_as_a_log_that_starts_at_its_version(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    with open_backend(zookeeper_backend_url) as store:
+        v1 = store.update_resources(group, replace=[Resource("a")])
+        v2 = store.update_resources(group, add=[Resource("b")])
+        zk = _zk(store)
+        paths = zk._paths(group)
+        assert paths is not None
+        data, _ = zk._client.get(paths.resources)
+        old = {k: v for k, v in json.loads(data).items() if k in ("version", "set", "chunks")}
+        zk._client.set(paths.resources, json.dumps(old).encode())  # as an earlier release
+        assert store.resource_changes(group, v1) is None
+        assert store.resource_changes(group, v2) == ResourceChange(v2, v2, {}, frozenset())
+        v3 = store.update_resources(group, add=[Resource("c")])  # the log starts again
+        assert store.resource_changes(group, v2) == ResourceChange(
+            v2, v3, {"c": Resource("c")}, frozenset()
+        )

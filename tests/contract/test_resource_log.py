@@ -125,6 +125,36 @@ def test_a_coordinator_reads_only_the_changes_of_the_set_and_a_follower_remember
     assert remembered == dict(view.resources)
 
 
+def test_a_reader_keeps_its_version_across_an_error_but_not_outside_its_session(
+    open_store: Callable[[], Backend], group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lead, follow, writer = open_store(), open_store(), open_store()
+    a = lead.join(group, "a", info={}, ttl=TTL, static=False)
+    b = follow.join(group, "b", info={}, ttl=TTL, static=False)
+    assert lead.elect(a) is not None
+    writer.update_resources(group, replace=[Resource(f"r{i}") for i in range(100)])
+    follower = GroupReader(follow, group, clock=ManualClock())
+    follower.read("b", b.session_id)
+    wholes: list[str] = []
+    inner = follow._remember_resources
+    monkeypatch.setattr(follow, "_remember_resources", _counting(inner, wholes, "whole"))
+    follower.forget()  # an error: the same session, the same incarnation
+    writer.update_resources(group, add=[Resource("x")])
+    follower.read("b", b.session_id)
+    assert wholes == []  # read by its changes
+    # A session the store does not hold (it lost the group, or the session ended, before
+    # this member noticed): no version kept names the set there.
+    follow.leave(b)
+    writer.update_resources(group, add=[Resource("y")])
+    follower.read("b", b.session_id)
+    assert wholes == ["whole"]
+    c = follow.join(group, "b", info={}, ttl=TTL, static=False)
+    writer.update_resources(group, add=[Resource("z")])
+    follower.read("b", c.session_id)  # a new session: read whole
+    assert wholes == ["whole", "whole"]
+    assert {r.id for r in follow.epochs.resources(group)} >= {"x", "y", "z"}
+
+
 def _counting(inner: Callable[..., Any], calls: list[str], name: str) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         calls.append(name)

@@ -934,6 +934,11 @@ class GroupReader:
         head = self._head = self._backend.head(self._group)
         self._fresh = False
         self.reads["head"] += 1
+        if all(rec.session_id != session_id for rec in head.members.values()):
+            # Not a member of what the store holds: it may have lost the group and numbered
+            # the set afresh before this member noticed, so no version kept here names it.
+            self._resources = None
+            self._remembered = None
         coordinator = head.coordinator
         if coordinator is not None and coordinator.session_id == session_id:
             return self._whole(member_id, session_id, head, coordinator)

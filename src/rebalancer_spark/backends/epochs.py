@@ -185,6 +185,11 @@ class EpochMemory:
             return self._incarnations[group] != incarnation
 
     def joined(self, group: str, incarnation: str | None) -> None:
-        """Record a join of ``incarnation`` (after its epochs were lifted)."""
+        """Record a join of ``incarnation`` (after its epochs were lifted). In another
+        incarnation than the one joined before, versions are numbered afresh: the set kept
+        stays, to be declared again, but no change applies to it any more."""
         with self._lock:
+            kept = self._resources.get(group)
+            if kept is not None and self._incarnations.get(group) != incarnation:
+                kept.version = -1
             self._incarnations[group] = incarnation

@@ -283,9 +283,11 @@ class RedisBackend(Backend):
                 else:
                     put.pop(rid, None)
                     removed.add(rid)
-        joined = self._memory.snapshot(group).incarnation
-        if incarnation and joined in ("", str(incarnation)):
-            self._memory.caught_up(group, since, version, put, removed)
+        if not incarnation or not self._memory.caught_up(
+            group, str(incarnation), since, version, put, removed
+        ):
+            return None  # an incarnation other than the one this handle joined: versions
+            # are numbered afresh there, so the caller's is no version of it
         return ResourceChange(since, version, decode_resources(group, put), frozenset(removed))
 
     def _resource_weights(self, group: str) -> tuple[int, dict[str, str]]:

@@ -15,7 +15,8 @@ __all__ = ["LIFT_EPOCHS", "RESOURCE_CHANGES", "UPDATE_RESOURCES"]
 # MULTI) in P..'stage:'..nonce..':res', absent when none. 'restore' replaces the set only if
 # it is empty and untouched in this incarnation (a client re-declaring the set it last saw
 # after Redis lost the group).
-# Each change is logged (RESOURCE_CHANGES reads the log): 'rlog' lists the logged versions,
+# Each change is logged (RESOURCE_CHANGES reads the log): the set 'rlog' holds the logged
+# versions (sorted here: the minimal ACL has no list or sorted-set command),
 # 'rlog:<v>' holds the ids version v put (id -> weight) or removed (id -> ''), meta 'rlog_from'
 # and 'rlog_upto' the versions the log covers (after the one, up to the other: a client of an
 # earlier release that changes the set logs nothing, and leaves 'rlog_upto' behind), and
@@ -39,13 +40,14 @@ if mode == 'restore' then
   then mode = 'replace'; restored = true end
 end
 if mode == 'replace' then
-  local new, wanted = redis.call('HGETALL', stage), {}
+  local new, old, had, wanted = redis.call('HGETALL', stage), redis.call('HGETALL', R), {}, {}
+  for i = 1, #old, 2 do had[old[i]] = old[i + 1] end
   for i = 1, #new, 2 do
     wanted[new[i]] = true
-    if redis.call('HGET', R, new[i]) ~= new[i + 1] then put[#put + 1] = {new[i], new[i + 1]} end
+    if had[new[i]] ~= new[i + 1] then put[#put + 1] = {new[i], new[i + 1]} end
   end
-  for _, id in ipairs(redis.call('HKEYS', R)) do
-    if not wanted[id] then gone[#gone + 1] = id end
+  for i = 1, #old, 2 do
+    if not wanted[old[i]] then gone[#gone + 1] = old[i] end
   end
   if #put + #gone > 0 then
     redis.call('DEL', R)
@@ -66,26 +68,37 @@ redis.call('DEL', stage)
 local changed = #put + #gone > 0
 local v = num(redis.call('HGET', META, 'resources_version'))
 if changed then
-  local hole = num(redis.call('HGET', META, 'rlog_upto')) ~= v
+  -- A hole in the log: a change an older client made without logging, or a version that
+  -- jumped (to the base, after a loss or a return to an older copy): versions skipped must
+  -- not read as covered.
+  local before = v
   v = next_value('resources_version'); notify('resources')
+  local hole = num(redis.call('HGET', META, 'rlog_upto')) ~= before or v ~= before + 1
+    or not redis.call('HGET', META, 'rlog_from')
   redis.call('HSET', META, 'rlog_upto', int(v))
   local L = P .. 'rlog'
   local limit = math.max(tonumber(ARGV[7]), math.floor(redis.call('HLEN', R) / tonumber(ARGV[8])))
-  local n = num(redis.call('HGET', META, 'rlog_n')) + #put + #gone
+  local n = num(redis.call('HGET', META, 'rlog_n'))
+  local logged = redis.call('SMEMBERS', L)
+  table.sort(logged, function(a, b) return tonumber(a) < tonumber(b) end)
   if restored or hole or #put + #gone > limit then
-    for _, old in ipairs(redis.call('LRANGE', L, 0, -1)) do redis.call('DEL', L .. ':' .. old) end
+    for _, old in ipairs(logged) do redis.call('DEL', L .. ':' .. old) end
     redis.call('DEL', L)
     redis.call('HSET', META, 'rlog_from', int(v), 'rlog_n', '0')
   else
     local entry = L .. ':' .. int(v)
     for _, p in ipairs(put) do redis.call('HSET', entry, p[1], p[2]) end
     for _, id in ipairs(gone) do redis.call('HSET', entry, id, '') end
-    redis.call('RPUSH', L, int(v))
-    while redis.call('LLEN', L) > versions or n > limit do
-      local old = redis.call('LPOP', L)
+    n = n + redis.call('HLEN', entry)
+    redis.call('SADD', L, int(v))
+    local count, first = #logged + 1, 1
+    while count > versions or n > limit do
+      local old = logged[first]
       n = n - redis.call('HLEN', L .. ':' .. old)
       redis.call('DEL', L .. ':' .. old)
+      redis.call('SREM', L, old)
       redis.call('HSET', META, 'rlog_from', old)
+      first, count = first + 1, count - 1
     end
     redis.call('HSET', META, 'rlog_n', int(n))
   end
@@ -108,8 +121,10 @@ local v, inc, from, upto = unpack(redis.call('HMGET', META, 'resources_version',
 v = num(v)
 if since < num(from) or since > v or num(upto) ~= v then return {int(v), inc or '', 0, {}} end
 local out, L = {}, P .. 'rlog'
-for _, logged in ipairs(redis.call('LRANGE', L, 0, -1)) do
-  if tonumber(logged) > since then out[#out + 1] = redis.call('HGETALL', L .. ':' .. logged) end
+local logged = redis.call('SMEMBERS', L)
+table.sort(logged, function(a, b) return tonumber(a) < tonumber(b) end)
+for _, k in ipairs(logged) do
+  if tonumber(k) > since then out[#out + 1] = redis.call('HGETALL', L .. ':' .. k) end
 end
 return {int(v), inc or '', 1, out}
 """

@@ -108,28 +108,33 @@ class Memory:
     def caught_up(
         self,
         group: str,
+        incarnation: str,
         since: int,
         version: int,
         put: Mapping[str, str],
         removed: Iterable[str],
-    ) -> None:
-        """The changes of the set from ``since`` to ``version`` were read: applied if the
-        kept set is at ``since``. A kept set at a version in between, or before ``since``,
+    ) -> bool:
+        """The changes of the set from ``since`` to ``version`` were read in ``incarnation``:
+        False if this handle joined another one (nothing is changed). Otherwise applied if
+        the kept set is at ``since``; a kept set at a version in between, or before ``since``,
         can no longer be brought up to date from them: it is dropped rather than declared
         again stale (the front's memory, :class:`~..epochs.EpochMemory`, declares the set it
         keeps through the same changes, :meth:`~..base.Backend._adopt`)."""
         with self._lock:
             known = self._get(group)
+            if known.incarnation not in ("", incarnation):
+                return False
             if known.resources is None or known.resources_version >= version:
-                return
+                return True
             if known.resources_version != since:
                 known.resources = None
                 known.resources_version = 0
-                return
+                return True
             for rid in removed:
                 known.resources.pop(rid, None)
             known.resources.update(put)
             known.resources_version = version
+            return True
 
     def changed_resources(
         self,
