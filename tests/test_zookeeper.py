@@ -1752,6 +1752,7 @@ def test_the_set_s_log_outlives_the_orphan_collection_and_a_dropped_change_reads
     from rebalancer_spark.backends.zookeeper import resources as zk_resources
 
     monkeypatch.setattr(zk_resources, "ORPHAN_MS", -1)  # every directory is old enough
+    monkeypatch.setattr(zk_resources, "CHAIN", 1)  # v3 is written whole, its log kept
     with open_backend(zookeeper_backend_url) as store:
         v1 = store.update_resources(group, replace=[Resource("a"), Resource("b")])
         v2 = store.update_resources(group, add=[Resource("c")])
@@ -1763,18 +1764,23 @@ def test_the_set_s_log_outlives_the_orphan_collection_and_a_dropped_change_reads
         assert paths is not None
         sets = zk._client.get_children(paths.resource_sets)
         assert len([n for n in sets if n.startswith("log-")]) == 3 and len(sets) == 4
-        logged = sorted(n for n in sets if n.startswith(f"log-v{v3}-"))
+        assert len([n for n in sets if n.startswith(f"v{v3}-")]) == 1  # v1's set removed
+        logged = sorted(n for n in sets if n.startswith(f"log-v{v2}-"))
         zk._client.delete(paths.resource_set(logged[0]), recursive=True)
-        assert store.resource_changes(group, v2) is None
-        assert store.resources(group, (v2, {"a": Resource("a")}))[1] == {
+        assert store.resource_changes(group, v1) is None
+        assert store.resource_changes(group, v2) is not None
+        assert store.resources(group, (v1, {"a": Resource("a")}))[1] == {
             "b": Resource("b"),
             "c": Resource("c"),
         }
 
 
 def test_a_pointer_written_before_the_log_reads_as_a_log_that_starts_at_its_version(
-    zookeeper_backend_url: str, group: str
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from rebalancer_spark.backends.zookeeper import resources as zk_resources
+
+    monkeypatch.setattr(zk_resources, "CHAIN", 0)  # every set written whole, as before
     with open_backend(zookeeper_backend_url) as store:
         v1 = store.update_resources(group, replace=[Resource("a")])
         v2 = store.update_resources(group, add=[Resource("b")])
@@ -1790,3 +1796,32 @@ def test_a_pointer_written_before_the_log_reads_as_a_log_that_starts_at_its_vers
         assert store.resource_changes(group, v2) == ResourceChange(
             v2, v3, {"c": Resource("c")}, frozenset()
         )
+
+
+def test_changes_are_written_alone_behind_the_set_until_the_chain_is_full(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing written against the set its writer knows adds only its change (a directory
+    of a few ids), up to CHAIN changes behind the set written whole; the next writes the set
+    whole again. A chained pointer names its set ``base``, not ``set``: a reader of an earlier
+    release, which would read the set without its chain, takes it for corrupt instead."""
+    from rebalancer_spark.backends.zookeeper import resources as zk_resources
+
+    monkeypatch.setattr(zk_resources, "CHAIN", 3)
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        listing = [Resource(f"r{i}") for i in range(2000)]
+        kept = (store.update_resources(group, replace=listing), {r.id: r for r in listing})
+        zk = _zk(store)
+        paths = zk._paths(group)
+        assert paths is not None
+        pointers = []
+        for i in range(5):
+            listing = [*listing[1:], Resource(f"n{i}")]
+            v = store.update_resources(group, replace=listing, known=kept)
+            kept = (v, {r.id: r for r in listing})
+            pointers.append(json.loads(zk._client.get(paths.resources)[0]))
+            assert other.resources(group) == kept
+        assert ["set" in p for p in pointers] == [False, False, False, True, False]
+        assert [p["set_version"] for p in pointers] == [1, 1, 1, 5, 5]
+        sets = [n for n in zk._client.get_children(paths.resource_sets) if n[0] == "v"]
+        assert sets == [pointers[-1]["base"]]  # the set written before the last is removed

@@ -155,6 +155,40 @@ def test_a_reader_keeps_its_version_across_an_error_but_not_outside_its_session(
     assert {r.id for r in follow.epochs.resources(group)} >= {"x", "y", "z"}
 
 
+def test_a_listing_written_against_the_set_it_knows_is_the_listing_whether_or_not_the_set_moved(
+    open_store: Callable[[], Backend], group: str
+) -> None:
+    writer, other = open_store(), open_store()
+    v1 = writer.update_resources(group, replace=[Resource(f"r{i}") for i in range(50)])
+    known = writer.resources(group)
+    listing = [Resource(f"r{i}") for i in range(5, 55)]
+    v2 = writer.update_resources(group, replace=listing, known=known)
+    assert other.resources(group) == (v2, {r.id: r for r in listing})
+    assert other.resource_changes(group, v1) == ResourceChange(
+        v1, v2, {f"r{i}": Resource(f"r{i}") for i in range(50, 55)}, frozenset(_ids(0, 5))
+    )
+    # Another writer moved the set on since the one this writer knows: the listing goes whole.
+    v3 = other.update_resources(group, add=[Resource("intruder")], remove=["r5"])
+    old = {r.id: r for r in listing}
+    listing = [Resource(f"r{i}") for i in range(10, 60)]
+    v4 = writer.update_resources(group, replace=listing, known=(v2, old))
+    assert v4 > v3 and other.resources(group) == (v4, {r.id: r for r in listing})
+    # Change after change, each against the last (beyond a ZooKeeper chain of 16): every
+    # whole read, whichever way, is the listing.
+    kept = other.resources(group)
+    for i in range(20):
+        listing = [*listing[1:], Resource(f"n{i}", 1.0 + i)]
+        v = writer.update_resources(group, replace=listing, known=kept)
+        kept = (v, {r.id: r for r in listing})
+        assert other.resources(group) == kept
+        assert other.state(group).resources == kept[1]
+        assert other.remember_resources(group) == v
+
+
+def _ids(first: int, end: int) -> list[str]:
+    return [f"r{i}" for i in range(first, end)]
+
+
 def _counting(inner: Callable[..., Any], calls: list[str], name: str) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         calls.append(name)

@@ -167,7 +167,9 @@ class FlakyStore(Backend):
         replace: Collection[Resource] | None,
         add: Collection[Resource],
         remove: list[str],
+        base: int | None,
     ) -> int:
+        # Without the kept set behind base, the inner store gets the set whole: the same set.
         return self._reach().update_resources(group, replace=replace, add=add, remove=remove)
 
     def _update_control(self, group: str, expected_version: int, control: Control) -> Control:

@@ -265,7 +265,7 @@ class Backend(abc.ABC):
         current = self._state(group).resources
         restored = 0
         if remembered and not current:
-            self._update_resources(group, replace=remembered, add=(), remove=[])
+            self._update_resources(group, replace=remembered, add=(), remove=[], base=None)
             restored = len(remembered)
         floors = dict(known)
         if saw_loss:
@@ -513,11 +513,29 @@ class Backend(abc.ABC):
         replace: Collection[Resource] | None = None,
         add: Collection[Resource] = (),
         remove: Collection[str] = (),
+        known: tuple[int, Mapping[str, Resource]] | None = None,
     ) -> int:
         """Change the group's resource set atomically; return its new version (unchanged if
-        the set did not change)."""
+        the set did not change). ``replace`` is the whole new set (then ``add`` and ``remove``
+        change it further); given ``known``, the set at some version as this handle read it
+        (what a coordinator keeps, :class:`GroupReader`), a store still at that version is
+        sent only the difference (a listing that found one new prefix among 100,000 writes one
+        id, not the set), and one that moved on gets ``replace`` whole, as without it."""
         validate_group(group)
-        return self._update_resources(group, replace=replace, add=add, remove=_ids(remove))
+        if replace is None or known is None:
+            return self._update_resources(
+                group, replace=replace, add=add, remove=_ids(remove), base=None
+            )
+        wanted = {r.id: r for r in replace}
+        wanted.update((r.id, r) for r in add)
+        for rid in _ids(remove):
+            wanted.pop(rid, None)
+        before = known[1]
+        put = [r for rid, r in wanted.items() if before.get(rid) != r]
+        gone = [rid for rid in before if rid not in wanted]
+        return self._update_resources(
+            group, replace=list(wanted.values()), add=put, remove=gone, base=known[0]
+        )
 
     # -- operator control ------------------------------------------------------------------
 
@@ -693,7 +711,12 @@ class Backend(abc.ABC):
         replace: Collection[Resource] | None,
         add: Collection[Resource],
         remove: list[str],
-    ) -> int: ...
+        base: int | None,
+    ) -> int:
+        """:meth:`update_resources`: the set becomes ``replace`` (if given) with ``add`` put
+        and ``remove`` dropped. With ``base``, ``replace`` is given and ``add`` / ``remove``
+        are exactly the difference from the set at version ``base`` to ``replace``: a store
+        still at ``base`` may write only them."""
 
     @abc.abstractmethod
     def _update_control(self, group: str, expected_version: int, control: Control) -> Control: ...
@@ -1047,6 +1070,12 @@ class GroupReader:
             return frozenset()
         self.reads["holders"] += 1
         return self._backend.holders(self._group, sessions)
+
+    @property
+    def resources(self) -> tuple[int, Mapping[str, Resource]] | None:
+        """The set as this coordinator last read it, with its version (None if it keeps
+        none): what :meth:`Backend.update_resources` takes as ``known``."""
+        return self._resources
 
     @property
     def target(self) -> Target | None:

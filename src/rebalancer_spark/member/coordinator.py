@@ -369,7 +369,9 @@ class CoordinatorLoop:
             )
             return False
         self.discovery_error = None
-        after = self._backend.update_resources(session.group, replace=resources)
+        kept = self._reader.resources
+        known = kept if kept is not None and kept[0] == version else None
+        after = self._backend.update_resources(session.group, replace=resources, known=known)
         return after != version
 
     def _forget_drains(self, session: Session, action: ForgetDrains) -> None:

@@ -467,29 +467,41 @@ class RedisBackend(Backend):
         replace: Collection[Resource] | None,
         add: Collection[Resource],
         remove: list[str],
+        base: int | None,
     ) -> int:
         added = {r.id: repr(float(r.weight)) for r in add}
         removed = remove
         ttl_ms = self._memory.snapshot(group).max_ttl_ms
-        if replace is None:
-            version, changed = self._update(group, "delta", added, removed, ttl_ms)
-            if not self._memory.changed_resources(group, added, removed, version, changed):
-                # Another writer changed the set since this handle last saw it: keep the
-                # set as it is, not this delta applied to an older one.
-                self._resource_weights(group)
-            return version
+        if replace is None or base is not None:
+            # A delta; with base, only if the set is still at base (else it goes whole below).
+            mode = "delta" if replace is None else "change"
+            version, changed, stale = self._update(group, mode, added, removed, ttl_ms, base)
+            if not stale:
+                if not self._memory.changed_resources(group, added, removed, version, changed):
+                    # Another writer changed the set since this handle last saw it: keep the
+                    # set as it is, not this delta applied to an older one.
+                    self._resource_weights(group)
+                return version
+        assert replace is not None
         wanted = {r.id: repr(float(r.weight)) for r in replace}
         wanted.update(added)
         for rid in removed:
             wanted.pop(rid, None)
-        version, _ = self._update(group, "replace", wanted, [], ttl_ms)
+        version, _, _ = self._update(group, "replace", wanted, [], ttl_ms)
         self._memory.saw_resources(group, wanted, version)
         return version
 
     def _update(
-        self, group: str, mode: str, staged: Mapping[str, str], removed: list[str], ttl_ms: int
-    ) -> tuple[int, bool]:
-        """UPDATE_RESOURCES: the set's version after it, and whether this call changed it."""
+        self,
+        group: str,
+        mode: str,
+        staged: Mapping[str, str],
+        removed: list[str],
+        ttl_ms: int,
+        base: int | None = None,
+    ) -> tuple[int, bool, bool]:
+        """UPDATE_RESOURCES: the set's version after it, whether this call changed it, and
+        whether it did nothing because the set was no longer at ``base`` (mode ``change``)."""
         known = self._memory.snapshot(group)
         high = self._presented(group, known.high)
         remembers = high > 0 or known.incarnation != ""
@@ -497,11 +509,12 @@ class RedisBackend(Backend):
         nonce = uuid.uuid4().hex
         fill = stage_resources(group, nonce, staged)
         log = [RESOURCE_LOG_IDS, RESOURCE_LOG_SHARE, RESOURCE_LOG_VERSIONS]
-        args = [mode, nonce, high, known.incarnation, ttl_ms, uptime, *log, *removed]
-        version, changed = self._runner.run_staged(
+        at = "" if base is None else base
+        args = [mode, nonce, high, known.incarnation, ttl_ms, uptime, *log, at, *removed]
+        version, changed, stale = self._runner.run_staged(
             Lua.UPDATE_RESOURCES, group, fill, args, "updating resources"
         )
-        return int(version), str(changed) == "1"
+        return int(version), str(changed) == "1", str(stale) == "1"
 
     # -- ownership ---------------------------------------------------------------------------
 

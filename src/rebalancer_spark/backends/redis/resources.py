@@ -25,9 +25,11 @@ __all__ = ["LIFT_EPOCHS", "RESOURCE_CHANGES", "UPDATE_RESOURCES"]
 # more: base.resource_log_limit) or a restoration empties the log; the oldest changes are
 # dropped beyond ARGV[9] versions or the limit.
 # KEYS[1] meta
-# ARGV    mode ('replace'|'delta'|'restore'), nonce, floor, incarnation, quarantine ttl ms,
-#         server uptime s, log ids, log share, log versions, ids to remove ...
-# Returns {resources version, 1 if this call changed the set else 0}
+# ARGV    mode ('replace'|'delta'|'change'|'restore'), nonce, floor, incarnation, quarantine
+#         ttl ms, server uptime s, log ids, log share, log versions, base ('change': a delta
+#         applied only if the set is still at that version), ids to remove ...
+# Returns {resources version, 1 if this call changed the set else 0, 1 if 'change' found the
+#         set at another version than base (nothing done) else 0}
 UPDATE_RESOURCES = (
     PRELUDE
     + """
@@ -35,6 +37,14 @@ local mode, stage, R = ARGV[1], P .. 'stage:' .. ARGV[2] .. ':res', P .. 'resour
 local versions = tonumber(ARGV[9])
 ensure(tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]))
 local put, gone, restored = {}, {}, false
+if mode == 'change' then
+  local at = num(redis.call('HGET', META, 'resources_version'))
+  if at ~= tonumber(ARGV[10]) then
+    redis.call('DEL', stage)
+    return {int(at), 0, 1}
+  end
+  mode = 'delta'
+end
 if mode == 'restore' then
   if redis.call('HLEN', R) == 0 and num(redis.call('HGET', META, 'resources_version')) <= base()
   then mode = 'replace'; restored = true end
@@ -60,7 +70,7 @@ elseif mode == 'delta' then
       redis.call('HSET', R, add[i], add[i + 1]); put[#put + 1] = {add[i], add[i + 1]}
     end
   end
-  for i = 10, #ARGV do
+  for i = 11, #ARGV do
     if redis.call('HDEL', R, ARGV[i]) == 1 then gone[#gone + 1] = ARGV[i] end
   end
 end
@@ -103,7 +113,7 @@ if changed then
     redis.call('HSET', META, 'rlog_n', int(n))
   end
 end
-return {int(v), changed and 1 or 0}
+return {int(v), changed and 1 or 0, 0}
 """
 )
 

@@ -293,9 +293,12 @@ class SqliteBackend(Backend):
         replace: Collection[Resource] | None,
         add: Collection[Resource],
         remove: list[str],
+        base: int | None,
     ) -> int:
         with self._transaction(_WRITE) as db:
-            return groups.update_resources(db, group, replace=replace, add=add, remove=remove)
+            return groups.update_resources(
+                db, group, replace=replace, add=add, remove=remove, base=base
+            )
 
     # -- operator control ------------------------------------------------------------------
 

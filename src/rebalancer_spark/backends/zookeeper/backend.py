@@ -352,10 +352,11 @@ class ZookeeperBackend(Backend):
         replace: Collection[Resource] | None,
         add: Collection[Resource],
         remove: list[str],
+        base: int | None,
     ) -> int:
         paths = self._group(group)
         return update_resources(
-            self._client, self.settings, paths, replace=replace, add=add, remove=remove
+            self._client, self.settings, paths, replace=replace, add=add, remove=remove, base=base
         )
 
     def _update_control(self, group: str, expected_version: int, control: Control) -> Control:

@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 from rebalancer_spark.backends.zookeeper.control import decode_control
 from rebalancer_spark.backends.zookeeper.store.client import Settings
 from rebalancer_spark.backends.zookeeper.store.connection import ZkSession
-from rebalancer_spark.backends.zookeeper.store.layout import CHUNK_BYTES, GroupPaths, unescape
+from rebalancer_spark.backends.zookeeper.store.layout import (
+    CHUNK_BYTES,
+    LOG_PREFIX,
+    GroupPaths,
+    unescape,
+)
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.records import (
     ResourcesPointer,
@@ -73,26 +78,46 @@ def read_resources(
 def read_resource_chunks(
     reader: Reader, paths: GroupPaths, pointer: ResourcesPointer | None
 ) -> Callable[[], list[tuple[str, bytes]]]:
-    """Issue the reads of a resource set's chunks; the thunk collects them as read (each
-    with its path), unparsed."""
+    """Issue the reads of a resource set's chunks, and of the chunks of the changes logged
+    after its directory's version (``pointer.chain``), all in one round; the thunk collects
+    them as read (each with its path), unparsed, in the order :func:`build_resources` applies
+    them."""
     if pointer is None:
         return list
+    names = [(pointer.name, pointer.chunks)] + [(c.name, c.chunks) for c in pointer.chain]
     chunks = [
-        (
-            paths.resource_chunk(pointer.name, k),
-            reader.get(paths.resource_chunk(pointer.name, k), CHUNK_BYTES),
-        )
-        for k in range(pointer.chunks)
+        (path, reader.get(path, CHUNK_BYTES))
+        for name, count in names
+        for k in range(count)
+        if (path := paths.resource_chunk(name, k))
     ]
     return lambda: [(path, _need(pending())[0]) for path, pending in chunks]
 
 
 def build_resources(chunks: list[tuple[str, bytes]]) -> dict[str, Resource]:
-    """The resource set of the chunks :func:`read_resource_chunks` collected."""
+    """The resource set of the chunks :func:`read_resource_chunks` collected: the set's,
+    then each logged change's (a directory named ``log-...``) applied in turn."""
     out: dict[str, Resource] = {}
     for path, data in chunks:
-        out.update((r.id, r) for r in read_resource_chunk(data, path))
+        if path.rsplit("/", 2)[-2].startswith(LOG_PREFIX):
+            for rid, weight in read_resource_log_chunk(data, path):
+                if weight is None:
+                    out.pop(rid, None)
+                else:
+                    out[rid] = _resource(rid, weight, path)
+        else:
+            out.update((r.id, r) for r in read_resource_chunk(data, path))
     return out
+
+
+def _resource(rid: str, weight: float, path: str) -> Resource:
+    try:
+        return Resource(rid, weight)
+    except ValueError as exc:
+        raise CorruptStateError(
+            f"znode {path} holds an invalid resource ({exc}); it was not written by "
+            "rebalancer-spark: recreate the group"
+        ) from None
 
 
 def _read_part(
@@ -316,7 +341,6 @@ class SnapshotReader:
         """:meth:`Backend.resource_changes`: the pointer, then the chunks of every logged
         change after ``since`` in one round (module :mod:`.resources`); None if the log does
         not reach back to ``since``, or a change it names was dropped meanwhile."""
-        group = self._paths.group
         found = self._reader().get(self._paths.resources)()
         rptr, _ = self._pointers(found, None)
         if rptr is None:
@@ -343,13 +367,7 @@ class SnapshotReader:
                     removed.add(rid)
                 else:
                     removed.discard(rid)
-                    try:
-                        put[rid] = Resource(rid, weight)
-                    except ValueError as exc:
-                        raise CorruptStateError(
-                            f"znode {path} holds an invalid resource ({exc}); it was not "
-                            f"written by rebalancer-spark: recreate group {group!r}"
-                        ) from None
+                    put[rid] = _resource(rid, weight, path)
         return ResourceChange(since, rptr.version, put, frozenset(removed))
 
     def target(self) -> Target | None:

@@ -22,13 +22,19 @@ set whole.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rebalancer_spark.backends.base import RESOURCE_LOG_VERSIONS, resource_log_limit
 from rebalancer_spark.backends.zookeeper.reads import Changed, read_resources
 from rebalancer_spark.backends.zookeeper.store.client import Settings
-from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES, GroupPaths, chunk_json
+from rebalancer_spark.backends.zookeeper.store.layout import (
+    LOG_PREFIX,
+    REQUEST_BYTES,
+    GroupPaths,
+    chunk_json,
+)
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches, transact
 from rebalancer_spark.backends.zookeeper.store.records import (
@@ -41,7 +47,11 @@ from rebalancer_spark.backends.zookeeper.store.tree import delete_dir
 from rebalancer_spark.core.errors import BackendUnavailable
 from rebalancer_spark.core.model import Resource
 
-__all__ = ["ORPHAN_MS", "update_resources"]
+__all__ = ["CHAIN", "ORPHAN_MS", "update_resources"]
+
+CHAIN = 16
+"""Changes written alone behind a set written whole, at most: the next is written with the
+set whole (a reader of the whole set reads its directory and the chain's, in one round)."""
 
 ORPHAN_MS = 600_000
 """A resource-set directory that is not current and older than this (ZooKeeper's own clock,
@@ -58,49 +68,46 @@ def update_resources(
     replace: Collection[Resource] | None,
     add: Collection[Resource],
     remove: Collection[str],
+    base: int | None = None,
 ) -> int:
-    """Change the resource set; its version after the change."""
+    """Change the resource set; its version after the change. With ``base`` (``add`` and
+    ``remove`` are exactly the change from the set at that version to ``replace``) and the
+    set still at it, the set is not read, and the change alone is written while the chain
+    behind the last set written whole stays within :data:`CHAIN` changes and
+    :func:`resource_log_limit` ids (the module docstring)."""
     what = f"updating the resources of group {paths.group!r}"
     expired = settings.unavailable(what, "the client's session expired; retry")
     for _ in range(_ATTEMPTS):
         found = Reader(client, settings, what, expired).get(paths.resources)()
         pointer = None if found is None else read_resources_pointer(found[0], paths.resources)
-        try:
-            current = read_resources(Reader(client, settings, what, expired), paths, pointer)()
-        except Changed:
-            continue
-        wanted = dict(current) if replace is None else {r.id: r for r in replace}
-        wanted.update((r.id, r) for r in add)
-        for rid in remove:
-            wanted.pop(rid, None)
         version = 0 if pointer is None else pointer.version
-        if wanted == current:
+        if base is not None and replace is not None and pointer is not None and version == base:
+            change = _Change({r.id: r for r in add}, set(remove), len(replace), replace)
+        else:
+            try:
+                current = read_resources(Reader(client, settings, what, expired), paths, pointer)()
+            except Changed:
+                continue
+            change = _Change.between(current, replace, add, remove)
+        if not change.put and not change.gone:
             return version
-        name = f"v{version + 1}-{uuid.uuid4().hex[:8]}"
-        chunks = chunk_json(encode([r.id, r.weight]) for r in sorted(wanted.values()))
-        writes = [Op("create", paths.resource_set(name))] + [
-            Op("create", paths.resource_chunk(name, k), chunk) for k, chunk in enumerate(chunks)
-        ]
-        entry, log_writes = _log_change(paths, version + 1, current, wanted)
-        log_from, log = _log(pointer, entry, version + 1, len(wanted))
-        new = ResourcesPointer(version + 1, name, len(chunks), log_from, log)
+        new, writes, name, entry = _next(paths, pointer, version + 1, change)
         switch = (
             Op("create", paths.resources, new.encode())
             if found is None
             else Op("set", paths.resources, new.encode(), version=found[1].version)
         )
-        writes += log_writes if entry in log else []
         try:
             for batch in batches(writes, REQUEST_BYTES):
                 transact(client, batch, settings, what, expired)
             checks = [Op("check", op.path) for op in writes]
             transact(client, [*checks, switch, Op("set", paths.changes)], settings, what, expired)
         except Refused:
-            delete_dir(client, settings, paths.resource_set(name))
-            if entry in log:
-                delete_dir(client, settings, paths.resource_set(entry.name))
+            for written in (name, entry):
+                if written is not None:
+                    delete_dir(client, settings, paths.resource_set(written))
             continue
-        dropped = [] if pointer is None else [c.name for c in pointer.log if c not in log]
+        dropped = [] if pointer is None else [c.name for c in pointer.log if c not in new.log]
         _collect_garbage(client, settings, paths, new, replaced=pointer, dropped=dropped)
         return new.version
     raise BackendUnavailable(
@@ -109,16 +116,71 @@ def update_resources(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Change:
+    put: dict[str, Resource]
+    """Added or reweighted."""
+    gone: set[str]
+    size: int
+    """Resources in the set after the change."""
+    whole: Collection[Resource]
+    """The set after the change."""
+
+    @classmethod
+    def between(
+        cls,
+        current: dict[str, Resource],
+        replace: Collection[Resource] | None,
+        add: Collection[Resource],
+        remove: Collection[str],
+    ) -> _Change:
+        wanted = dict(current) if replace is None else {r.id: r for r in replace}
+        wanted.update((r.id, r) for r in add)
+        for rid in remove:
+            wanted.pop(rid, None)
+        put = {rid: r for rid, r in wanted.items() if current.get(rid) != r}
+        return cls(put, set(current.keys() - wanted.keys()), len(wanted), wanted.values())
+
+
+def _next(
+    paths: GroupPaths, pointer: ResourcesPointer | None, version: int, change: _Change
+) -> tuple[ResourcesPointer, list[Op], str | None, str | None]:
+    """The pointer that makes ``version`` by ``change``, the writes that must come before it,
+    and the directories they create (the set's, the change's): the change alone behind the
+    set written last while the chain stays short (:data:`CHAIN`, :func:`resource_log_limit`
+    ids), else the set whole in a directory of its own; the change logged in both cases if
+    it names no more ids than the log may."""
+    entry, writes = _log_change(paths, version, change.put, change.gone)
+    log_from, log = _log(pointer, entry, version, change.size)
+    logged = entry.name if entry in log else None
+    chain = (*pointer.chain, entry) if pointer is not None else ()
+    if (
+        pointer is not None
+        and len(chain) <= CHAIN
+        and sum(c.ids for c in chain) <= resource_log_limit(change.size)
+    ):
+        kept = pointer.whole_at
+        return (
+            ResourcesPointer(version, pointer.name, pointer.chunks, log_from, log, kept),
+            writes,
+            None,
+            logged,
+        )
+    name = f"v{version}-{uuid.uuid4().hex[:8]}"
+    chunks = chunk_json(encode([r.id, r.weight]) for r in sorted(change.whole))
+    writes = (writes if logged else []) + [Op("create", paths.resource_set(name))]
+    writes += [Op("create", paths.resource_chunk(name, k), c) for k, c in enumerate(chunks)]
+    return ResourcesPointer(version, name, len(chunks), log_from, log), writes, name, logged
+
+
 def _log_change(
-    paths: GroupPaths, version: int, current: dict[str, Resource], wanted: dict[str, Resource]
+    paths: GroupPaths, version: int, put: Mapping[str, Resource], gone: Collection[str]
 ) -> tuple[LoggedChange, list[Op]]:
-    """The log entry of the change from ``current`` to ``wanted`` (which made ``version``),
-    and the writes of its directory and chunks."""
-    entries = [
-        encode([rid, r.weight]) for rid, r in sorted(wanted.items()) if current.get(rid) != r
-    ]
-    entries += [encode([rid, None]) for rid in sorted(current.keys() - wanted.keys())]
-    name = f"log-v{version}-{uuid.uuid4().hex[:8]}"
+    """The log entry of the change that made ``version`` (``put``: added or reweighted,
+    ``gone``: removed), and the writes of its directory and chunks."""
+    entries = [encode([rid, r.weight]) for rid, r in sorted(put.items())]
+    entries += [encode([rid, None]) for rid in sorted(gone)]
+    name = f"{LOG_PREFIX}v{version}-{uuid.uuid4().hex[:8]}"
     chunks = chunk_json(entries)
     writes = [Op("create", paths.resource_set(name))] + [
         Op("create", paths.resource_chunk(name, k), chunk) for k, chunk in enumerate(chunks)
@@ -151,7 +213,7 @@ def _collect_garbage(
     replaced: ResourcesPointer | None,
     dropped: list[str],
 ) -> None:
-    if replaced is not None:
+    if replaced is not None and replaced.name != current.name:
         delete_dir(client, settings, paths.resource_set(replaced.name))
     for name in dropped:  # changes the log no longer names
         delete_dir(client, settings, paths.resource_set(name))

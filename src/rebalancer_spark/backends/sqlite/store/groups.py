@@ -38,9 +38,20 @@ def update_resources(
     replace: Collection[Resource] | None,
     add: Collection[Resource],
     remove: Collection[str],
+    base: int | None = None,
 ) -> int:
-    """:meth:`Backend.update_resources`, in a write transaction."""
+    """:meth:`Backend.update_resources`, in a write transaction. With ``base`` (the version
+    ``add`` and ``remove`` are the exact change from, to ``replace``) and the set still at it,
+    only the change is written: the set is not read."""
     ensure_group(db, group)
+    if base is not None and replace is not None:
+        (at,) = db.execute("SELECT resources_version FROM groups WHERE name=?", (group,)).fetchone()
+        if at == base:
+            put = [(r.id, r.weight) for r in add]
+            gone = list(remove)
+            if not put and not gone:
+                return base
+            return _write(db, group, put, gone, len(replace))
     current = dict(
         db.execute("SELECT resource_id, weight FROM resources WHERE grp=?", (group,)).fetchall()
     )
@@ -48,25 +59,33 @@ def update_resources(
     wanted.update({r.id: r.weight for r in add})
     for rid in remove:
         wanted.pop(rid, None)
-    if wanted != current:
-        gone = list(current.keys() - wanted.keys())
-        put = [(r, w) for r, w in wanted.items() if current.get(r) != w]
-        db.executemany(
-            "DELETE FROM resources WHERE grp=? AND resource_id=?", [(group, r) for r in gone]
-        )
-        db.executemany(
-            "INSERT OR REPLACE INTO resources VALUES (?, ?, ?)", [(group, r, w) for r, w in put]
-        )
-        db.execute(
-            "UPDATE groups SET resources_version = resources_version + 1 WHERE name=?",
-            (group,),
-        )
-        bump(db, group)
+    if wanted == current:
+        (version,) = db.execute(
+            "SELECT resources_version FROM groups WHERE name=?", (group,)
+        ).fetchone()
+        return int(version)
+    gone = list(current.keys() - wanted.keys())
+    put = [(r, w) for r, w in wanted.items() if current.get(r) != w]
+    return _write(db, group, put, gone, len(wanted))
+
+
+def _write(
+    db: sqlite3.Connection, group: str, put: list[tuple[str, float]], gone: list[str], size: int
+) -> int:
+    """Write a change of the set (of ``size`` resources after it): its rows, the next
+    version, its log; the version."""
+    db.executemany(
+        "DELETE FROM resources WHERE grp=? AND resource_id=?", [(group, r) for r in gone]
+    )
+    db.executemany(
+        "INSERT OR REPLACE INTO resources VALUES (?, ?, ?)", [(group, r, w) for r, w in put]
+    )
+    db.execute("UPDATE groups SET resources_version = resources_version + 1 WHERE name=?", (group,))
+    bump(db, group)
     (version,) = db.execute(
         "SELECT resources_version FROM groups WHERE name=?", (group,)
     ).fetchone()
-    if wanted != current:
-        _log(db, group, int(version), put, gone, len(wanted))
+    _log(db, group, int(version), put, gone, size)
     return int(version)
 
 

@@ -38,6 +38,7 @@ from rebalancer_spark.core.model import MAX_RESOURCE_ID_BYTES, validate_resource
 __all__ = [
     "CHUNK_BYTES",
     "GROUP_CHILDREN",
+    "LOG_PREFIX",
     "PROGRESS_HINT",
     "RECORD_HINT",
     "REQUEST_BYTES",
@@ -128,6 +129,10 @@ def unescape(name: str, path: str) -> str:
         )
     return resource
 
+
+LOG_PREFIX = "log-"
+"""How the directory of a logged change of the resource set is named under ``resource-sets/``
+(``log-v<version>-<tag>``): a set's own directories are ``v<version>-<tag>``."""
 
 _CHILDREN = (
     ("changes", "changes"),

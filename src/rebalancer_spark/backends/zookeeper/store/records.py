@@ -245,25 +245,41 @@ class LoggedChange:
 
 @dataclass(frozen=True, slots=True)
 class ResourcesPointer:
-    """The current resource set: its version and the directory of its chunks; and the log of
-    its last changes (every change after ``log_from`` is in ``log``, oldest first). A pointer
-    written before the log was kept reads as one whose log starts at its version."""
+    """The current resource set: its version, the directory of the chunks of the set whole at
+    :attr:`whole_at` (its version, unless a chain of logged changes follows it), and the log of
+    its last changes (every change after ``log_from`` is in ``log``, oldest first; every
+    change after :attr:`whole_at` always is). A pointer written before the log was kept reads
+    as one whose log starts at its version. A chained pointer names its directory ``base``,
+    not ``set``: a reader of an earlier release takes it for corrupt instead of reading the
+    set without its chain."""
 
     version: int
     name: str
     chunks: int
     log_from: int = -1
     log: tuple[LoggedChange, ...] = ()
+    set_version: int = -1
 
     @property
     def logged_from(self) -> int:
         return self.version if self.log_from < 0 else self.log_from
 
+    @property
+    def whole_at(self) -> int:
+        return self.version if self.set_version < 0 else self.set_version
+
+    @property
+    def chain(self) -> tuple[LoggedChange, ...]:
+        """The logged changes after :attr:`whole_at`: applied to its directory's set, they
+        make the set at :attr:`version`."""
+        return tuple(c for c in self.log if c.version > self.whole_at)
+
     def encode(self) -> bytes:
         return encode(
             {
                 "version": self.version,
-                "set": self.name,
+                "set" if self.whole_at == self.version else "base": self.name,
+                "set_version": self.whole_at,
                 "chunks": self.chunks,
                 "log_from": self.logged_from,
                 "log": [[c.version, c.name, c.chunks, c.ids] for c in self.log],
@@ -284,13 +300,18 @@ def read_resources_pointer(data: bytes, path: str) -> ResourcesPointer:
         ):
             raise _corrupt(path, f"the logged change {item!r}, not [version, set, chunks, ids]")
         log.append(LoggedChange(item[0], item[1], item[2], item[3]))
-    return ResourcesPointer(
+    whole = _get(obj, "set_version", int, path) if "set_version" in obj else version
+    pointer = ResourcesPointer(
         version,
-        _get(obj, "set", str, path),
+        _get(obj, "set" if "set" in obj else "base", str, path),
         _get(obj, "chunks", int, path),
         _get(obj, "log_from", int, path) if "log_from" in obj else version,
         tuple(log),
+        whole,
     )
+    if [c.version for c in pointer.chain] != list(range(whole + 1, version + 1)):
+        raise _corrupt(path, f"a set at version {whole} whose log lacks a change up to {version}")
+    return pointer
 
 
 def read_resource_log_chunk(data: bytes, path: str) -> list[tuple[str, float | None]]:
