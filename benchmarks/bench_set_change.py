@@ -11,13 +11,15 @@ new ids and drops as many (``update_resources(replace=...)``, as discovery write
 follower remembers the new set, one after the other, alternately by its changes
 (``remember_resources(group, since)``: what a follower does since session 29) and whole
 (``remember_resources(group)``: what every follower did before), each way after a change of
-its own; so does the coordinator (``resources(group, known)`` against ``resources(group)``).
+its own; so does the coordinator (``resources(group, known)`` against ``resources(group)``),
+and so does the writer (``update_resources(group, replace=..., known=...)``, the set it wrote
+last as its ``known``: what the coordinator's listing does since session 29, against the
+listing alone).
 
 Printed per backend and way: the median and the longest time of one follower's read, the
 coordinator's read, and what the store's own counters saw for all the followers' reads
 together (``store_counters.py``: Redis commands and bytes sent, ZooKeeper packets and bytes
-received; SQLite has no counter of reads). The writer's ``update_resources`` time is printed
-too: it is the same either way (a ZooKeeper writer still writes the whole set as chunks).
+received; SQLite has no counter of reads), and the writer's ``update_resources`` time.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def _measure(
     try:
         listing = _ids(0, args.resources)
         version = writer.update_resources(group, replace=listing)
+        previous = listing
         kept = coordinator.resources(group)
         versions = [f.remember_resources(group) for f in followers]
         out: dict[str, dict[str, list[float]]] = {
@@ -67,9 +70,11 @@ def _measure(
             for way in WAYS if r % 2 == 0 else reversed(WAYS):
                 listing = listing[args.added :] + _ids(nxt, args.added)
                 nxt += args.added
+                known = (version, {r.id: r for r in previous}) if way == "changes" else None
                 t0 = time.perf_counter()
-                version = writer.update_resources(group, replace=listing)
+                version = writer.update_resources(group, replace=listing, known=known)
                 out[way]["writer s"].append(time.perf_counter() - t0)
+                previous = listing
                 before = counters.snapshot() if counters else None
                 for k, f in enumerate(followers):
                     t0 = time.perf_counter()
