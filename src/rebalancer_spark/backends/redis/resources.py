@@ -102,7 +102,7 @@ if changed then
     n = n + redis.call('HLEN', entry)
     redis.call('SADD', L, int(v))
     local count, first = #logged + 1, 1
-    while count > versions or n > limit do
+    while (count > versions or n > limit) and first <= #logged do
       local old = logged[first]
       n = n - redis.call('HLEN', L .. ':' .. old)
       redis.call('DEL', L .. ':' .. old)

@@ -1,4 +1,4 @@
-"""The group's resource set: replaced atomically however large it is.
+"""The group's resource set: changed atomically however large it is.
 
 A new set is written as chunks under a fresh ``resource-sets/<set>`` directory, then the small
 ``resources`` pointer is switched with a versioned set (compare-and-swap) in a multi-op that
@@ -17,6 +17,14 @@ in it. The switch drops the oldest beyond
 :func:`~rebalancer_spark.backends.base.resource_log_limit` ids (a larger change empties the
 log), and the writer then removes their directories; a reader that finds one gone reads the
 set whole.
+
+A change is written alone, without the set, while the changes since the set written last whole
+(the pointer's ``set_version``: its *chain*) stay within :data:`CHAIN` changes and
+``resource_log_limit`` ids: the pointer keeps that set's directory, named ``base`` instead of
+``set`` (a reader of an earlier release takes it for corrupt rather than read the set without
+its chain), and a reader of the whole set applies the chain's changes to it in order; the log
+is never trimmed into the chain. A writer that knows the set at the pointer's version (``base``
+of :func:`update_resources`: the coordinator's listing) does not read it first.
 """
 
 from __future__ import annotations
