@@ -1015,6 +1015,46 @@ def test_a_coordinator_step_reads_the_group_once_even_when_it_elects_and_lists(
         backend.close()
 
 
+def test_a_coordinators_listing_is_written_as_its_change_against_the_set_it_keeps(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator keeps the set it read; its next listing goes to the store as the
+    difference from it (``known``: one id among 100,000 is one id written), not whole."""
+    url = f"sqlite://{tmp_path}/g.db"
+    backend = open_backend(url)
+    config = MemberConfig(group="g", backend=url, member_id="a")
+    session = backend.join("g", "a", info={}, ttl=10.0, static=False)
+    listing = [Resource("r1"), Resource("r2")]
+    bases: list[int | None] = []
+    inner = backend._update_resources
+
+    def recording(group: str, **kwargs: Any) -> int:
+        bases.append(kwargs["base"])
+        return int(inner(group, **kwargs))
+
+    monkeypatch.setattr(backend, "_update_resources", recording)
+    loop = CoordinatorLoop(
+        config,
+        backend,
+        SystemClock(),
+        lambda: session,
+        discover=lambda: list(listing),
+        discovery_interval=0.01,
+    )
+    try:
+        loop.step()  # elected, listed: against the empty set it read (version 0)
+        first = backend.resources("g")[0]
+        listing = [Resource("r2"), Resource("r3")]
+        deadline = time.monotonic() + 10
+        while len(bases) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the discovery interval between listings
+            loop.step()
+        assert bases[0] == 0 and bases[1] == first and None not in bases, bases
+        assert set(backend.state("g").resources) == {"r2", "r3"}
+    finally:
+        backend.close()
+
+
 def test_a_candidate_reads_the_head_alone_and_a_follower_only_remembers_the_set(
     tmp_path: Any,
 ) -> None:

@@ -735,6 +735,29 @@ def test_a_set_declared_again_after_a_loss_keeps_another_writers_change(
         b.close()
 
 
+def test_a_listing_sent_as_its_change_is_the_set_declared_again_after_a_loss(
+    redis_server: RedisServer,
+) -> None:
+    """A coordinator's listing goes to Redis as its change against the set it keeps (mode
+    ``change``); the set its handle remembers for a store that lost the group must be the
+    listing, not the set before it."""
+    group, ttl = _group(), 1.5
+    a = open_backend(redis_server.url())
+    try:
+        _join(a, group, "m1", ttl)
+        a.update_resources(group, replace=[Resource(f"r{i}") for i in range(10)])
+        kept = a.resources(group)
+        listing = [Resource(f"r{i}") for i in range(3, 13)]
+        a.update_resources(group, replace=listing, known=kept)
+
+        redis_server.restart()  # no persistence: everything is gone
+
+        wait_for(lambda: _rejoined(a, group, "m1", ttl), timeout=5, what="rejoin")
+        assert set(a.state(group).resources) == {r.id for r in listing}
+    finally:
+        a.close()
+
+
 def test_fresh_jobs_with_audit_floors_get_epochs_above_redis_clock_after_each_loss(
     redis_server: RedisServer,
 ) -> None:

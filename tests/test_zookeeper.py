@@ -1825,3 +1825,43 @@ def test_changes_are_written_alone_behind_the_set_until_the_chain_is_full(
         assert [p["set_version"] for p in pointers] == [1, 1, 1, 5, 5]
         sets = [n for n in zk._client.get_children(paths.resource_sets) if n[0] == "v"]
         assert sets == [pointers[-1]["base"]]  # the set written before the last is removed
+
+
+def test_no_chain_is_written_while_a_member_of_an_earlier_release_lives(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    """A member of an earlier release takes a chained pointer for corrupt and stops: while
+    one lives (its record says nothing of chains), every change is written with the set whole;
+    once it is gone, changes are chained again. A pointer whose chain is broken, or whose set
+    is named for another version, is corrupt."""
+    from rebalancer_spark.backends.zookeeper.store.records import read_resources_pointer
+
+    with open_backend(zookeeper_backend_url) as store:
+        zk = _zk(store)
+        old = store.join(group, "old", info={}, ttl=30.0, static=False)
+        store.join(group, "new", info={}, ttl=30.0, static=False)
+        paths = zk._paths(group)
+        assert paths is not None
+        record = json.loads(zk._client.get(paths.member("old"))[0])
+        assert record.pop("chains") is True
+        zk._client.set(paths.member("old"), json.dumps(record).encode())  # as it wrote it
+        listing = [Resource(f"r{i}") for i in range(100)]
+        kept = (store.update_resources(group, replace=listing), {r.id: r for r in listing})
+        listing = [*listing[1:], Resource("x")]
+        v = store.update_resources(group, replace=listing, known=kept)
+        pointer = json.loads(zk._client.get(paths.resources)[0])
+        assert "set" in pointer and pointer["set_version"] == v  # written whole
+        store.leave(old)
+        kept = (v, {r.id: r for r in listing})
+        listing = [*listing[1:], Resource("y")]
+        v = store.update_resources(group, replace=listing, known=kept)
+        pointer = json.loads(zk._client.get(paths.resources)[0])
+        assert "base" in pointer and pointer["set_version"] == v - 1  # chained
+        assert store.resources(group) == (v, {r.id: r for r in listing})
+        for broken in (
+            {**pointer, "log": pointer["log"][:-1]},  # the chain lacks its change
+            {**pointer, "set_version": v + 1},  # a set newer than the pointer
+            {"set": pointer["base"], **{k: x for k, x in pointer.items() if k != "base"}},
+        ):
+            with pytest.raises(CorruptStateError, match="resources"):
+                read_resources_pointer(json.dumps(broken).encode(), paths.resources)

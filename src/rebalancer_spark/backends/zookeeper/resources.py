@@ -22,8 +22,9 @@ A change is written alone, without the set, while the changes since the set writ
 (the pointer's ``set_version``: its *chain*) stay within :data:`CHAIN` changes and
 ``resource_log_limit`` ids: the pointer keeps that set's directory, named ``base`` instead of
 ``set`` (a reader of an earlier release takes it for corrupt rather than read the set without
-its chain), and a reader of the whole set applies the chain's changes to it in order; the log
-is never trimmed into the chain. A writer that knows the set at the pointer's version (``base``
+its chain, so nothing is chained while a member whose record does not say ``"chains": true``
+lives), and a reader of the whole set applies the chain's changes to it in order; the log is
+never trimmed into the chain. A writer that knows the set at the pointer's version (``base``
 of :func:`update_resources`: the coordinator's listing) does not read it first.
 """
 
@@ -50,6 +51,7 @@ from rebalancer_spark.backends.zookeeper.store.records import (
     ResourcesPointer,
     encode,
     read_resources_pointer,
+    reads_chains,
 )
 from rebalancer_spark.backends.zookeeper.store.tree import delete_dir
 from rebalancer_spark.core.errors import BackendUnavailable
@@ -99,7 +101,8 @@ def update_resources(
             change = _Change.between(current, replace, add, remove)
         if not change.put and not change.gone:
             return version
-        new, writes, name, entry = _next(paths, pointer, version + 1, change)
+        chains = pointer is not None and _members_read_chains(client, settings, paths)
+        new, writes, name, entry = _next(paths, pointer, version + 1, change, chains)
         switch = (
             Op("create", paths.resources, new.encode())
             if found is None
@@ -150,8 +153,30 @@ class _Change:
         return cls(put, set(current.keys() - wanted.keys()), len(wanted), wanted.values())
 
 
+def _members_read_chains(client: Any, settings: Settings, paths: GroupPaths) -> bool:
+    """Whether every live member's record says it reads chained pointers: a member of an
+    earlier release would take one for corrupt and stop (a member of such a release that
+    joins after a chain was written stops the same way, until the set is written whole)."""
+    what = f"reading the members of group {paths.group!r}"
+    expired = settings.unavailable(what, "the client's session expired; retry")
+    names = Reader(client, settings, what, expired).children(paths.members)()
+    if names is None:
+        return True
+    reader = Reader(client, settings, what, expired)
+    records = [(paths.member(m), reader.get(paths.member(m))) for m in names]
+    for path, pending in records:
+        found = pending()
+        if found is not None and not reads_chains(found[0], path):
+            return False
+    return True
+
+
 def _next(
-    paths: GroupPaths, pointer: ResourcesPointer | None, version: int, change: _Change
+    paths: GroupPaths,
+    pointer: ResourcesPointer | None,
+    version: int,
+    change: _Change,
+    chains: bool,
 ) -> tuple[ResourcesPointer, list[Op], str | None, str | None]:
     """The pointer that makes ``version`` by ``change``, the writes that must come before it,
     and the directories they create (the set's, the change's): the change alone behind the
@@ -164,6 +189,7 @@ def _next(
     chain = (*pointer.chain, entry) if pointer is not None else ()
     if (
         pointer is not None
+        and chains
         and len(chain) <= CHAIN
         and sum(c.ids for c in chain) <= resource_log_limit(change.size)
     ):

@@ -27,6 +27,7 @@ from rebalancer_spark.core.model import (
 )
 
 __all__ = [
+    "CHAINS",
     "LAYOUT",
     "LoggedChange",
     "ResourcesPointer",
@@ -47,6 +48,7 @@ __all__ = [
     "read_resources_pointer",
     "read_target_chunk",
     "read_target_pointer",
+    "reads_chains",
 ]
 
 LAYOUT = 1
@@ -141,8 +143,21 @@ def member_data(
             "static": static,
             "leaving": leaving,
             "acked": acked,
+            # This member reads a resource set written as a chain of changes (a record of an
+            # earlier release has no such field: no writer chains while such a member lives).
+            CHAINS: True,
         }
     )
+
+
+CHAINS = "chains"
+"""The field of a member record that says its member reads chained resource pointers."""
+
+
+def reads_chains(data: bytes, path: str) -> bool:
+    """Whether the member record ``data`` was written by a release that reads chained
+    resource pointers (:class:`ResourcesPointer`)."""
+    return _object(data, path).get(CHAINS) is True
 
 
 def read_member(member_id: str, data: bytes, path: str) -> MemberRecord:
@@ -301,6 +316,8 @@ def read_resources_pointer(data: bytes, path: str) -> ResourcesPointer:
             raise _corrupt(path, f"the logged change {item!r}, not [version, set, chunks, ids]")
         log.append(LoggedChange(item[0], item[1], item[2], item[3]))
     whole = _get(obj, "set_version", int, path) if "set_version" in obj else version
+    if whole > version or ("set" in obj) != (whole == version):
+        raise _corrupt(path, f"a set at version {whole} named as for version {version}")
     pointer = ResourcesPointer(
         version,
         _get(obj, "set" if "set" in obj else "base", str, path),
