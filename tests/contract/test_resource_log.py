@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rebalancer_spark.backends import Backend
+from rebalancer_spark.backends import Backend, Session
 from rebalancer_spark.backends.base import (
     RESOURCE_LOG_IDS,
     RESOURCE_LOG_VERSIONS,
@@ -96,14 +96,23 @@ def test_the_log_keeps_the_last_changes_only(open_store: Callable[[], Backend], 
     assert change is not None and change.version == v and len(change.put) == RESOURCE_LOG_IDS
 
 
-def test_a_coordinator_reads_only_the_changes_of_the_set_and_a_follower_remembers_them(
-    open_store: Callable[[], Backend], group: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _group_of_two(
+    open_store: Callable[[], Backend], group: str, size: int
+) -> tuple[Backend, Backend, Backend, Session, Session]:
+    """A coordinator a, a follower b (each on a handle of its own) and a writer's handle, with
+    a set of ``size`` resources."""
     lead, follow, writer = open_store(), open_store(), open_store()
     a = lead.join(group, "a", info={}, ttl=TTL, static=False)
     b = follow.join(group, "b", info={}, ttl=TTL, static=False)
     assert lead.elect(a) is not None
-    writer.update_resources(group, replace=[Resource(f"r{i}") for i in range(2000)])
+    writer.update_resources(group, replace=[Resource(f"r{i}") for i in range(size)])
+    return lead, follow, writer, a, b
+
+
+def test_a_coordinator_reads_only_the_changes_of_the_set_and_a_follower_remembers_them(
+    open_store: Callable[[], Backend], group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lead, follow, writer, a, b = _group_of_two(open_store, group, 2000)
     clock = ManualClock()
     coordinator = GroupReader(lead, group, clock=clock)
     follower = GroupReader(follow, group, clock=clock, at_once=8)
@@ -128,11 +137,7 @@ def test_a_coordinator_reads_only_the_changes_of_the_set_and_a_follower_remember
 def test_a_reader_keeps_its_version_across_an_error_but_not_outside_its_session(
     open_store: Callable[[], Backend], group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lead, follow, writer = open_store(), open_store(), open_store()
-    a = lead.join(group, "a", info={}, ttl=TTL, static=False)
-    b = follow.join(group, "b", info={}, ttl=TTL, static=False)
-    assert lead.elect(a) is not None
-    writer.update_resources(group, replace=[Resource(f"r{i}") for i in range(100)])
+    _, follow, writer, _, b = _group_of_two(open_store, group, 100)
     follower = GroupReader(follow, group, clock=ManualClock())
     follower.read("b", b.session_id)
     wholes: list[str] = []
