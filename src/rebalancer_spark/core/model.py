@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.errors import ConfigurationError, CorruptStateError
@@ -46,6 +46,7 @@ __all__ = [
     "UnreadableProgress",
     "decode_progress",
     "encode_progress",
+    "fold_changes",
     "grant_epochs",
     "validate_group",
     "validate_member_id",
@@ -216,6 +217,24 @@ class ResourceChange:
     def size(self) -> int:
         """Ids this change names."""
         return len(self.put) + len(self.removed)
+
+
+_V = TypeVar("_V")
+
+
+def fold_changes(entries: Iterable[tuple[str, _V | None]]) -> tuple[dict[str, _V], set[str]]:
+    """Logged changes of a resource set, oldest first, each entry an id with what it was put
+    as (None: removed), as one change: what is put at the end, and what is removed."""
+    put: dict[str, _V] = {}
+    removed: set[str] = set()
+    for rid, value in entries:
+        if value is None:
+            put.pop(rid, None)
+            removed.add(rid)
+        else:
+            removed.discard(rid)
+            put[rid] = value
+    return put, removed
 
 
 class Phase(StrEnum):

@@ -76,6 +76,7 @@ from rebalancer_spark.core.model import (
     Resource,
     ResourceChange,
     Target,
+    fold_changes,
 )
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.core.urls import BackendUrl
@@ -273,16 +274,9 @@ class RedisBackend(Backend):
         if str(logged) != "1":
             return None
         version = number(group, "resources_version", text)
-        put: dict[str, str] = {}
-        removed: set[str] = set()
-        for entry in entries:
-            for rid, weight in pairs(entry).items():
-                if weight:
-                    put[rid] = weight
-                    removed.discard(rid)
-                else:
-                    put.pop(rid, None)
-                    removed.add(rid)
+        put, removed = fold_changes(
+            (rid, weight or None) for entry in entries for rid, weight in pairs(entry).items()
+        )
         if not incarnation or not self._memory.caught_up(
             group, str(incarnation), since, version, put, removed
         ):

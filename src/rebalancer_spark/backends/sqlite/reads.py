@@ -36,6 +36,7 @@ from rebalancer_spark.core.model import (
     ResourceChange,
     Target,
     decode_progress,
+    fold_changes,
 )
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 
@@ -153,18 +154,13 @@ def resource_changes(db: sqlite3.Connection, group: str, since: int) -> Resource
         return None
     if _count(group, row, "resource log end", 2) != version:
         return None  # a process of schema version 5 changed the set without logging it
-    put: dict[str, Resource] = {}
-    removed: set[str] = set()
-    for rid, weight in db.execute(
+    rows = db.execute(
         "SELECT resource_id, weight FROM resource_log WHERE grp=? AND version > ? ORDER BY version",
         (group, since),
-    ):
-        if weight is None:
-            put.pop(rid, None)
-            removed.add(rid)
-        else:
-            removed.discard(rid)
-            put[rid] = parse_resource(group, rid, weight, store=STORE)
+    )
+    put, removed = fold_changes(
+        (rid, None if w is None else parse_resource(group, rid, w, store=STORE)) for rid, w in rows
+    )
     return ResourceChange(since, version, put, frozenset(removed))
 
 

@@ -49,6 +49,7 @@ from rebalancer_spark.core.model import (
     Resource,
     ResourceChange,
     Target,
+    fold_changes,
 )
 
 __all__ = ["Changed", "SnapshotReader", "read_own_part", "read_resources", "read_target_part"]
@@ -355,19 +356,16 @@ class SnapshotReader:
             for k in range(change.chunks)
             if (path := self._paths.resource_chunk(change.name, k))
         ]
-        put: dict[str, Resource] = {}
-        removed: set[str] = set()
+        entries: list[tuple[str, Resource | None]] = []
         for path, answer in pending:
             got = answer()
             if got is None:
                 return None  # dropped from the log by a later change
-            for rid, weight in read_resource_log_chunk(got[0], path):
-                if weight is None:
-                    put.pop(rid, None)
-                    removed.add(rid)
-                else:
-                    removed.discard(rid)
-                    put[rid] = _resource(rid, weight, path)
+            entries += (
+                (rid, None if weight is None else _resource(rid, weight, path))
+                for rid, weight in read_resource_log_chunk(got[0], path)
+            )
+        put, removed = fold_changes(entries)
         return ResourceChange(since, rptr.version, put, frozenset(removed))
 
     def target(self) -> Target | None:
