@@ -408,7 +408,7 @@ class Raw:
         base = f"{self.url.path}/groups/{group}"
         path = {
             "generation": f"{base}/target",
-            "resource epoch": f"{base}/claims/x",
+            "resource epoch": f"{base}/epochs/x",
             "resource weight": f"{base}/resources",
             "member info": f"{base}/members/m1",
         }[where]

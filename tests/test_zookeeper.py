@@ -354,8 +354,9 @@ def test_resource_ids_that_look_like_paths_stay_inside_the_group(
         }
         assert set(store.state(group).claims) == set(ids)
         base = f"{chroot}/groups/{group}"
-        for directory in ("claims", "epochs", "progress"):
+        for directory in ("epochs", "progress"):
             assert set(raw.get_children(f"{base}/{directory}")) == {escape(i) for i in ids}
+        assert raw.get_children(f"{base}/claims") == []  # earlier releases' claims only
         assert all(p.startswith(chroot) for p in _walk(raw, chroot))
     assert set(raw.get_children("/")) == before | {chroot.strip("/")}
 
@@ -398,11 +399,8 @@ def test_the_records_written_per_resource_are_what_the_general_encoder_writes(
     # A claim and a release write these from templates, once per resource: the bytes must be
     # those of encode() (compact, sorted JSON), which every reader and older files expect.
     from rebalancer_spark.backends.zookeeper.store.chain import grant_data, released_data
-    from rebalancer_spark.backends.zookeeper.store.records import claim_data, encode
+    from rebalancer_spark.backends.zookeeper.store.records import encode
 
-    assert claim_data(member, session, epoch) == encode(
-        {"member": member, "session": session, "epoch": epoch}
-    )
     assert released_data(member, session, epoch) == encode(
         {"epoch": epoch, "member": member, "session": session, "released": True}
     )
@@ -491,7 +489,7 @@ def test_digest_acls_keep_every_other_identity_out(
         finally:
             alice.stop()
             alice.close()
-        assert any("/claims/" in p for p in paths) and any("/progress/" in p for p in paths)
+        assert any("/epochs/" in p for p in paths) and any("/progress/" in p for p in paths)
         for user, password in [(None, None), ("bob", "b0b-pw")]:
             other = _raw(hosts, user, password)
             try:
@@ -573,7 +571,7 @@ def test_a_join_caught_in_a_recursive_delete_of_its_group_is_retried_not_a_crash
         store.leave(session)
 
 
-@pytest.mark.parametrize("where", ["target", "members/m1", "claims/a", "resources", "epoch"])
+@pytest.mark.parametrize("where", ["target", "members/m1", "epochs/a", "resources", "epoch"])
 def test_unreadable_data_is_a_clear_error_naming_the_znode_and_nothing_is_deleted(
     zookeeper_backend_url: str, group: str, raw: Any, where: str
 ) -> None:
@@ -596,11 +594,11 @@ def test_foreign_children_are_reported_not_deleted(
     with open_backend(zookeeper_backend_url) as store:
         _lead_and_publish(store, group, {"m1": ["a"]})
         base = f"{parse_backend_url(zookeeper_backend_url).path}/groups/{group}"
-        raw.create(f"{base}/claims/not%escaped", b"")
+        raw.create(f"{base}/epochs/not%escaped", b"")
         with open_backend(zookeeper_backend_url) as fresh:
-            with pytest.raises(CorruptStateError, match=re.escape(f"{base}/claims/not%escaped")):
+            with pytest.raises(CorruptStateError, match=re.escape(f"{base}/epochs/not%escaped")):
                 fresh.state(group)
-            raw.delete(f"{base}/claims/not%escaped")
+            raw.delete(f"{base}/epochs/not%escaped")
             raw.create(f"{base}/notes", b"mine")
         with (
             open_backend(zookeeper_backend_url) as fresh,
@@ -1037,9 +1035,9 @@ def test_a_claim_removed_behind_the_sessions_back_is_noticed_at_its_next_write(
         session, _, generation = _lead_and_publish(store, group, {"m1": ["a", "b"]})
         assert grant_epochs(store.claim(session, ["a", "b"], generation)) == {"a": 1, "b": 1}
         paths = _zk(store)._group(group)
-        raw.delete(paths.claim("a"))  # an operator with zkCli, say
-        raw.delete(paths.claim("b"))
-        # A commit reads the claim and is refused; the next view reads it and drops it.
+        raw.delete(paths.resource_epoch("a"))  # an operator with zkCli, say
+        raw.set(paths.resource_epoch("b"), b'{"epoch":7}')
+        # A commit reads the record and is refused; the next view reads it and drops it.
         with pytest.raises(FencedError):
             store.commit(session, "a", 1, {"n": 1})
         assert store.member_view(session).owned == {"b": 1}
@@ -1436,12 +1434,17 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_the
         # the target's part and 600 records.
         assert sum(reads) <= 3 + 1 + 1 + 600, reads
         assert len([p for p in read if p.startswith(paths.epochs + "/")]) == 600
-        store.leave(old)  # its session ends: its claims go with it, unreleased
+        store.leave(old)  # its session ends, unreleased: its records name a session gone
         read.clear()
+        reads.clear()
         grants = other.claim(new, moved, target.generation)
         assert grant_epochs(grants) == dict.fromkeys(moved, 2)
         assert all(g.freed is Freed.EXPIRED and g.prev_member_id == "m1" for g in grants.values())
-        assert len([p for p in read if p.startswith(paths.claims + "/")]) == 600
+        # The pointer, the session and m1's session (gone: its znode fired); the target's
+        # part and the 600 records; then 600 progress reads behind the claim's requests.
+        # Nothing under claims/ is read or written.
+        assert not [p for p in read if p.startswith(paths.claims + "/")]
+        assert sum(reads) <= 3 + 1 + 600 + 600, reads
 
 
 def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_the_rest(

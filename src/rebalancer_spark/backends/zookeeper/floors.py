@@ -5,9 +5,11 @@ group's znodes removed and created again) gives the group znode another one, whi
 front of :mod:`rebalancer_spark.backends.base` finds out that the store lost its state. No
 write is needed to keep it.
 
-Lifting writes ``epochs/<id>`` (created, or set at the version read) to ``{"epoch": floor}``
-in a multi-op that also creates and deletes ``claims/<id>``: it fails if the resource is held,
-so a lift never changes the epoch under a holder. The next grant is then ``floor + 1``.
+Lifting writes ``epochs/<id>`` (created, or set at the version read) to ``{"epoch": floor}``.
+If the record read names a holder that has not released it, the same multi-op also creates
+and deletes that session's ``sessions/<session id>``: that fails while the session lives (its
+ephemeral znode is there), so a lift never changes the epoch under a holder. The next grant
+is then ``floor + 1``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rebalancer_spark.backends.zookeeper.store.chain import read_record
 from rebalancer_spark.backends.zookeeper.store.client import Settings
-from rebalancer_spark.backends.zookeeper.store.layout import GroupPaths
+from rebalancer_spark.backends.zookeeper.store.layout import RECORD_HINT, GroupPaths
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, transact
-from rebalancer_spark.backends.zookeeper.store.records import encode, read_resource_epoch
+from rebalancer_spark.backends.zookeeper.store.records import encode
 
 __all__ = ["incarnation", "lift_epochs"]
 
@@ -41,19 +44,21 @@ def lift_epochs(
     what = f"lifting resource epochs of group {paths.group!r}"
     gone = settings.unavailable(what, "session expired")
     reader = _reader(client, settings, what)
-    found = {r: reader.get(paths.resource_epoch(r)) for r in floors}
+    found = {r: reader.get(paths.resource_epoch(r), RECORD_HINT) for r in floors}
     lifted = 0
     for r, floor in floors.items():
         current = found[r]()
         path = paths.resource_epoch(r)
         record = encode({"epoch": floor})
+        ops: list[Op] = []
         if current is None:
-            raise_epoch = Op("create", path, record)
-        elif read_resource_epoch(current[0], path) < floor:
-            raise_epoch = Op("set", path, record, current[1].version)
+            ops.append(Op("create", path, record))
+        elif (seen := read_record(*current, path)).epoch < floor:
+            if (holder := seen.holder) is not None:  # held, unless that session has ended
+                ops += [Op("create", paths.session(holder)), Op("delete", paths.session(holder))]
+            ops.append(Op("set", path, record, seen.version))
         else:
             continue
-        ops = [Op("create", paths.claim(r)), Op("delete", paths.claim(r)), raise_epoch]
         try:
             transact(client, ops, settings, what, gone)
         except Refused:

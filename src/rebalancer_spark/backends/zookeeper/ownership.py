@@ -1,16 +1,22 @@
 """Claims, releases and a member's view: ownership, fenced per resource.
 
-A claim is the ephemeral znode ``claims/<id>`` created by the claimer's own session, so it
-vanishes with that session and nobody else can create it while it lives. The multi-op that
-creates it also raises ``epochs/<id>`` from the version read (the resource epoch, persistent,
-so it never goes backwards), checks that the claimer's session lives and that the ``target``
-pointer is still at the version whose chunks gave the member the resource. Many resources go
-in one request; a resource refused by its own check is dropped and the rest tried again.
+A resource is held by the session its ``epochs/<id>`` record names, until that record says
+``released`` or the session ends: the record is persistent and names the session, and the
+session's ephemeral ``sessions/<session id>`` exists exactly while the session lives (ZooKeeper
+never gives an ended session's id again). A claim is one ``set`` (or ``create``) of the record,
+fenced on the version read, in a multi-op that also checks that the claimer's session lives
+and that the ``target`` pointer is still at the version whose chunks gave the member the
+resource; nobody else can grant the resource in between, and a holder it names is live or
+gone for good. Many resources go in one request; a resource refused by its own check is
+dropped and the rest tried again. A release sets the record ``released``, fenced the same way.
+
+(Until this layout a claim also created an ephemeral ``claims/<id>`` znode of the claimer's
+session and a release deleted it: four writes for a resource that moves, where two do. See
+docs/backends/zookeeper.md for members of earlier releases in the same group.)
 
 Each grant also says what it superseded (:mod:`.chain`): the ``epochs/<id>`` record the claim
 reads anyway names the last holder and whether it released, and the grant writes its own
-record there; a release rewrites it (``released``) in the same multi-op that deletes the
-claim."""
+record there."""
 
 from __future__ import annotations
 
@@ -41,13 +47,8 @@ from rebalancer_spark.backends.zookeeper.store.fence import (
 )
 from rebalancer_spark.backends.zookeeper.store.layout import RECORD_HINT, REQUEST_BYTES
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, send
-from rebalancer_spark.backends.zookeeper.store.records import (
-    TargetPointer,
-    claim_data,
-    read_claim,
-    read_target_pointer,
-)
-from rebalancer_spark.core.model import Claim, Freed, Grant, Phase, Progress
+from rebalancer_spark.backends.zookeeper.store.records import TargetPointer, read_target_pointer
+from rebalancer_spark.core.model import Freed, Grant, Phase, Progress
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 
 __all__ = ["IN_FLIGHT", "Waiting", "claim", "member_head", "member_view", "release"]
@@ -112,7 +113,7 @@ def member_head(zs: ZkSession, settings: Settings) -> MemberHead:
 
 def member_view(zs: ZkSession, settings: Settings, *, claims: bool = True) -> MemberView:
     """This member's part of the current target and, if ``claims``, the claims its session
-    holds (those whose creation's answer was lost are read).
+    holds (the records of those whose claim's answer was lost are read).
 
     Read through the session's own connection, so the view includes every write of the
     session (its claims, its releases), after a ``sync`` of that connection: the server it
@@ -127,7 +128,7 @@ def member_view(zs: ZkSession, settings: Settings, *, claims: bool = True) -> Me
         reader = session_reader(zs, settings, what)
         alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
         owned, uncertain = zs.held() if claims else ({}, set())
-        pending = [(r, reader.get(p.claim(r), RECORD_HINT)) for r in sorted(uncertain)]
+        pending = [(r, reader.get(p.resource_epoch(r), RECORD_HINT)) for r in sorted(uncertain)]
         if synced is not None:
             reader.send()  # the reads go out right behind the sync; then its answer is due
             wait(synced, settings, what, zs.expired(), p.changes)
@@ -135,11 +136,9 @@ def member_view(zs: ZkSession, settings: Settings, *, claims: bool = True) -> Me
             raise session_gone(zs)
         found = pointer()
         for resource, answer in pending:
-            held = answer()
-            if held is not None:
-                c = read_claim(resource, held[0], p.claim(resource))
-                if c.session_id == s.session_id:
-                    owned[resource] = c.epoch
+            record = _epoch_record(answer(), p.resource_epoch(resource))
+            if record is not None and record.holder == s.session_id:
+                owned[resource] = record.epoch
         if claims:
             zs.forget(uncertain - set(owned), only_if_idle=True)
         known = owned if claims else None
@@ -218,10 +217,10 @@ def claim(
     read = _read_for_claims(zs, settings, ptr, asked, known, versions, early, sessions)
     if read is None:
         return {}, Waiting({})
-    granted, grants, units = _plan_claims(zs, read.wanted, read.held, read.epochs)
+    granted, grants, units = _plan_claims(zs, read.wanted, read.epochs)
     if not units:
         zs.confirm(_held(granted, read.epochs, written=False))
-        return _hand_over(zs, settings, granted, {}), Waiting(read.waiting)
+        return _hand_over(zs, settings, granted, {}), Waiting(read.waiting, again=read.again)
     fixed = [alive_op(zs), Op("check", p.target, version=found[1].version)]
     marker = Op("set", p.changes)
     zs.begin_claim({r for r, _ in units})
@@ -253,10 +252,10 @@ def claim(
                 raise session_gone(zs)
     finally:
         zs.end_claim(refused, confirmed)  # none confirmed if a request got no answer
-    # A grant refused by its own record (another claim, a lift, a release since the read):
-    # the member tries again at once. (A refused frame means a new target, which wakes it
-    # anyway, or the end of its session.)
-    waiting = Waiting(read.waiting, again=bool(refused) and stopped is None)
+    # A grant refused by its own record (another claim, a lift, a release since the read),
+    # or a record that named a holder not read with it: the member tries again at once. (A
+    # refused frame means a new target, which wakes it anyway, or the end of its session.)
+    waiting = Waiting(read.waiting, again=read.again or (bool(refused) and stopped is None))
     return _hand_over(zs, settings, granted, handed), waiting
 
 
@@ -286,13 +285,14 @@ def _epoch_record(found: Record, path: str) -> EpochRecord | None:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _ForClaims:
     """What a claim read: the resources to plan (given to this member by the target, not
-    held by another live session), with their claim znodes and epoch records, and the znodes
-    to follow for the rest (path -> version at the read)."""
+    held by another live session), with their epoch records, the znodes to follow for the
+    rest (path -> version at the read), and whether some were left undecided (``again``: a
+    record re-read in the cut named a holder whose znode was not read before it)."""
 
     wanted: list[str]
-    held: dict[str, Record]
     epochs: dict[str, EpochRecord | None]
     waiting: dict[str, int]
+    again: bool = False
 
 
 def _read_for_claims(
@@ -309,9 +309,11 @@ def _read_for_claims(
     on while being read).
 
     A resource's epoch record says who holds it (see :attr:`.EpochRecord.holder`); a
-    released one is free with no more reads. A resource held by another session is held
-    while that session's znode exists (so does its claim, an ephemeral of that session), and
-    that znode is to be followed: every release sets it and the session's end deletes it.
+    released one, or one that names no session, is free with no more reads, and one that
+    names this session is held by it. A resource held by another session is held while that
+    session's znode exists, and that znode is to be followed: every release sets it and the
+    session's end deletes it; once it is gone (read before or after the record: an ended
+    session never comes back), the resource is free.
     What the member knows of a holder's znode must come from before the record that names it
     (read in that order through this session's connection, which the server answers in order,
     or in one multiRead, a consistent cut): then a release or an end after that read either
@@ -329,11 +331,8 @@ def _read_for_claims(
     ``versions`` is decided there, and so is one naming a session among ``sessions`` (the
     group's sessions as the claim's first read listed them), whose znodes this read reads
     before the records. Only a record naming another holder (a session started after the
-    list) costs one more multiRead (:func:`_cut`). The claims of the resources whose holder
-    is gone (or that name no session, or this session) are read, each with its record
-    again, in one multiRead (the holder may have released in between); a claim of another
-    session found there is followed itself. A refused grant costs nothing but the attempt:
-    every claim is fenced on the record's version."""
+    list) costs one more multiRead (:func:`_cut`). A refused grant costs nothing but the
+    attempt: every claim is fenced on the record's version."""
     what = "claiming resources"
     p, own = zs.paths, zs.session.session_id
     reader = session_reader(zs, settings, what)
@@ -365,24 +364,22 @@ def _read_for_claims(
     for r, e in list(unsure.items()):
         holder = e.holder
         if holder is None or holder == own:
-            continue  # its claim is read below
+            continue  # free, or this session's
         if holder not in versions:
             others[r] = holder  # a holder not read before this record: the cut below
         elif (version := versions[holder]) is not None:
             follow[r] = (holder, version)
-        # else: its holder's session was gone before this record was read: its claim below
+        # else: its holder's session has ended: free
+    undecided: set[str] = set()
     if others:
-        follow.update(_cut(zs, settings, others, epochs, unsure))
+        held, undecided = _cut(zs, settings, others, epochs)
+        follow.update(held)
     held_by_others = {**still, **follow}
     waiting = {p.session(h): v for h, v in held_by_others.values()}
-    taken = set(held_by_others)
+    taken = set(held_by_others) | undecided
     zs.held_by_others = held_by_others
     wanted = [r for r in wanted if r not in taken]
-    unsure = {r: e for r, e in unsure.items() if r not in taken}
-    held: dict[str, Record] = dict.fromkeys(wanted)
-    if unsure:
-        _read_claims(zs, settings, unsure, held, epochs, waiting)
-    return _ForClaims(wanted, held, epochs, waiting)
+    return _ForClaims(wanted, epochs, waiting, again=bool(undecided))
 
 
 def _cut(
@@ -390,92 +387,60 @@ def _cut(
     settings: Settings,
     others: Mapping[str, str],
     epochs: dict[str, EpochRecord | None],
-    unsure: dict[str, EpochRecord],
-) -> dict[str, tuple[str, int]]:
+) -> tuple[dict[str, tuple[str, int]], set[str]]:
     """Read the znodes of the holders ``others`` names (resource -> a holder not read before
-    its record), then those records again, into ``epochs``: the resources still held by a
-    live session, each with that session and its znode's version, are returned; those
-    released since leave ``unsure``; the rest (holder changed or gone) stay there, with their
-    records as read now."""
-    p = zs.paths
+    its record), then those records again, into ``epochs``. Returns the resources still held
+    by a live session, each with that session and its znode's version, and those whose
+    record now names yet another holder, not read before it (a claim and a release in
+    between: left for the next claim, at once). The rest are free: released, or their
+    holder is gone."""
+    p, own = zs.paths, zs.session.session_id
     cut = session_reader(zs, settings, "claiming resources")
     alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
     again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
     stats = {h: read() for h, read in alive.items()}
     held: dict[str, tuple[str, int]] = {}
+    undecided: set[str] = set()
     for r, read in again.items():
         now = epochs[r] = _epoch_record(read(), p.resource_epoch(r))
         holder = None if now is None else now.holder
-        stat = None if holder is None else stats.get(holder)
-        if now is None or now.released:
-            unsure.pop(r, None)  # released since it was read: free now
-        elif holder is not None and stat is not None:
+        if holder is None or holder == own:
+            continue  # released since it was read: free (or, oddly, this session's)
+        if holder not in stats:
+            undecided.add(r)
+        elif (stat := stats[holder]) is not None:
             held[r] = (holder, stat.version)  # still held by a live session
-        else:
-            unsure[r] = now  # its holder changed or is gone: its claim is read
-    return held
-
-
-def _read_claims(
-    zs: ZkSession,
-    settings: Settings,
-    unsure: Collection[str],
-    held: dict[str, Record],
-    epochs: dict[str, EpochRecord | None],
-    waiting: dict[str, int],
-) -> None:
-    """Read the claims of ``unsure`` resources, each with its record again, into ``held``
-    and ``epochs``; another session's claim found is to be followed (``waiting``)."""
-    p, own = zs.paths, zs.session.session_id
-    reader = session_reader(zs, settings, "claiming resources")
-    pending = {
-        r: (reader.get(p.claim(r), RECORD_HINT), reader.get(p.resource_epoch(r), RECORD_HINT))
-        for r in unsure
-    }
-    for r, (claim_read, epoch_read) in pending.items():
-        current = held[r] = claim_read()
-        epochs[r] = _epoch_record(epoch_read(), p.resource_epoch(r))
-        if current is not None and read_claim(r, current[0], p.claim(r)).session_id != own:
-            waiting[p.claim(r)] = current[1].version
+        # else: its holder's session has ended: free
+    return held, undecided
 
 
 def _plan_claims(
     zs: ZkSession,
     wanted: list[str],
-    held: Mapping[str, Record],
     epochs: Mapping[str, EpochRecord | None],
 ) -> tuple[dict[str, Grant], dict[str, Grant], list[tuple[str, list[Op]]]]:
-    """For each wanted resource (given to this member), from its claim znode and its epoch
-    record as read: the grant it holds already, or the grant a claim would make with its
-    operations (create the claim, raise the epoch)."""
+    """For each wanted resource (given to this member, held by no other live session), from
+    its epoch record as read: the grant this session holds already, or the grant a claim
+    would make with its operation (raise the epoch, naming this session)."""
     p, s = zs.paths, zs.session
     granted: dict[str, Grant] = {}
     grants: dict[str, Grant] = {}
     units: list[tuple[str, list[Op]]] = []
     for r in wanted:
-        current, seen = held[r], epochs[r]
-        path = p.resource_epoch(r)
-        if current is not None:
-            c = read_claim(r, current[0], p.claim(r))
-            if c.session_id == s.session_id and seen is not None:
-                granted[r] = held_grant(seen)
+        seen = epochs.get(r)
+        if seen is not None and seen.holder == s.session_id:
+            granted[r] = held_grant(seen)
             continue
         grant = next_grant(seen)
         grants[r] = grant
         record = grant_data(s.member_id, s.session_id, grant)
+        path = p.resource_epoch(r)
         raise_epoch = (
             Op("create", path, record, tag=r)
             if seen is None
             else Op("set", path, record, seen.version, tag=r)
         )
-        create = Op(
-            "create",
-            p.claim(r),
-            claim_data(s.member_id, s.session_id, grant.epoch),
-            ephemeral=True,
-            tag=r,
-        )
-        units.append((r, [create, raise_epoch]))
+        units.append((r, [raise_epoch]))
     return granted, grants, units
 
 
@@ -561,46 +526,28 @@ def _store_time(results: list[Any]) -> float | None:
 def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> None:
     """Release the given claims if this session holds them at those epochs.
 
-    A claim this session's own request created (or a read confirmed) is trusted: nobody else
-    deletes it while the session lives. If the session also knows its epoch record's version
-    (what its claim wrote), the release is written without any read first, fenced on that
-    version; a release refused there is read and tried again (someone rewrote the record: a
-    lift of the epochs after the store lost its state, or a release whose answer was lost)."""
+    A claim this session's own request made (or a read confirmed) is trusted: nobody else
+    rewrites its record while the session lives. If the session also knows the record's
+    version (what its claim wrote), the release is written without any read first, fenced on
+    that version; a release refused there is read and tried again (someone rewrote the
+    record: a lift of the epochs after the store lost its state, or a release whose answer
+    was lost)."""
     if not claims or zs.state is SessionState.ENDED:
         return
     what = "releasing resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
-    confirmed, _ = zs.held()
     known = zs.record_versions(claims)
     units = [(r, _release_ops(zs, r, claims[r], version)) for r, version in known.items()]
     reader = session_reader(zs, settings, what)
-    reads = {
-        r: (
-            None if confirmed.get(r) == epoch else reader.get(p.claim(r), RECORD_HINT),
-            reader.stat(p.resource_epoch(r), RECORD_HINT),
-        )
-        for r, epoch in claims.items()
-        if r not in known
-    }
+    reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in claims if r not in known}
     gone: set[str] = set()
-    for r, (held, seen) in reads.items():
-        stat = seen()
-        current = None if held is None else held()
-        if held is not None and current is None:
-            gone.add(r)  # released already (a release whose answer was lost)
-            continue
-        if stat is None:
-            continue
-        c = (
-            Claim(r, s.member_id, s.session_id, claims[r])
-            if current is None
-            else read_claim(r, current[0], p.claim(r))
-        )
-        if c.session_id != s.session_id:
-            gone.add(r)
-        elif c.epoch == claims[r]:
-            units.append((r, _release_ops(zs, r, c.epoch, stat.version)))
+    for r, read in reads.items():
+        record = _epoch_record(read(), p.resource_epoch(r))
+        if record is None or record.holder != s.session_id:
+            gone.add(r)  # released already (a release whose answer was lost), or not ours
+        elif record.epoch == claims[r]:
+            units.append((r, _release_ops(zs, r, record.epoch, record.version)))
     # Setting this session's own znode wakes the members whose claims found these resources
     # held by it (they follow it: see the watch's module).
     tail = [Op("set", p.changes), Op("set", p.session(s.session_id))]
@@ -619,11 +566,7 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
 
 
 def _release_ops(zs: ZkSession, resource: str, epoch: int, version: int) -> list[Op]:
-    """Mark ``resource``'s epoch record released (fenced on its ``version``) and delete this
-    session's claim."""
+    """Mark ``resource``'s epoch record released, fenced on its ``version``."""
     p, s = zs.paths, zs.session
     record = released_data(s.member_id, s.session_id, epoch)
-    return [
-        Op("set", p.resource_epoch(resource), record, version, tag=resource),
-        Op("delete", p.claim(resource), tag=resource),
-    ]
+    return [Op("set", p.resource_epoch(resource), record, version, tag=resource)]

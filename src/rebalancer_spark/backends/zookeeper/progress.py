@@ -1,8 +1,9 @@
 """Progress: fenced commits, and the progress of a new claim read right behind the claim.
 
-A progress commit checks the caller's session, the claim and ``epochs/<id>`` at the version
-read with it (so the claim is the one granted at the caller's epoch) and sets
-``progress/<id>`` in the same multi-op: a stale owner or an ended session changes nothing.
+A progress commit reads ``epochs/<id>``, which must name the caller's session at the caller's
+epoch, not released; then it checks the caller's session and that record at the version read
+and sets ``progress/<id>`` in the same multi-op: a stale owner or an ended session changes
+nothing.
 
 A grant hands over the resource's progress (:attr:`Grant.progress`). :class:`Prefetch` sends
 that read right behind the claim's multi-op on the same connection, so it costs no extra round
@@ -16,6 +17,7 @@ from collections.abc import Collection
 from typing import Any
 
 from rebalancer_spark.backends.base import Session, fenced_commit
+from rebalancer_spark.backends.zookeeper.store.chain import EpochRecord, read_record
 from rebalancer_spark.backends.zookeeper.store.client import Settings
 from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
 from rebalancer_spark.backends.zookeeper.store.fence import (
@@ -23,15 +25,10 @@ from rebalancer_spark.backends.zookeeper.store.fence import (
     session_reader,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.store.layout import PROGRESS_HINT, GroupPaths
+from rebalancer_spark.backends.zookeeper.store.layout import PROGRESS_HINT, RECORD_HINT, GroupPaths
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, transact
-from rebalancer_spark.backends.zookeeper.store.records import (
-    progress_data,
-    read_claim,
-    read_progress,
-    read_resource_epoch,
-)
+from rebalancer_spark.backends.zookeeper.store.records import progress_data, read_progress
 from rebalancer_spark.core.errors import RebalancerError, SessionExpired
 from rebalancer_spark.core.model import Progress
 
@@ -102,30 +99,23 @@ def commit(
     create = False  # most commits overwrite the previous one; the first creates the znode
     for _ in range(_ATTEMPTS):
         reader = Reader(client, settings, what, ended)
-        held, seen = reader.get(paths.claim(resource)), reader.get(paths.resource_epoch(resource))
-        current, stat = held(), seen()
-        c = None if current is None else read_claim(resource, current[0], paths.claim(resource))
-        if c is None or stat is None or c.session_id != session.session_id or c.epoch != epoch:
+        seen = reader.get(paths.resource_epoch(resource), RECORD_HINT)()
+        record = None if seen is None else read_record(*seen, paths.resource_epoch(resource))
+        if record is None or record.holder != session.session_id or record.epoch != epoch:
             if zs is not None:
                 zs.doubt(resource)
-            at_epoch = (
-                c.epoch
-                if c
-                else (read_resource_epoch(stat[0], paths.resource_epoch(resource)) if stat else 0)
-            )
             raise fenced_commit(
                 session,
                 resource,
                 epoch,
-                holder=None if c is None else c.member_id,
-                current_epoch=at_epoch,
+                holder=_holder(client, settings, paths, record, ended),
+                current_epoch=0 if record is None else record.epoch,
             )
         data = progress_data(value, epoch, session.member_id, at)
         write = Op("create" if create else "set", paths.progress(resource), data)
         ops = [
             Op("check", paths.session(session.session_id)),
-            Op("check", paths.claim(resource)),
-            Op("check", paths.resource_epoch(resource), version=stat[1].version),
+            Op("check", paths.resource_epoch(resource), version=record.version),
             write,
         ]
         try:
@@ -159,3 +149,19 @@ def commit(
             )
         return
     raise settings.unavailable(what, "the progress znode kept changing")
+
+
+def _holder(
+    client: Any,
+    settings: Settings,
+    paths: GroupPaths,
+    record: EpochRecord | None,
+    ended: Exception,
+) -> str | None:
+    """The member that holds the resource whose ``record`` this is (None: nobody): the one
+    it names, if that session lives."""
+    if record is None or record.holder is None or record.member is None:
+        return None
+    what = "reading who holds a resource"
+    alive = Reader(client, settings, what, ended).stat(paths.session(record.holder))()
+    return None if alive is None else record.member

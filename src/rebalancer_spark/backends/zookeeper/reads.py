@@ -3,7 +3,7 @@
 ZooKeeper has no read transaction, so :func:`read_state` reads optimistically: it notes three
 counters that together change with every change of the group (the ``changes`` marker's
 version, bumped by every write of this library; the ``cversion`` of ``members/`` and of
-``claims/``, which also move when ZooKeeper deletes the ephemeral znodes of an expired session),
+``sessions/``, which also move when ZooKeeper deletes the ephemeral znodes of an expired session),
 reads everything in pipelined rounds, then reads the counters again. Equal counters mean no
 change happened in between: the snapshot is consistent. Otherwise it reads again. The
 snapshot of unchanged counters is cached, so polling an idle group costs one round trip.
@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from rebalancer_spark.backends.zookeeper.control import decode_control
+from rebalancer_spark.backends.zookeeper.store.chain import read_record
 from rebalancer_spark.backends.zookeeper.store.client import Settings
 from rebalancer_spark.backends.zookeeper.store.connection import ZkSession
 from rebalancer_spark.backends.zookeeper.store.layout import (
     CHUNK_BYTES,
     LOG_PREFIX,
+    RECORD_HINT,
     GroupPaths,
     unescape,
 )
@@ -29,7 +31,6 @@ from rebalancer_spark.backends.zookeeper.store.records import (
     ResourcesPointer,
     TargetPointer,
     apply_changes,
-    read_claim,
     read_coordinator,
     read_member,
     read_resource_chunk,
@@ -234,14 +235,18 @@ class SnapshotReader:
 
     def _counters(self, reader: Reader) -> Callable[[], tuple[int, int, int]]:
         p = self._paths
-        marker, members, claims = (
+        marker, members, sessions = (
             reader.stat(p.changes),
             reader.stat(p.members),
-            reader.stat(p.claims),
+            reader.stat(p.sessions),
         )
 
         def collect() -> tuple[int, int, int]:
-            return (_need(marker()).version, _need(members()).cversion, _need(claims()).cversion)
+            return (
+                _need(marker()).version,
+                _need(members()).cversion,
+                _need(sessions()).cversion,
+            )
 
         return collect
 
@@ -383,30 +388,18 @@ class SnapshotReader:
 
     def holders(self, sessions: dict[str, str]) -> frozenset[str]:
         """:meth:`Backend.holders`: ZooKeeper keeps claims per resource only, so this reads
-        every claim (the coordinator asks only while a drain is unfinished)."""
-        p = self._paths
+        every epoch record (the coordinator asks only while a drain is unfinished)."""
         by_session = {sid: m for m, sid in sessions.items()}
-        names = self._reader().children(p.claims)() or []
-        reader = self._reader()
-        gets = [
-            (unescape(n, p.claims), f"{p.claims}/{n}", reader.get(f"{p.claims}/{n}")) for n in names
-        ]
-        found: set[str] = set()
-        for resource, path, pending in gets:
-            data = pending()
-            if data is None:
-                continue  # released meanwhile
-            claim = read_claim(resource, data[0], path)
-            if claim.session_id in by_session:
-                found.add(by_session[claim.session_id])
-        return frozenset(found)
+        names = self._reader().children(self._paths.epochs)() or []
+        claims = _claims(self._reader(), self._paths, names)()
+        return frozenset(by_session[c.session_id] for c in claims if c.session_id in by_session)
 
     def _attempt(self) -> GroupState:
         p = self._paths
         r1 = self._reader()
         counters = self._counters(r1)
         members_list = r1.children(p.members)
-        claims_list = r1.children(p.claims)
+        epoch_list = r1.children(p.epochs)
         coordinator = r1.get(p.coordinator)
         resources_ptr = r1.get(p.resources)
         target_ptr = r1.get(p.target)
@@ -416,16 +409,13 @@ class SnapshotReader:
             if self._cached is not None and self._cached[0] == before:
                 return self._cached[1]
         member_names: list[str] = _need(members_list())
-        claim_names: list[str] = _need(claims_list())
+        epoch_names: list[str] = _need(epoch_list())
         coord = coordinator()
         rptr, tptr = self._pointers(resources_ptr(), target_ptr())
 
         r2 = self._reader()
         member_gets = [(m, r2.get(p.member(m))) for m in member_names]
-        claim_gets = [
-            (unescape(name, p.claims), f"{p.claims}/{name}", r2.get(f"{p.claims}/{name}"))
-            for name in claim_names
-        ]
+        claims = _claims(r2, p, epoch_names)
         resources = read_resources(r2, p, rptr)
         parts = None if tptr is None else read_target_part(r2, p, tptr, list(tptr.members))
         after = self._counters(r2)
@@ -433,10 +423,6 @@ class SnapshotReader:
         for m, pending in member_gets:
             data, _ = _need(pending())
             members[m] = read_member(m, data, p.member(m))
-        claims: dict[str, Claim] = {}
-        for resource, path, pending in claim_gets:
-            data, _ = _need(pending())
-            claims[resource] = read_claim(resource, data, path)
         snapshot_resources = resources()
         target = None if tptr is None or parts is None else target_of(tptr, parts())
         if after() != before:
@@ -449,9 +435,32 @@ class SnapshotReader:
             resources=snapshot_resources,
             resources_version=0 if rptr is None else rptr.version,
             target=target,
-            claims={r: c for r, c in claims.items() if c.session_id in live},
+            claims={c.resource: c for c in claims() if c.session_id in live},
             control=decode_control(p.group, control()),
         )
         with self._lock:
             self._cached = (before, state)
         return state
+
+
+def _claims(reader: Reader, p: GroupPaths, names: Iterable[str]) -> Callable[[], list[Claim]]:
+    """Read the ``epochs/`` records ``names`` with ``reader``; collect the claims they name: a
+    record that names a session and was not released (whether that session lives is the
+    caller's to judge)."""
+    gets = [
+        (unescape(n, p.epochs), f"{p.epochs}/{n}", reader.get(f"{p.epochs}/{n}", RECORD_HINT))
+        for n in names
+    ]
+
+    def collect() -> list[Claim]:
+        out: list[Claim] = []
+        for resource, path, pending in gets:
+            found = pending()
+            if found is None:
+                continue  # removed meanwhile
+            record = read_record(*found, path)
+            if record.holder is not None and record.member is not None:
+                out.append(Claim(resource, record.member, record.holder, record.epoch))
+        return out
+
+    return collect

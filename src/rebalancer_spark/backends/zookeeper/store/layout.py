@@ -14,8 +14,8 @@ One tree per chroot, one sub-tree per group::
         resource-sets/<set>/<k>             chunks of [[id, weight], ...]
         target                              pointer to the current target generation
         targets/<dir>/<member>#<k>          chunks of [id, ...] for one member
-        claims/<escaped id>                 EPHEMERAL of the owner's session: owner and epoch
-        epochs/<escaped id>                 resource epoch; raised with every grant
+        claims/                             empty: the claims of earlier releases' members
+        epochs/<escaped id>                 resource epoch and holder; raised by every grant
         progress/<escaped id>               last accepted progress commit
         control                             the operator's control record (JSON); created
                                             on the first change, version == record version - 1
@@ -189,9 +189,6 @@ class GroupPaths:
 
     def session(self, session_id: str) -> str:
         return f"{self.sessions}/{session_id}"
-
-    def claim(self, resource: str) -> str:
-        return f"{self.claims}/{escape(resource)}"
 
     def resource_epoch(self, resource: str) -> str:
         return f"{self.epochs}/{escape(resource)}"

@@ -17,7 +17,6 @@ from typing import Any
 from rebalancer_spark.backends.records import parse_phase
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import (
-    Claim,
     CoordinatorRecord,
     MemberRecord,
     Phase,
@@ -37,7 +36,6 @@ __all__ = [
     "decode",
     "encode",
     "json_scalar",
-    "read_claim",
     "read_coordinator",
     "read_epoch",
     "read_layout",
@@ -70,7 +68,7 @@ def _json_text(text: str) -> str:
 
 def json_scalar(value: str | int | float | None) -> str:
     """``value`` as :func:`encode` writes it, for the records written once per resource in a
-    claim or a release (:func:`claim_data`, ``chain.grant_data``, ``chain.released_data``):
+    claim or a release (``chain.grant_data``, ``chain.released_data``):
     those fill a fixed template with it, at a tenth of the cost of encoding a dict. Texts
     (member and session ids, repeated across a batch) are encoded once and kept."""
     if value is None:
@@ -198,30 +196,6 @@ def read_epoch(data: bytes, version: int, path: str) -> CoordinatorRecord:
     if epoch == 0:
         return CoordinatorRecord("", "", 0)
     return CoordinatorRecord(_get(obj, "member", str, path), _get(obj, "session", str, path), epoch)
-
-
-def claim_data(member_id: str, session_id: str, epoch: int) -> bytes:
-    """``encode({"member": member_id, "session": session_id, "epoch": epoch})``, byte for
-    byte, from a template (:func:`json_scalar`)."""
-    return (
-        f'{{"epoch":{json_scalar(epoch)},"member":{json_scalar(member_id)},'
-        f'"session":{json_scalar(session_id)}}}'
-    ).encode()
-
-
-def read_claim(resource: str, data: bytes, path: str) -> Claim:
-    obj = _object(data, path)
-    return Claim(
-        resource=resource,
-        member_id=_get(obj, "member", str, path),
-        session_id=_get(obj, "session", str, path),
-        epoch=_get(obj, "epoch", int, path),
-    )
-
-
-def read_resource_epoch(data: bytes, path: str) -> int:
-    epoch: int = _get(_object(data, path), "epoch", int, path)
-    return epoch
 
 
 def progress_data(value: Any, epoch: int, member_id: str, at: float) -> bytes:
