@@ -1046,6 +1046,35 @@ def test_a_claim_removed_behind_the_sessions_back_is_noticed_at_its_next_write(
         assert store.member_view(session).owned == {}
 
 
+def test_the_cut_follows_a_live_holder_frees_a_gone_one_and_leaves_a_new_one_undecided(
+    zookeeper_backend_url: str, group: str
+) -> None:
+    # A claim that read a record naming a holder it had not read reads that holder's session
+    # znode, then the record again (ownership._cut). Held while the session lives; free once
+    # it has ended; and a record that now names yet another session, not read before it, is
+    # decided by no one: the claim leaves it for the next one (granting it could take a
+    # resource from a live holder; following the old holder would wait for nothing).
+    from rebalancer_spark.backends.zookeeper import ownership
+
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, _, generation = _lead_and_publish(store, group, {"m1": ["x"], "m3": ["y"]})
+        s3 = store.join(group, "m3", info={}, ttl=10, static=False)
+        store.claim(s1, ["x"], generation)
+        store.claim(s3, ["y"], generation)
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        zs = _zk(other)._hosted(s2)
+        settings = _zk(other).settings
+        stale = dict.fromkeys(["x", "y"], s1.session_id)  # y's holder as a claim once read it
+        held, undecided = ownership._cut(zs, settings, stale, {})
+        version = _zk(store)._hosted(s1).client.exists(zs.paths.session(s1.session_id)).version
+        assert held == {"x": (s1.session_id, version)} and undecided == {"y"}
+        store.leave(s1)
+        epochs: dict[str, Any] = {}
+        held, undecided = ownership._cut(zs, settings, {"x": s1.session_id}, epochs)
+        assert held == {} and undecided == set()  # free: its holder's session has ended
+        assert epochs["x"].holder == s1.session_id
+
+
 def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
     zookeeper_backend_url: str, group: str
 ) -> None:

@@ -115,3 +115,28 @@ def test_a_grant_after_a_lift_names_no_predecessor(store: Backend, group: str) -
     granted = store.claim(s1, ["a"], gen)["a"]
     assert granted.epoch == 51
     assert (granted.freed, granted.prev_member_id, granted.prev_session_id) == (None, None, None)
+
+
+def test_a_lift_leaves_a_held_resource_alone_and_raises_it_once_its_holder_has_gone(
+    store: Backend, group: str
+) -> None:
+    """A lift never changes an epoch under a live holder (its commits are fenced on it), and
+    a holder whose session ended holds nothing: its resource is lifted like a released one.
+    (On ZooKeeper the record names the holder and the lift's multi-op proves that holder's
+    session znode gone; a lift that checked only the record would lift ``a`` at once.)"""
+    s1 = _join(store, group, "m1")
+    epoch = _lead(store, s1)
+    gen = store.publish(
+        s1, epoch, {"m1": ["a", "b"]}, phase=Phase.RUNNING, resources_version=0
+    ).generation
+    assert set(store.claim(s1, ["a", "b"], gen)) == {"a", "b"}
+    store.release(s1, {"b": 1})
+    assert store.lift_epochs(group, {"a": 50, "b": 50}) == 1  # b only: m1 holds a
+    store.commit(s1, "a", 1, {"n": 1})  # a's epoch did not move under its holder
+    store.leave(s1)
+    assert store.lift_epochs(group, {"a": 50}) == 1
+    s2 = _join(store, group, "m2")
+    gen = store.publish(
+        s2, _lead(store, s2), {"m2": ["a"]}, phase=Phase.RUNNING, resources_version=0
+    ).generation
+    assert store.claim(s2, ["a"], gen)["a"].epoch == 51

@@ -19,8 +19,7 @@ each read the store for nothing:
   on changes until a target says so), and the znodes :meth:`ZookeeperWatch.follow` names:
   after a claim found resources held by another live session, that session's znode
   (``sessions/<id>``), which every release sets in its multi-op and which goes with the
-  session; after a claim found a claim of a session that does not say which, that claim.
-  So a member wakes for the releases of resources its target gives it once it asked for
+  session. So a member wakes for the releases of resources its target gives it once it asked for
   them, which is what the reconciler does on every new target.
 
 Watches fire once, so each firing re-arms those of the current interest, and the waiter is

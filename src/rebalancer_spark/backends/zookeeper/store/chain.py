@@ -8,11 +8,11 @@ check), so the znode's ``mtime`` is the release time in store time (the leader's
 A claim reads the znode anyway (its version fences the grant), so the chain costs no extra
 round trip:
 
-* claim znode gone and ``released``: freed ``released`` at the znode's ``mtime``;
-* claim znode gone otherwise: the holder's session ended (expiry, a crash, a leave without a
-  release). ZooKeeper keeps no record of when it ended a session, so ``freed_at`` is the store
-  time of the grant that found it gone (the ``mtime`` the grant's multi-op returns), an upper
-  bound of the real end;
+* ``released``: freed ``released`` at the znode's ``mtime``;
+* otherwise, its session znode gone: the holder's session ended (expiry, a crash, a leave
+  without a release). ZooKeeper keeps no record of when it ended a session, so ``freed_at``
+  is the store time of the grant that found it gone (the ``mtime`` the grant's multi-op
+  returns), an upper bound of the real end;
 * no znode: a first grant (``new``); a znode of an older version (``{"epoch": e}`` only): the
   predecessor is unknown (``freed`` None).
 """
@@ -47,9 +47,9 @@ class EpochRecord:
     @property
     def holder(self) -> str | None:
         """The session the record says holds the resource now (None: released, or unknown).
-        Its claim znode exists exactly while that session lives: the claim is an ephemeral
-        of the same session as ``sessions/<id>``, and only a release (which rewrites this
-        record) or the session's end deletes it."""
+        It holds it while its ``sessions/<id>`` znode exists: only a release (which rewrites
+        this record) or the session's end (which deletes that ephemeral znode) ends the
+        claim."""
         return None if self.released else self.session
 
 

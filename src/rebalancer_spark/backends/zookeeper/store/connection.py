@@ -191,15 +191,15 @@ class ZkSession:
     # -- claims this session may hold -------------------------------------------------------
 
     def begin_claim(self, resources: set[str]) -> None:
-        """Note resources about to be claimed: every claim of this session is created here,
-        so these notes are a superset of what the store can hold for the session."""
+        """Note resources about to be claimed: every claim of this session is made here, so
+        these notes are a superset of what the store can hold for the session."""
         with self._lock:
             self._attempted |= resources
             self._claiming += 1
 
     def end_claim(self, refused: set[str], confirmed: Mapping[str, Held]) -> None:
-        """The claim is over: ``refused`` were not created; ``confirmed`` are held, as the
-        answer of the request that created them (or a read) said."""
+        """The claim is over: ``refused`` were not granted; ``confirmed`` are held, as the
+        answer of the request that granted them (or a read) said."""
         with self._lock:
             self._attempted -= refused
             self._claiming -= 1
@@ -220,16 +220,16 @@ class ZkSession:
                     self._confirmed.pop(r, None)
 
     def doubt(self, resource: str) -> None:
-        """A write found ``resource``'s claim not as this session holds it (someone removed
-        the znode behind its back): read it again with the next view."""
+        """A write found ``resource``'s claim not as this session holds it (someone rewrote
+        its record behind its back): read it again with the next view."""
         with self._lock:
             self._confirmed.pop(resource, None)
 
     def held(self) -> tuple[dict[str, int], set[str]]:
         """What this session holds for sure (resource -> epoch) and what it may hold: claims
         whose request got no answer (the connection broke), to be read. Only this session
-        deletes its claims (a release) until it ends, so a confirmed claim stays held as
-        long as the session lives; the caller checks that it does."""
+        rewrites the records of its claims (a release) until it ends, so a confirmed claim
+        stays held as long as the session lives; the caller checks that it does."""
         with self._lock:
             confirmed = {r: h.epoch for r, h in self._confirmed.items()}
             return confirmed, self._attempted - self._confirmed.keys()
