@@ -112,7 +112,7 @@ def _text(value: object) -> str | None:
 
 
 def next_grant(record: EpochRecord | None) -> Grant:
-    """The grant that follows ``record`` (None: no znode), the claim znode being gone. An
+    """The grant that follows ``record`` (None: no znode), its holder released or gone. An
     expiry's ``freed_at`` is left None: the caller fills in the grant's own store time."""
     if record is None:
         return Grant(1)
