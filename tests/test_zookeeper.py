@@ -36,6 +36,7 @@ from rebalancer_spark.backends.zookeeper.store.layout import (
     escape,
     unescape,
 )
+from rebalancer_spark.backends.zookeeper.watch import ZookeeperWatch
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.errors import (
     BackendError,
@@ -798,8 +799,8 @@ def _lead_and_claim(store: Backend, group: str, ids: list[str]) -> tuple[Session
 def test_a_members_view_reads_no_claim_its_own_requests_created(
     zookeeper_backend_url: str, group: str
 ) -> None:
-    # Only the session deletes its claims while it lives: the view trusts the answers of the
-    # requests that created them, so its reads do not grow with what the member owns.
+    # Only the session rewrites the records of its claims while it lives: the view trusts the
+    # answers of the requests that made them, so its reads do not grow with what the member owns.
     mine = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store:
         session, _ = _lead_and_claim(store, group, mine)
@@ -1075,7 +1076,7 @@ def test_the_cut_follows_a_live_holder_frees_a_gone_one_and_leaves_a_new_one_und
         assert epochs["x"].holder == s1.session_id
 
 
-def test_a_claim_of_released_resources_reads_their_records_not_their_claims(
+def test_a_claim_of_released_resources_reads_their_records_alone(
     zookeeper_backend_url: str, group: str
 ) -> None:
     moved = [f"r{i:04d}" for i in range(600)]
@@ -1154,6 +1155,59 @@ def test_focused_watches_sleep_through_what_their_interest_does_not_cover(
         finally:
             for watch in (member, follower, witness):
                 watch.close()
+
+
+def test_a_watch_asks_again_only_for_what_fired_and_follows_a_znode_once(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # A publication fired each member's target watch; the member asked for its target,
+    # control and membership watches again, two of which stood: 200 requests a join in a
+    # group of 100. And a newcomer asked to follow each holder once per claim round.
+    from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
+
+    with open_backend(zookeeper_backend_url) as store:
+        s1, epoch, target = _lead(store, group, {"m1": ["x"], "m2": []})
+        store.join(group, "m2", info={}, ttl=10, static=False)
+        paths = _zk(store)._group(group)
+        client = _zk(store)._client
+        watch = store.watch(group)
+        assert isinstance(watch, ZookeeperWatch)
+        asked: list[str] = []
+        exists = client.exists_async
+
+        def spy(path: str, watch: Any = None) -> Any:
+            asked.append(path)
+            return exists(path, watch=watch)
+
+        try:
+            watch.focus(Interest.MEMBER, "m2")
+            raw.set(paths.changes, b"")  # fires what the first interest watched, once
+            assert watch.wait(5)
+            quiet(watch)
+            client.exists_async = spy
+            _republish(store, s1, epoch, {"m1": [], "m2": ["x"]}, target)
+            assert watch.wait(5), "a new target"
+            assert asked == [paths.target]  # control and m2's membership are watched still
+            asked.clear()
+            holder = paths.session(s1.session_id)
+            version = raw.exists(holder).version
+            watch.follow({holder: version})
+            watch.follow({holder: version})  # a second claim round, the holder unchanged
+            assert asked == [holder]
+            assert watch.wait(0.3) is False
+            raw.set(holder, b"")  # what a release does
+            assert watch.wait(5), "the holder released"
+            watch.follow({holder: version + 1})  # fired: followed again
+            assert asked == [holder, holder]
+            quiet(watch)
+            # A dropped connection: kazoo forgets every watch and fires each with no path.
+            watch._fired(WatchedEvent(EventType.NONE, KeeperState.CONNECTING, None))
+            assert watch.wait(5)
+            watch.follow({holder: version + 1})
+            assert asked.count(holder) == 3
+        finally:
+            client.exists_async = exists
+            watch.close()
 
 
 def test_a_follower_that_gives_no_grace_watches_the_coordinator_alone(
@@ -1435,7 +1489,7 @@ def test_a_follower_remembers_the_resource_set_without_building_it(
         assert len(other.epochs.resources(group)) == len(ids) and len(built) == chunks  # once
 
 
-def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once_not_their_claims(
+def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once(
     zookeeper_backend_url: str, group: str
 ) -> None:
     # While the holder's session znode exists so do its claims (ephemerals of one session):

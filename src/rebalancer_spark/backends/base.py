@@ -442,7 +442,8 @@ class Backend(abc.ABC):
     def holders(self, group: str, sessions: Mapping[str, str]) -> frozenset[str]:
         """Which of ``sessions`` (member id → session id) hold at least one claim. Cheap for
         a few members on SQLite and Redis; ZooKeeper keeps no claims per session, so there it
-        reads every claim (the coordinator asks only while a drain is unfinished)."""
+        reads every resource's epoch record (the coordinator asks only while a drain is
+        unfinished)."""
         validate_group(group)
         return self._holders(group, dict(sessions)) if sessions else frozenset()
 

@@ -6,8 +6,8 @@ role or on a claim carries them in the same multi-op, so ZooKeeper applies it on
 * **coordinator** (:func:`coordinator_fence`): ``check epoch`` at version == the caller's epoch
   (nobody was elected since; the epoch znode names the session that won it) and
   ``check coordinator`` (the winner still holds the role);
-* **claim** (in :mod:`.ownership`): ``check claims/<id>`` and ``check epochs/<id>`` at the
-  version read with the claim (nobody claimed the resource since).
+* **claim** (in :mod:`.ownership`): ``check epochs/<id>`` at the version read, the record
+  naming this session at its epoch (nobody claimed or lifted the resource since).
 """
 
 from __future__ import annotations
