@@ -1076,6 +1076,53 @@ def test_the_cut_follows_a_live_holder_frees_a_gone_one_and_leaves_a_new_one_und
         assert epochs["x"].holder == s1.session_id
 
 
+def test_claims_of_a_member_of_an_earlier_release_are_respected_through_a_rolling_restart(
+    zookeeper_backend_url: str, group: str, zookeeper_server: ZkServer
+) -> None:
+    # A member of a release before session 30 claimed with an ephemeral claims/<id> beside
+    # the record that names it, and released by deleting it. A member of this release judges
+    # by the record and the holder's session znode alone: it leaves a live old member's
+    # resource alone and follows its session, takes it once released the old way, and takes
+    # one whose old holder's session ended (docs/operations.md, the upgrade).
+    from rebalancer_spark.backends.zookeeper.store.chain import grant_data, released_data
+    from rebalancer_spark.backends.zookeeper.store.records import member_data
+
+    with open_backend(zookeeper_backend_url) as store:
+        s2, _, target = _lead(store, group, {"m2": ["x", "y"]})
+        paths = _zk(store)._group(group)
+        old = _raw(f"127.0.0.1:{zookeeper_server.port}")
+        try:
+            sid = f"{old.client_id[0]:016x}"
+            old.create(paths.member("m1"), member_data(sid, {}, static=False), ephemeral=True)
+            old.create(paths.session(sid), b"", ephemeral=True)
+            for r in ("x", "y"):  # the earlier release's claim: a claim znode and the record
+                claim = json.dumps({"epoch": 1, "member": "m1", "session": sid}).encode()
+                old.create(f"{paths.claims}/{escape(r)}", claim, ephemeral=True)
+                old.create(paths.resource_epoch(r), grant_data("m1", sid, Grant(1)))
+            assert store.claim(s2, ["x", "y"], target.generation) == {}
+            assert store.state(group).claims.keys() == {"x", "y"}  # m1's, by their records
+            tx = old.transaction()  # the earlier release's release of x
+            tx.set_data(paths.resource_epoch("x"), released_data("m1", sid, 1), version=0)
+            tx.delete(f"{paths.claims}/{escape('x')}")
+            tx.set_data(paths.session(sid), b"")
+            tx.commit()
+            (x,) = store.claim(s2, ["x", "y"], target.generation).values()
+            assert (x.epoch, x.freed, x.prev_member_id) == (2, Freed.RELEASED, "m1")
+        finally:
+            old.stop()
+            old.close()  # m1's session ends with y unreleased
+        grants = wait_for(
+            lambda: store.claim(s2, ["y"], target.generation),
+            timeout=10,
+            what="y once m1's session ended",
+        )
+        assert (grants["y"].epoch, grants["y"].freed) == (2, Freed.EXPIRED)
+        assert {r: c.member_id for r, c in store.state(group).claims.items()} == {
+            "x": "m2",
+            "y": "m2",
+        }
+
+
 def test_a_claim_of_released_resources_reads_their_records_alone(
     zookeeper_backend_url: str, group: str
 ) -> None:
@@ -1492,11 +1539,11 @@ def test_a_follower_remembers_the_resource_set_without_building_it(
 def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once(
     zookeeper_backend_url: str, group: str
 ) -> None:
-    # While the holder's session znode exists so do its claims (ephemerals of one session):
-    # a joining member that asks before the releases land lists the group's sessions, reads
-    # the holder's session and then each record once (a consistent cut: the version read is
-    # what the member's watch follows), not 600 claims; once the holder is gone, its claims
-    # are read and granted. (Before the list, the holder's session was read after the
+    # While the holder's session znode exists it holds what its records name: a joining
+    # member that asks before the releases land lists the group's sessions, reads the
+    # holder's session and then each record once (a consistent cut: the version read is what
+    # the member's watch follows); once the holder is gone, its resources are granted on
+    # their records alone. (Before the list, the holder's session was read after the
     # records, which the claim then read a second time with it: 1,204 reads, not 605.)
     moved = [f"r{i:04d}" for i in range(600)]
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
