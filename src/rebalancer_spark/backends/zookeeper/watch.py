@@ -19,18 +19,19 @@ each read the store for nothing:
   on changes until a target says so), and the znodes :meth:`ZookeeperWatch.follow` names:
   after a claim found resources held by another live session, that session's znode
   (``sessions/<id>``), which every release sets in its multi-op and which goes with the
-  session. So a member wakes for the releases of resources its target gives it once it asked for
-  them, which is what the reconciler does on every new target.
+  session. So a member wakes for the releases of resources its target gives it once it asked
+  for them, which is what the reconciler does on every new target.
 
-Watches fire once, so each firing re-arms those of the current interest, and the waiter is
-woken only once the server has *answered* the re-arming requests: from then on the watches are
-registered on the server, and every change the waiter's next read does not see fires them
-again. (Waking the waiter at once would let a change land between its read and the re-arm's
-arrival, seen by neither.) A followed znode's firing is the exception: the interest's watches
-did not fire, so they are still registered, and the waiter wakes at once (one round trip less
-from a release to the claim it lets through). Reads through another connection must also not
-lag behind the server the watches are on: :func:`.ownership.member_view` syncs the session's
-connection first.
+Watches fire once, so each firing re-arms the watch that fired (the interest's others did not
+fire and stand; a dropped connection, which makes kazoo forget them all, re-arms them all),
+and the waiter is woken only once the server has *answered* the re-arming requests: from then
+on the watches are registered on the server, and every change the waiter's next read does not
+see fires them again. (Waking the waiter at once would let a change land between its read and
+the re-arm's arrival, seen by neither.) A followed znode's firing is the exception: the
+interest's watches did not fire, so they are still registered, and the waiter wakes at once
+(one round trip less from a release to the claim it lets through). Reads through another
+connection must also not lag behind the server the watches are on:
+:func:`.ownership.member_view` syncs the session's connection first.
 :meth:`Backend.watch` likewise returns only once the first arm is answered. A dropped
 connection wakes the waiter at once (kazoo fires every watch when it disconnects); when the
 connection, or a new session of the shared client, is back the watches are re-armed, and the
