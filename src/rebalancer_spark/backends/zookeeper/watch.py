@@ -197,7 +197,7 @@ class ZookeeperWatch(Watch):
         """A watch fired (or the connection dropped): re-arm; the waiter wakes once the
         server has answered the re-arm. Only the watch that fired is re-armed: the others
         are registered still (a target published woke each member's watch to ask for three
-        watches again, two of them standing: 200 requests a join in a group of 100). A
+        watches again, two of them standing: 200 requests too many a join in a group of 100). A
         followed znode (a holder's release) wakes the waiter at once instead: the watches of
         the interest did not fire, so there is nothing to re-arm (a round trip less between a
         release and the claim that follows it). A followed znode is not watched again: the
