@@ -202,6 +202,7 @@ class Figures:
     overlap_examples: list[str] = field(default_factory=list)
     lost_commits: int = 0
     lost_with_store_data: int = 0
+    lost_examples: list[str] = field(default_factory=list)
     commits: int = 0
     acquisitions: int = 0
     recovery_s: float = float("nan")
@@ -250,6 +251,7 @@ class Figures:
         if self.drivers is not None:
             out += self.drivers.lines()
         out += [f"  OVERLAP {e}" for e in self.overlap_examples]
+        out += [f"  LOST {e}" for e in self.lost_examples]
         return out
 
 
@@ -404,8 +406,9 @@ def check(
     figures.overlap_examples = [_overlap(o, since) for o in [*overlaps, *stepped][:5]]
     figures.acquisitions = sum(1 for r in owned if r["kind"] == "acquired" and r["at"] > since)
     figures.commits = sum(1 for r in records if r["kind"] == "commit" and r["ok"])
-    lost, documented, _ = count_lost_commits(records, final, data_lost_at)
+    lost, documented, examples = count_lost_commits(records, final, data_lost_at)
     figures.lost_commits, figures.lost_with_store_data = lost, documented
+    figures.lost_examples = [f"{e} (times: seconds since the epoch)" for e in examples]
     if isinstance(procs, Members) and procs.with_audit:
         from rebalancer_spark.audit import verify_table
 

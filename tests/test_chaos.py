@@ -162,10 +162,17 @@ def test_a_commit_the_next_owner_was_not_handed_is_counted_lost() -> None:
         _handed("r", 2, 4, at=12.0),  # the next owner got 4: commit 5 is lost
         _commit("r", 2, 5, at=12.5),
         _commit("s", 1, 7, at=12.0),  # after the data loss below
-    ]
+        {"kind": "acquired", "resource": "r", "epoch": 2, "member_id": "m2", "session_id": "s2",
+         "at": 11.9, "prev_epoch": 1, "prev_member_id": "m1", "freed": "released",
+         "freed_at": 11.8},
+    ]  # fmt: skip
     final = {"r": (20.0, 5), "s": (20.0, 6)}  # s: the store holds less than acknowledged
     lost, documented, examples = count_lost_commits(records, final, data_lost_at=[])
     assert (lost, documented) == (2, 0), examples
+    # Each example says which grant was handed too little, and what that grant superseded.
+    grant = "the grant at epoch 2 (m2 session s2 at 11.900, after epoch 1 of m1 (released"
+    assert grant in examples[0], examples
+    assert "the store's final read had 6" in examples[1], examples
     lost, documented, _ = count_lost_commits(records, final, data_lost_at=[11.2])
     assert (lost, documented) == (1, 1)  # r's loss straddles a store data loss; s's does not
     assert count_lost_commits(records[:2], {"r": (20.0, 5)}, [])[:2] == (0, 0)

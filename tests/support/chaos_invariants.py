@@ -31,10 +31,13 @@ def count_lost_commits(
     its data between the commit's request and the evidence (documented for Redis)."""
     losses = sorted(data_lost_at)
     handed: dict[str, list[tuple[float, int, int]]] = {}
+    grants: dict[tuple[str, int], dict[str, Any]] = {}
     for r in records:
         if r["kind"] == "handed":
             value = r["progress"] if isinstance(r["progress"], int) else 0
             handed.setdefault(r["resource"], []).append((float(r["at"]), int(r["epoch"]), value))
+        elif r["kind"] == "acquired":
+            grants.setdefault((r["resource"], int(r["epoch"])), r)
     for items in handed.values():
         items.sort()
     lost = documented = 0
@@ -44,15 +47,15 @@ def count_lost_commits(
             continue
         acked, epoch = float(r["at"]), int(r["epoch"])
         found = next(
-            ((at, v) for at, e, v in handed.get(r["resource"], []) if at > acked and e > epoch),
+            ((at, e, v) for at, e, v in handed.get(r["resource"], []) if at > acked and e > epoch),
             None,
         )
         if found is None:
             at, v = final[r["resource"]]
             if at <= acked:
                 continue  # answered after the last read: nothing can tell
-            found = (at, v)
-        seen_at, seen = found
+            found = (at, None, v)
+        seen_at, seen_epoch, seen = found
         if seen >= r["value"]:
             continue
         between = bisect.bisect_right(losses, seen_at) - bisect.bisect_left(
@@ -63,11 +66,30 @@ def count_lost_commits(
         else:
             lost += 1
             if len(examples) < 5:
+                where = (
+                    "the store's final read"
+                    if seen_epoch is None
+                    else f"the grant at epoch {seen_epoch} "
+                    f"({_grant(grants.get((r['resource'], seen_epoch)))})"
+                )
                 examples.append(
-                    f"{r['resource']}: value {r['value']} (epoch {epoch}) acknowledged at "
-                    f"{acked:.3f}, but {seen} was read at {seen_at:.3f}"
+                    f"{r['resource']}: value {r['value']} (epoch {epoch}, "
+                    f"{_grant(grants.get((r['resource'], epoch)))}) sent at "
+                    f"{float(r['started_at']):.3f}, acknowledged at {acked:.3f}, but "
+                    f"{where} had {seen} at {seen_at:.3f}"
                 )
     return lost, documented, examples
+
+
+def _grant(acquired: dict[str, Any] | None) -> str:
+    """Who was granted an epoch, and what the grant superseded, from its ``acquired`` line."""
+    if acquired is None:
+        return "no acquired line"
+    return (
+        f"{acquired.get('member_id')} session {acquired.get('session_id')} at "
+        f"{float(acquired['at']):.3f}, after epoch {acquired.get('prev_epoch')} of "
+        f"{acquired.get('prev_member_id')} ({acquired.get('freed')} at {acquired.get('freed_at')})"
+    )
 
 
 def every_resource_committed(
