@@ -51,6 +51,7 @@ from rebalancer_spark.core.model import (
     Grant,
     GroupState,
     Phase,
+    Progress,
     Resource,
     ResourceChange,
     Target,
@@ -1797,6 +1798,47 @@ def ensemble_procs(
     procs = MemberProcesses(url, group, tmp_path, session_timeout=ETTL, stability_window=0.05)
     yield procs
     procs.close()
+
+
+@pytest.mark.slow
+def test_progress_read_on_a_follower_that_lags_holds_every_acknowledged_commit(
+    tmp_path: Path, group: str
+) -> None:
+    """A server answers reads from what it has applied, and a follower the leader's messages
+    have not reached yet answers without commits the others acknowledged. ``progress()`` sends
+    a ``sync`` ahead of its reads: the follower answers once it caught up, with every commit
+    acknowledged before the call (the chaos runner's final read, on whichever server its
+    client found, once saw commits go missing this way)."""
+    ensemble, proxies = Ensemble.with_a_slow_follower(tmp_path / "zk")
+    chroot = f"/rb-{uuid.uuid4().hex[:12]}"
+    quorum = ",".join(f"127.0.0.1:{s.port}" for s in ensemble.servers[:2])
+    lagging = f"127.0.0.1:{ensemble.servers[2].port}"
+    try:
+        ensemble.start_slow_follower()
+        with (
+            open_backend(f"zookeeper://{quorum}{chroot}") as store,
+            open_backend(f"zookeeper://{lagging}{chroot}") as observer,
+        ):
+            session, _, generation = _lead_and_publish(store, group, {"m1": ["a"]})
+            assert grant_epochs(store.claim(session, ["a"], generation)) == {"a": 1}
+            store.commit(session, "a", 1, 1)
+            assert observer.progress(group, ["a"])["a"].value == 1
+            for proxy in proxies:
+                proxy.hold()  # the follower hears nothing from the leader from now on
+            store.commit(session, "a", 1, 2)  # acknowledged by the other two
+            answer: dict[str, Progress] = {}
+            reader = threading.Thread(target=lambda: answer.update(observer.progress(group, ["a"])))
+            reader.start()
+            reader.join(1.0)  # the lagging follower's answer, if it gives one without the leader
+            for proxy in proxies:
+                proxy.flow()
+            reader.join(10)
+            assert not reader.is_alive()
+            assert answer["a"].value == 2
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        ensemble.close()
 
 
 @pytest.mark.slow

@@ -203,6 +203,30 @@ class Ensemble:
             [ZkServer(base / f"server{i + 1}", ports[i], myid=i + 1, peers=peers) for i in range(3)]
         )
 
+    @classmethod
+    def with_a_slow_follower(cls, base: Path) -> tuple[Ensemble, list[TcpProxy]]:
+        """Three servers (not started) of which the third reaches the others' quorum ports
+        through a :class:`TcpProxy` each (returned): whichever of the first two leads, holding
+        the proxies keeps what the leader sends from that follower, which goes on serving its
+        clients from what it has. Start it with :meth:`start_slow_follower`."""
+        ensemble = cls.of_three(base)
+        third = ensemble.servers[2]
+        first, second, own = third.peers
+        proxies = [TcpProxy(first[1]), TcpProxy(second[1])]
+        third.peers = [(1, proxies[0].port, first[2]), (2, proxies[1].port, second[2]), own]
+        return ensemble, proxies
+
+    def start_slow_follower(self) -> None:
+        """Start the first two servers, wait for one to lead, then start the third as their
+        follower."""
+        for server in self.servers:
+            server.write_config()
+        for server in self.servers[:2]:
+            server.start()
+        self.wait_quorum()
+        self.servers[2].start()
+        self.servers[2].wait_serving()
+
     def start(self) -> None:
         """Write each server's configuration, start them all, and wait for the quorum."""
         for server in self.servers:
@@ -246,7 +270,9 @@ class Ensemble:
 class TcpProxy:
     """Forwards a local port to a server, and can cut the network: :meth:`cut` drops every
     open connection and black-holes new ones (accepted, never answered) until :meth:`restore`.
-    For making a client's connection drop while its server keeps running."""
+    For making a client's connection drop while its server keeps running. :meth:`hold` keeps
+    the connections open but forwards nothing until :meth:`flow` (a slow link: what is sent
+    meanwhile arrives then, in order)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream = upstream_port
@@ -257,6 +283,8 @@ class TcpProxy:
         self._open: list[socket.socket] = []
         self._held: list[socket.socket] = []
         self._cut = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="tcp-proxy", daemon=True)
         self._thread.start()
@@ -283,10 +311,10 @@ class TcpProxy:
             for src, dst in ((conn, up), (up, conn)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                self._flowing.wait()
                 dst.sendall(data)
         except OSError:
             pass
@@ -304,6 +332,12 @@ class TcpProxy:
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
 
+    def hold(self) -> None:
+        self._flowing.clear()
+
+    def flow(self) -> None:
+        self._flowing.set()
+
     def restore(self) -> None:
         with self._lock:
             self._cut = False
@@ -313,6 +347,7 @@ class TcpProxy:
 
     def close(self) -> None:
         self._closed.set()
+        self.flow()
         self.cut()
         self.restore()
         self._listener.close()

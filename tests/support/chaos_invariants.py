@@ -46,7 +46,7 @@ def count_lost_commits(
         if r["kind"] != "commit" or not r["ok"]:
             continue
         acked, epoch = float(r["at"]), int(r["epoch"])
-        found = next(
+        found: tuple[float, int | None, int] | None = next(
             ((at, e, v) for at, e, v in handed.get(r["resource"], []) if at > acked and e > epoch),
             None,
         )

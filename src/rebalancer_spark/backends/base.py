@@ -448,8 +448,10 @@ class Backend(abc.ABC):
         return self._holders(group, dict(sessions)) if sessions else frozenset()
 
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
-        """The last committed progress of each resource that has any. A member needs none of
-        it after a claim: each :class:`Grant` carries the progress it hands over."""
+        """The last committed progress of each resource that has any: every commit
+        acknowledged before the call began is in it (on a ZooKeeper ensemble the read syncs
+        its server with the leader first). A member needs none of it after a claim: each
+        :class:`Grant` carries the progress it hands over."""
         validate_group(group)
         ids = _ids(resources)
         return self._progress(group, ids) if ids else {}

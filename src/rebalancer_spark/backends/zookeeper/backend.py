@@ -291,7 +291,7 @@ class ZookeeperBackend(Backend):
         paths = self._paths(group, create=False)
         if paths is None:
             return {}
-        return progress.read_progresses(self._client, self.settings, paths, resources)
+        return progress.read_progresses(self._client, self.settings, paths, resources, sync=True)
 
     def _watch(self, group: str) -> ZookeeperWatch:
         watch = ZookeeperWatch(self._client, self._group(group), self.settings.request_timeout)

@@ -18,7 +18,7 @@ from typing import Any
 
 from rebalancer_spark.backends.base import Session, fenced_commit
 from rebalancer_spark.backends.zookeeper.store.chain import EpochRecord, read_record
-from rebalancer_spark.backends.zookeeper.store.client import Settings
+from rebalancer_spark.backends.zookeeper.store.client import Settings, wait
 from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
 from rebalancer_spark.backends.zookeeper.store.fence import (
     require_live,
@@ -38,13 +38,32 @@ _ATTEMPTS = 10
 
 
 def read_progresses(
-    client: Any, settings: Settings, paths: GroupPaths, resources: Collection[str]
+    client: Any,
+    settings: Settings,
+    paths: GroupPaths,
+    resources: Collection[str],
+    *,
+    sync: bool = False,
 ) -> dict[str, Progress]:
+    """The progress of each of ``resources`` that has any, read through ``client``.
+
+    ``sync``: send a ``sync`` ahead of the reads, in the same pipeline. The server the client
+    is on may be a follower that has not yet applied commits the ensemble acknowledged (reads
+    in ZooKeeper are sequentially consistent per client, not linearizable); after the sync
+    it has, so the answer holds every commit acknowledged before this call began. The
+    public read (:meth:`.Backend.progress`, another process checking what a member
+    committed) needs it; a grant's read behind its own claim does not (see
+    :class:`Prefetch`)."""
     what = f"reading the progress of group {paths.group!r}"
-    reader = Reader(client, settings, what, settings.unavailable(what, "session expired"))
+    expired = settings.unavailable(what, "session expired")
+    synced = client.sync_async(paths.progresses) if sync else None
+    reader = Reader(client, settings, what, expired)
     reads = [
         (r, paths.progress(r), reader.get(paths.progress(r), PROGRESS_HINT)) for r in resources
     ]
+    if synced is not None:
+        reader.send()  # right behind the sync; its answer is due first
+        wait(synced, settings, what, expired, paths.progresses)
     out: dict[str, Progress] = {}
     for r, path, read in reads:
         found = read()
