@@ -61,3 +61,44 @@ def test_no_change_applies_to_a_set_kept_from_another_incarnation() -> None:
     memory.joined("g", "two")  # the store lost the group: versions are numbered afresh
     assert not memory.changed_resources("g", _change(4, put=["c"]))
     assert {r.id for r in memory.resources("g")} == {"a", "b"}  # kept, to be declared again
+
+
+def test_a_read_of_an_older_version_does_not_replace_a_later_set() -> None:
+    """Two reads answered out of order (a coordinator's and a follower's thread), or a read
+    answered after this handle's own write: the later version is the set to declare again."""
+    memory = EpochMemory()
+    memory.saw_resources("g", {"a": Resource("a"), "b": Resource("b")}, 5)
+    memory.saw_resources("g", {"a": Resource("a")}, 4)
+    memory.keep_resources("g", 3, lambda: [Resource("old")])
+    assert {r.id for r in memory.resources("g")} == {"a", "b"}
+    memory.saw_resources("g", {"c": Resource("c")}, 5)  # the same version again: as read
+    assert [r.id for r in memory.resources("g")] == ["c"]
+    memory.joined("g", "one")
+    memory.joined("g", "two")  # another incarnation: its versions start again, any read is newer
+    memory.saw_resources("g", {"d": Resource("d")}, 1)
+    assert [r.id for r in memory.resources("g")] == ["d"]
+
+
+def test_own_writes_apply_only_to_the_version_just_before_theirs() -> None:
+    """This handle's own delta (Backend.update_resources) made ``version``: applied to the kept
+    set when that set is at ``version - 1``; a set kept at an older version missed another
+    writer's change in between, so the caller must read the set rather than keep the delta
+    applied to it (the Redis test test_a_set_declared_again_after_a_loss_keeps_another_writers_
+    change does that against a server)."""
+    memory = EpochMemory()
+    assert memory.wrote_resources("g", 3, True, {"x": Resource("x")}, [])  # nothing kept
+    assert memory.resources("g") == []
+    memory.saw_resources("g", {"a": Resource("a"), "b": Resource("b")}, 3)
+    assert memory.wrote_resources("g", 4, True, {"c": Resource("c")}, ["a"])
+    assert {r.id for r in memory.resources("g")} == {"b", "c"}
+    assert memory.wrote_resources("g", 4, False, {"c": Resource("c")}, [])  # nothing to do
+    # Another writer made 5; this handle's delta made 6: the kept set (4) cannot take it.
+    assert not memory.wrote_resources("g", 6, True, {"d": Resource("d")}, [])
+    assert {r.id for r in memory.resources("g")} == {"b", "c"}
+    # A delta that changed nothing, answered with the other writer's version: not at it either.
+    assert not memory.wrote_resources("g", 5, False, {"c": Resource("c")}, [])
+    memory.saw_resources("g", {"b": Resource("b"), "c": Resource("c"), "e": Resource("e")}, 6)
+    assert memory.wrote_resources("g", 5, False, {}, [])  # older than the set kept: nothing
+    # An id both put and removed by one delta is removed (the order the stores apply them).
+    assert memory.wrote_resources("g", 7, True, {"f": Resource("f"), "e": Resource("e")}, ["e"])
+    assert {r.id for r in memory.resources("g")} == {"b", "c", "f"}

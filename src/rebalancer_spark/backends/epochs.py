@@ -77,21 +77,59 @@ class EpochMemory:
             if top > self._high.get(state.group, 0):
                 self._high[state.group] = top
             if state.resources:
-                self._resources[state.group] = _KeptSet(state.resources_version, state.resources)
+                self._keep(state.group, _KeptSet(state.resources_version, state.resources))
 
     def saw_resources(self, group: str, resources: Mapping[str, Resource], version: int) -> None:
-        """The group's resource set at ``version`` was read (kept if not empty, as in
-        :meth:`saw_state`)."""
+        """The group's resource set at ``version`` was read or written whole (kept if not
+        empty, as in :meth:`saw_state`)."""
         if resources:
             with self._lock:
-                self._resources[group] = _KeptSet(version, resources)
+                self._keep(group, _KeptSet(version, resources))
 
     def keep_resources(self, group: str, version: int, load: Callable[[], list[Resource]]) -> None:
         """The group's non-empty resource set at ``version`` was read but not built: ``load``
         builds it (from bytes already read: it reads nothing), if :meth:`resources` is ever
         asked."""
         with self._lock:
-            self._resources[group] = _KeptSet(version, load)
+            self._keep(group, _KeptSet(version, load))
+
+    def _keep(self, group: str, kept: _KeptSet) -> None:
+        """Keep ``kept`` unless a later version of the set is kept already (a read answered
+        after another's that began later, or this handle's own write): the set declared into
+        a store that lost the group must be the last one this handle knew. Under the lock."""
+        current = self._resources.get(group)
+        if current is None or kept.version >= current.version:
+            self._resources[group] = kept
+
+    def wrote_resources(
+        self,
+        group: str,
+        version: int,
+        changed: bool,
+        put: Mapping[str, Resource],
+        removed: Iterable[str],
+    ) -> bool:
+        """This handle's own delta (``put``, then ``removed``) left the set at ``version``,
+        ``changed`` or not. Applied to the kept set if it made ``version`` from the version
+        just before; a delta that changed nothing leaves the kept set right only if it is at
+        ``version`` already. False if the kept set is older than that: another writer changed
+        the set in between, and the delta applied to the kept set would be a set the group
+        never had (the other writer's change lost), declared again into a store that lost
+        the group; the caller reads the set as it is then. True if nothing is kept."""
+        with self._lock:
+            kept = self._resources.get(group)
+            if kept is None or kept.version == version:
+                return True
+            if not changed or version != kept.version + 1:
+                return version < kept.version  # a later set is kept already
+            gone = frozenset(removed)
+            mine = {rid: r for rid, r in put.items() if rid not in gone}
+            kept.changes.append(ResourceChange(kept.version, version, mine, gone))
+            kept.version = version
+            if len(kept.changes) <= PENDING_CHANGES:
+                return True
+        self.resources(group)  # builds it, folding the changes in
+        return True
 
     def changed_resources(self, group: str, change: ResourceChange) -> bool:
         """The changes of the group's set from ``change.since`` were read: kept if the set

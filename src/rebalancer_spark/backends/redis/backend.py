@@ -179,8 +179,12 @@ class RedisBackend(Backend):
                 quarantine / 1000,
                 since,
             )
-            if known.resources:
-                self._update(group, "restore", known.resources, [], known.max_ttl_ms)
+            # The set the front remembers (EpochMemory), declared again inside the quarantine;
+            # the front's own declaration (Backend._adopt) then finds the group has one.
+            remembered = self.epochs.resources(group)
+            if remembered:
+                weights = {r.id: repr(float(r.weight)) for r in remembered}
+                self._update(group, "restore", weights, [], known.max_ttl_ms)
         return Session(group=group, member_id=member_id, session_id=session_id, ttl=ttl)
 
     def _presented(self, group: str, high: int) -> int:
@@ -241,9 +245,6 @@ class RedisBackend(Backend):
     def _state(self, group: str) -> GroupState:
         decoded = decode_state(group, self._runner.run(Lua.STATE, group, [], "reading the group"))
         self._memory.saw_ttls(group, decoded.ttls_ms)
-        joined = self._memory.snapshot(group).incarnation
-        if decoded.incarnation and joined in ("", decoded.incarnation):
-            self._memory.saw_resources(group, decoded.resources, decoded.state.resources_version)
         return decoded.state
 
     def _head(self, group: str) -> GroupHead:
@@ -277,24 +278,16 @@ class RedisBackend(Backend):
         put, removed = fold_changes(
             (rid, weight or None) for entry in entries for rid, weight in pairs(entry).items()
         )
-        if not incarnation or not self._memory.caught_up(
-            group, str(incarnation), since, version, put, removed
-        ):
+        joined = self._memory.snapshot(group).incarnation
+        if not incarnation or joined not in ("", str(incarnation)):
             return None  # an incarnation other than the one this handle joined: versions
             # are numbered afresh there, so the caller's is no version of it
         return ResourceChange(since, version, decode_resources(group, put), frozenset(removed))
 
     def _resource_weights(self, group: str) -> tuple[int, dict[str, str]]:
         """The resource set's version and its weights as stored (id → text)."""
-        text, incarnation, flat = self._runner.run(
-            Lua.RESOURCES, group, [], "reading the resource set"
-        )
-        version = number(group, "resources_version", text)
-        weights = pairs(flat)
-        joined = self._memory.snapshot(group).incarnation
-        if incarnation and joined in ("", str(incarnation)):
-            self._memory.saw_resources(group, weights, version)
-        return version, weights
+        text, _, flat = self._runner.run(Lua.RESOURCES, group, [], "reading the resource set")
+        return number(group, "resources_version", text), pairs(flat)
 
     def _target(self, group: str) -> Target | None:
         meta, flat = self._runner.run(Lua.TARGET, group, [], "reading the target")
@@ -471,10 +464,11 @@ class RedisBackend(Backend):
             mode = "delta" if replace is None else "change"
             version, changed, stale = self._update(group, mode, added, removed, ttl_ms, base)
             if not stale:
-                if not self._memory.changed_resources(group, added, removed, version, changed):
+                put = {r.id: r for r in add}
+                if not self.epochs.wrote_resources(group, version, changed, put, removed):
                     # Another writer changed the set since this handle last saw it: keep the
                     # set as it is, not this delta applied to an older one.
-                    self._resource_weights(group)
+                    self.resources(group)
                 return version
         assert replace is not None
         wanted = {r.id: repr(float(r.weight)) for r in replace}
@@ -482,7 +476,11 @@ class RedisBackend(Backend):
         for rid in removed:
             wanted.pop(rid, None)
         version, _, _ = self._update(group, "replace", wanted, [], ttl_ms)
-        self._memory.saw_resources(group, wanted, version)
+        whole = {r.id: r for r in replace}
+        whole.update((r.id, r) for r in add)
+        for rid in removed:
+            whole.pop(rid, None)
+        self.epochs.saw_resources(group, whole, version)
         return version
 
     def _update(

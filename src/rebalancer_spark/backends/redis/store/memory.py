@@ -7,13 +7,13 @@ processes that were members still remember. This handle keeps, per group:
 * ``high``: the highest number (coordinator epoch, resource epoch, generation, version) it
   has seen or presented in any incarnation of the group;
 * ``incarnation``: the id of the group's incarnation it last joined (or created);
-* ``max_ttl_ms``: the longest lease of any member it has seen, and
-* ``resources``: the last resource set it saw (id -> weight as stored), with
-  ``resources_version``, the version it had in the group's incarnation this handle joined.
-  A later read of an older version does not replace it, and this handle's own delta is
-  applied only to the version just before the one the delta made: a delta applied to a set
-  that another writer changed in between kept a set the group never had (the other writer's
-  change lost), which this handle would have declared again into a store that lost the group.
+* ``max_ttl_ms``: the longest lease of any member it has seen.
+
+The last resource set this handle saw, to declare again into a store that lost the group, is
+the front's (:class:`~rebalancer_spark.backends.epochs.EpochMemory`, which every backend shares:
+a later read of an older version does not replace it, and this handle's own delta is applied
+to it only if it made the version after the one kept). Until session 31 this module kept a
+copy of its own beside it.
 
 ``high`` is kept by the script runner itself (:mod:`.runner`): every script's reply comes with
 the group's high-water mark, so no call site notes numbers by hand. Every join (and resource
@@ -30,8 +30,8 @@ to an older copy of the group (an RDB snapshot, a replica behind), which is hand
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 __all__ = ["GroupMemory", "Memory"]
 
@@ -43,8 +43,6 @@ class GroupMemory:
     high: int = 0
     incarnation: str = ""
     max_ttl_ms: int = 0
-    resources: dict[str, str] | None = field(default=None, repr=False)
-    resources_version: int = 0
 
 
 class Memory:
@@ -58,10 +56,7 @@ class Memory:
         """A copy of what is known of ``group`` (all defaults if nothing)."""
         with self._lock:
             known = self._groups.get(group, GroupMemory())
-            resources = None if known.resources is None else dict(known.resources)
-            return GroupMemory(
-                known.high, known.incarnation, known.max_ttl_ms, resources, known.resources_version
-            )
+            return GroupMemory(known.high, known.incarnation, known.max_ttl_ms)
 
     def high(self, group: str) -> int:
         """The highest number seen for ``group`` (0 if none), without copying the rest."""
@@ -83,10 +78,6 @@ class Memory:
     def joined(self, group: str, incarnation: str, ttl_ms: int) -> None:
         with self._lock:
             known = self._get(group)
-            if incarnation != known.incarnation:
-                # Versions are numbered afresh in another incarnation; the set is kept, to be
-                # declared again into it (Backend._join).
-                known.resources_version = 0
             known.incarnation = incarnation
             known.max_ttl_ms = max(known.max_ttl_ms, ttl_ms)
 
@@ -96,68 +87,3 @@ class Memory:
             with self._lock:
                 known = self._get(group)
                 known.max_ttl_ms = max(known.max_ttl_ms, top)
-
-    def saw_resources(self, group: str, resources: Mapping[str, str], version: int) -> None:
-        """The set at ``version`` was read or written: keep it unless a newer one is kept."""
-        with self._lock:
-            known = self._get(group)
-            if known.resources is None or version >= known.resources_version:
-                known.resources = dict(resources)
-                known.resources_version = version
-
-    def caught_up(
-        self,
-        group: str,
-        incarnation: str,
-        since: int,
-        version: int,
-        put: Mapping[str, str],
-        removed: Iterable[str],
-    ) -> bool:
-        """The changes of the set from ``since`` to ``version`` were read in ``incarnation``:
-        False if this handle joined another one (nothing is changed). Otherwise applied if
-        the kept set is at ``since``; a kept set at a version in between, or before ``since``,
-        can no longer be brought up to date from them: it is dropped rather than declared
-        again stale (the front's memory, :class:`~..epochs.EpochMemory`, declares the set it
-        keeps through the same changes, :meth:`~..base.Backend._adopt`)."""
-        with self._lock:
-            known = self._get(group)
-            if known.incarnation not in ("", incarnation):
-                return False
-            if known.resources is None or known.resources_version >= version:
-                return True
-            if known.resources_version != since:
-                known.resources = None
-                known.resources_version = 0
-                return True
-            for rid in removed:
-                known.resources.pop(rid, None)
-            known.resources.update(put)
-            known.resources_version = version
-            return True
-
-    def changed_resources(
-        self,
-        group: str,
-        add: Mapping[str, str],
-        remove: Iterable[str],
-        version: int,
-        changed: bool,
-    ) -> bool:
-        """This handle's delta left the set at ``version``, ``changed`` or not: apply it to
-        the kept set if it made ``version`` from the version just before (a delta that
-        changed nothing leaves the kept set right only if it is at ``version`` already). False
-        if the kept set is older than that (another writer changed the set in between; a
-        delta that changed nothing says nothing of what the other writer did): the caller
-        reads the set as it is. True if nothing is kept."""
-        with self._lock:
-            known = self._get(group)
-            if known.resources is None or version == known.resources_version:
-                return True
-            if not changed or version != known.resources_version + 1:
-                return version < known.resources_version  # a newer set is kept already
-            known.resources.update(add)
-            for rid in remove:
-                known.resources.pop(rid, None)
-            known.resources_version = version
-            return True
