@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from rebalancer_spark.backends import Backend, Session
-from rebalancer_spark.core.errors import SessionExpired
+from rebalancer_spark.core.errors import BackendUnavailable, MemberIdInUse, SessionExpired
 from rebalancer_spark.core.model import Grant, Phase, Resource
 from tests.support.helpers import wait_for
 from tests.support.store_loss import lose_state
@@ -103,3 +103,35 @@ def test_a_grant_that_went_backwards_is_handed_back_and_taken_again_above(
     assert other.state(group).claims.get("a") is None, "the backwards grant was kept"
     grants = _claim_all(store, session, ["a"])
     assert grants["a"].epoch == 26
+
+
+def test_the_set_declared_again_after_a_loss_holds_this_handles_writes_and_anothers(
+    open_store: Callable[[], Backend], backend_url: str, group: str
+) -> None:
+    """A handle remembers the set it wrote, not only the sets it read: its own delta is applied
+    to the set it keeps when the delta made the version after it, and when another writer
+    changed the set in between the handle reads the set rather than apply its delta to an
+    older one (which would drop the other writer's change). After a loss, the set it declares
+    again holds all of it. (Until session 31 only the Redis handle remembered its own writes;
+    a ZooKeeper or SQLite handle that had only written the set declared nothing again.)"""
+    a, b = open_store(), open_store()
+    session = a.join(group, "m1", info={}, ttl=TTL, static=False)
+    a.update_resources(group, replace=[Resource("r")])
+    b.update_resources(group, add=[Resource("from-b")])  # a does not see this one
+    a.update_resources(group, add=[Resource("from-a")])  # made the version after b's
+    a.update_resources(group, add=[Resource("mine")], remove=["r"])
+    wanted = {"from-b", "from-a", "mine"}
+    assert set(b.state(group).resources) == wanted
+    lose_state(backend_url, group)
+    with pytest.raises(SessionExpired):  # (an SQLite handle moves to the new file here)
+        a.renew(session)
+    wait_for(lambda: _rejoined(a, group), timeout=20, what="a join after the loss")
+    assert set(open_store().state(group).resources) == wanted
+
+
+def _rejoined(store: Backend, group: str) -> bool:
+    try:
+        store.join(group, "m1", info={}, ttl=TTL, static=False)
+    except (BackendUnavailable, MemberIdInUse):
+        return False  # the store is still coming back, or the old session still holds the id
+    return True

@@ -168,9 +168,11 @@ class FlakyStore(Backend):
         add: Collection[Resource],
         remove: list[str],
         base: int | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         # Without the kept set behind base, the inner store gets the set whole: the same set.
-        return self._reach().update_resources(group, replace=replace, add=add, remove=remove)
+        return self._reach()._update_resources(
+            group, replace=replace, add=add, remove=remove, base=None
+        )
 
     def _update_control(self, group: str, expected_version: int, control: Control) -> Control:
         return self._reach().update_control(group, expected_version, control)

@@ -525,20 +525,36 @@ class Backend(abc.ABC):
         sent only the difference (a listing that found one new prefix among 100,000 writes one
         id, not the set), and one that moved on gets ``replace`` whole, as without it."""
         validate_group(group)
-        if replace is None or known is None:
-            return self._update_resources(
-                group, replace=replace, add=add, remove=_ids(remove), base=None
+        removed = _ids(remove)
+        if replace is None:
+            version, changed = self._update_resources(
+                group, replace=None, add=add, remove=removed, base=None
             )
+            put = {r.id: r for r in add}
+            if not self.epochs.wrote_resources(group, version, changed, put, removed):
+                # Another writer changed the set since this handle last saw it: remember the
+                # set as it is, not this delta applied to an older one.
+                self.resources(group)
+            return version
         wanted = {r.id: r for r in replace}
         wanted.update((r.id, r) for r in add)
-        for rid in _ids(remove):
+        for rid in removed:
             wanted.pop(rid, None)
-        before = known[1]
-        put = [r for rid, r in wanted.items() if before.get(rid) != r]
-        gone = [rid for rid in before if rid not in wanted]
-        return self._update_resources(
-            group, replace=list(wanted.values()), add=put, remove=gone, base=known[0]
-        )
+        if known is None:
+            version, _ = self._update_resources(
+                group, replace=replace, add=add, remove=removed, base=None
+            )
+        else:
+            before = known[1]
+            put_list = [r for rid, r in wanted.items() if before.get(rid) != r]
+            gone = [rid for rid in before if rid not in wanted]
+            version, _ = self._update_resources(
+                group, replace=list(wanted.values()), add=put_list, remove=gone, base=known[0]
+            )
+        # Written whole (or as its change from a store still at ``base``): the set is
+        # ``wanted`` at ``version``, whatever other writers did before.
+        self.epochs.saw_resources(group, wanted, version)
+        return version
 
     # -- operator control ------------------------------------------------------------------
 
@@ -715,11 +731,15 @@ class Backend(abc.ABC):
         add: Collection[Resource],
         remove: list[str],
         base: int | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         """:meth:`update_resources`: the set becomes ``replace`` (if given) with ``add`` put
-        and ``remove`` dropped. With ``base``, ``replace`` is given and ``add`` / ``remove``
-        are exactly the difference from the set at version ``base`` to ``replace``: a store
-        still at ``base`` may write only them."""
+        and ``remove`` dropped (an id in both is dropped). With ``base``, ``replace`` is given
+        and ``add`` / ``remove`` are exactly the difference from the set at version ``base``
+        to ``replace``: a store still at ``base`` may write only them. Returns the set's
+        version after the call and whether this call changed the set (a delta that changed
+        nothing returns the version as it found it: perhaps one another writer made, which
+        this handle's memory must not take for this delta's, :meth:`.EpochMemory.
+        wrote_resources`)."""
 
     @abc.abstractmethod
     def _update_control(self, group: str, expected_version: int, control: Control) -> Control: ...

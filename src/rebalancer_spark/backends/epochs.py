@@ -20,9 +20,9 @@ that were running still know better, and so does the audit table. This memory ke
   group), and the changes read since (:meth:`EpochMemory.changed_resources`: applied to that
   set only when it is built, or after :data:`PENDING_CHANGES` of them). A read of an older
   version than the one kept does not replace it, and a handle's own delta is applied to it
-  only if it made the version after the one kept (:meth:`EpochMemory.wrote_resources`; Redis
-  reports its writes so, the other stores' sets are brought forward by the reads that follow
-  their writes).
+  only if it made the version after the one kept (:meth:`EpochMemory.wrote_resources`, from
+  :meth:`~.base.Backend.update_resources` for every store; a set written whole is kept as
+  written).
 
 On a new incarnation the front lifts every remembered epoch into the store before anything is
 granted (each resource of the remembered set at least to ``high``: an epoch that jumps is

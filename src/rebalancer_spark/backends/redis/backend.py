@@ -455,7 +455,7 @@ class RedisBackend(Backend):
         add: Collection[Resource],
         remove: list[str],
         base: int | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         added = {r.id: repr(float(r.weight)) for r in add}
         removed = remove
         ttl_ms = self._memory.snapshot(group).max_ttl_ms
@@ -464,24 +464,14 @@ class RedisBackend(Backend):
             mode = "delta" if replace is None else "change"
             version, changed, stale = self._update(group, mode, added, removed, ttl_ms, base)
             if not stale:
-                put = {r.id: r for r in add}
-                if not self.epochs.wrote_resources(group, version, changed, put, removed):
-                    # Another writer changed the set since this handle last saw it: keep the
-                    # set as it is, not this delta applied to an older one.
-                    self.resources(group)
-                return version
+                return version, changed
         assert replace is not None
         wanted = {r.id: repr(float(r.weight)) for r in replace}
         wanted.update(added)
         for rid in removed:
             wanted.pop(rid, None)
-        version, _, _ = self._update(group, "replace", wanted, [], ttl_ms)
-        whole = {r.id: r for r in replace}
-        whole.update((r.id, r) for r in add)
-        for rid in removed:
-            whole.pop(rid, None)
-        self.epochs.saw_resources(group, whole, version)
-        return version
+        version, changed, _ = self._update(group, "replace", wanted, [], ttl_ms)
+        return version, changed
 
     def _update(
         self,

@@ -294,7 +294,7 @@ class SqliteBackend(Backend):
         add: Collection[Resource],
         remove: list[str],
         base: int | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         with self._transaction(_WRITE) as db:
             return groups.update_resources(
                 db, group, replace=replace, add=add, remove=remove, base=base

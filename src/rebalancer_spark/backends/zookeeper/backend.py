@@ -353,7 +353,7 @@ class ZookeeperBackend(Backend):
         add: Collection[Resource],
         remove: list[str],
         base: int | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         paths = self._group(group)
         return update_resources(
             self._client, self.settings, paths, replace=replace, add=add, remove=remove, base=base

@@ -79,8 +79,9 @@ def update_resources(
     add: Collection[Resource],
     remove: Collection[str],
     base: int | None = None,
-) -> int:
-    """Change the resource set; its version after the change. With ``base`` (``add`` and
+) -> tuple[int, bool]:
+    """Change the resource set; its version after the change and whether this call changed
+    it. With ``base`` (``add`` and
     ``remove`` are exactly the change from the set at that version to ``replace``) and the
     set still at it, the set is not read, and the change alone is written while the chain
     behind the last set written whole stays within :data:`CHAIN` changes and
@@ -100,7 +101,7 @@ def update_resources(
                 continue
             change = _Change.between(current, replace, add, remove)
         if not change.put and not change.gone:
-            return version
+            return version, False
         chains = pointer is not None and _members_read_chains(client, settings, paths)
         new, writes, name, entry = _next(paths, pointer, version + 1, change, chains)
         switch = (
@@ -120,7 +121,7 @@ def update_resources(
             continue
         dropped = [] if pointer is None else [c.name for c in pointer.log if c not in new.log]
         _collect_garbage(client, settings, paths, new, replaced=pointer, dropped=dropped)
-        return new.version
+        return new.version, True
     raise BackendUnavailable(
         f"ZooKeeper {settings.shown}: the resources of group {paths.group!r} kept changing "
         f"during {_ATTEMPTS} attempts to update them; retry"

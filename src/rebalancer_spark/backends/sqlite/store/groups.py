@@ -39,10 +39,11 @@ def update_resources(
     add: Collection[Resource],
     remove: Collection[str],
     base: int | None = None,
-) -> int:
-    """:meth:`Backend.update_resources`, in a write transaction. With ``base`` (the version
-    ``add`` and ``remove`` are the exact change from, to ``replace``) and the set still at it,
-    only the change is written: the set is not read."""
+) -> tuple[int, bool]:
+    """:meth:`Backend.update_resources`, in a write transaction: the set's version after it,
+    and whether it changed the set. With ``base`` (the version ``add`` and ``remove`` are the
+    exact change from, to ``replace``) and the set still at it, only the change is written:
+    the set is not read."""
     ensure_group(db, group)
     if base is not None and replace is not None:
         (at,) = db.execute("SELECT resources_version FROM groups WHERE name=?", (group,)).fetchone()
@@ -50,8 +51,8 @@ def update_resources(
             put = [(r.id, r.weight) for r in add]
             gone = list(remove)
             if not put and not gone:
-                return base
-            return _write(db, group, put, gone, len(replace))
+                return base, False
+            return _write(db, group, put, gone, len(replace)), True
     current = dict(
         db.execute("SELECT resource_id, weight FROM resources WHERE grp=?", (group,)).fetchall()
     )
@@ -63,10 +64,10 @@ def update_resources(
         (version,) = db.execute(
             "SELECT resources_version FROM groups WHERE name=?", (group,)
         ).fetchone()
-        return int(version)
+        return int(version), False
     gone = list(current.keys() - wanted.keys())
     put = [(r, w) for r, w in wanted.items() if current.get(r) != w]
-    return _write(db, group, put, gone, len(wanted))
+    return _write(db, group, put, gone, len(wanted)), True
 
 
 def _write(
