@@ -63,22 +63,6 @@ def test_no_change_applies_to_a_set_kept_from_another_incarnation() -> None:
     assert {r.id for r in memory.resources("g")} == {"a", "b"}  # kept, to be declared again
 
 
-def test_a_read_of_an_older_version_does_not_replace_a_later_set() -> None:
-    """Two reads answered out of order (a coordinator's and a follower's thread), or a read
-    answered after this handle's own write: the later version is the set to declare again."""
-    memory = EpochMemory()
-    memory.saw_resources("g", {"a": Resource("a"), "b": Resource("b")}, 5)
-    memory.saw_resources("g", {"a": Resource("a")}, 4)
-    memory.keep_resources("g", 3, lambda: [Resource("old")])
-    assert {r.id for r in memory.resources("g")} == {"a", "b"}
-    memory.saw_resources("g", {"c": Resource("c")}, 5)  # the same version again: as read
-    assert [r.id for r in memory.resources("g")] == ["c"]
-    memory.joined("g", "one")
-    memory.joined("g", "two")  # another incarnation: its versions start again, any read is newer
-    memory.saw_resources("g", {"d": Resource("d")}, 1)
-    assert [r.id for r in memory.resources("g")] == ["d"]
-
-
 def test_own_writes_apply_only_to_the_version_just_before_theirs() -> None:
     """This handle's own delta (Backend.update_resources) made ``version``: applied to the kept
     set when that set is at ``version - 1``; a set kept at an older version missed another

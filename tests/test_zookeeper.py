@@ -1813,8 +1813,10 @@ def test_progress_read_on_a_follower_that_lags_holds_every_acknowledged_commit(
     chroot = f"/rb-{uuid.uuid4().hex[:12]}"
     quorum = ",".join(f"127.0.0.1:{s.port}" for s in ensemble.servers[:2])
     lagging = f"127.0.0.1:{ensemble.servers[2].port}"
+    raw = KazooClient(hosts=lagging, timeout=5.0)
     try:
         ensemble.start_slow_follower()
+        raw.start(timeout=30)  # a session is created through the leader: before the hold
         with (
             open_backend(f"zookeeper://{quorum}{chroot}") as store,
             open_backend(f"zookeeper://{lagging}{chroot}") as observer,
@@ -1826,16 +1828,30 @@ def test_progress_read_on_a_follower_that_lags_holds_every_acknowledged_commit(
             for proxy in proxies:
                 proxy.hold()  # the follower hears nothing from the leader from now on
             store.commit(session, "a", 1, 2)  # acknowledged by the other two
+            # The follower lags: a plain read there still answers the first commit.
+            data, _ = raw.get(f"{chroot}/groups/{group}/progress/a")
+            assert json.loads(data)["value"] == 1
             answer: dict[str, Progress] = {}
-            reader = threading.Thread(target=lambda: answer.update(observer.progress(group, ["a"])))
+            failed: list[BaseException] = []
+
+            def read() -> None:
+                try:
+                    answer.update(observer.progress(group, ["a"]))
+                except BaseException as exc:  # reported below, not lost in the thread
+                    failed.append(exc)
+
+            reader = threading.Thread(target=read)
             reader.start()
-            reader.join(1.0)  # the lagging follower's answer, if it gives one without the leader
+            reader.join(1.0)
+            assert reader.is_alive(), (answer, failed)  # it waits for the leader, through sync
             for proxy in proxies:
                 proxy.flow()
             reader.join(10)
-            assert not reader.is_alive()
+            assert not reader.is_alive() and not failed, failed
             assert answer["a"].value == 2
     finally:
+        raw.stop()
+        raw.close()
         for proxy in proxies:
             proxy.close()
         ensemble.close()

@@ -47,6 +47,7 @@ The shared contract suite (``tests/contract/``) runs unchanged against every bac
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import math
 import time
@@ -60,7 +61,12 @@ from rebalancer_spark.backends.epochs import EpochMemory
 from rebalancer_spark.core.clock import Clock
 from rebalancer_spark.core.control import Control
 from rebalancer_spark.core.coordinator import GroupView
-from rebalancer_spark.core.errors import ConfigurationError, FencedError, SessionExpired
+from rebalancer_spark.core.errors import (
+    ConfigurationError,
+    FencedError,
+    RebalancerError,
+    SessionExpired,
+)
 from rebalancer_spark.core.model import (
     CoordinatorRecord,
     Grant,
@@ -449,8 +455,10 @@ class Backend(abc.ABC):
 
     def progress(self, group: str, resources: Collection[str]) -> dict[str, Progress]:
         """The last committed progress of each resource that has any: every commit
-        acknowledged before the call began is in it (on a ZooKeeper ensemble the read syncs
-        its server with the leader first). A member needs none of it after a claim: each
+        acknowledged before the call began is in it, unless the store lost it (Redis without
+        persistence, docs/operations.md). On a ZooKeeper ensemble the read syncs its server
+        with the leader first (a ``sync`` is not a quorum read: a leader just cut off from the
+        others can still answer it). A member needs none of it after a claim: each
         :class:`Grant` carries the progress it hands over."""
         validate_group(group)
         ids = _ids(resources)
@@ -526,6 +534,7 @@ class Backend(abc.ABC):
         id, not the set), and one that moved on gets ``replace`` whole, as without it."""
         validate_group(group)
         removed = _ids(remove)
+        add = list(add)  # read twice below (the store's write, this handle's memory)
         if replace is None:
             version, changed = self._update_resources(
                 group, replace=None, add=add, remove=removed, base=None
@@ -533,9 +542,13 @@ class Backend(abc.ABC):
             put = {r.id: r for r in add}
             if not self.epochs.wrote_resources(group, version, changed, put, removed):
                 # Another writer changed the set since this handle last saw it: remember the
-                # set as it is, not this delta applied to an older one.
-                self.resources(group)
+                # set as it is, not this delta applied to an older one. The write is done
+                # either way: a read that fails leaves the older set remembered until the
+                # next read replaces it.
+                with contextlib.suppress(RebalancerError):
+                    self.resources(group)
             return version
+        replace = list(replace)
         wanted = {r.id: r for r in replace}
         wanted.update((r.id, r) for r in add)
         for rid in removed:

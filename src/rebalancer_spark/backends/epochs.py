@@ -18,11 +18,15 @@ that were running still know better, and so does the audit table. This memory ke
   change it), or kept unparsed (``remember_resources``, as a follower reads it: a loader that
   builds the set only if it is ever needed, for a declaration into a store that lost the
   group), and the changes read since (:meth:`EpochMemory.changed_resources`: applied to that
-  set only when it is built, or after :data:`PENDING_CHANGES` of them). A read of an older
-  version than the one kept does not replace it, and a handle's own delta is applied to it
-  only if it made the version after the one kept (:meth:`EpochMemory.wrote_resources`, from
-  :meth:`~.base.Backend.update_resources` for every store; a set written whole is kept as
-  written).
+  set only when it is built, or after :data:`PENDING_CHANGES` of them). The handle's own
+  writes count too (:meth:`~.base.Backend.update_resources`, every store): a non-empty set
+  written whole is kept as written, and a delta is applied to the kept set only if it made
+  the version after it (:meth:`EpochMemory.wrote_resources`; else the caller reads the set).
+  Each read or write recorded replaces the kept set, whatever its version: a read answered
+  after a later write can put an older set back (one the group had) until the next read, and
+  a set kept from an earlier incarnation is replaced by the first read of the new one. (A
+  rule that an older version does not replace a later one was tried in session 31 and
+  dropped: versions start again in a new incarnation, so an old set could stay pinned.)
 
 On a new incarnation the front lifts every remembered epoch into the store before anything is
 granted (each resource of the remembered set at least to ``high``: an epoch that jumps is
@@ -81,29 +85,21 @@ class EpochMemory:
             if top > self._high.get(state.group, 0):
                 self._high[state.group] = top
             if state.resources:
-                self._keep(state.group, _KeptSet(state.resources_version, state.resources))
+                self._resources[state.group] = _KeptSet(state.resources_version, state.resources)
 
     def saw_resources(self, group: str, resources: Mapping[str, Resource], version: int) -> None:
         """The group's resource set at ``version`` was read or written whole (kept if not
         empty, as in :meth:`saw_state`)."""
         if resources:
             with self._lock:
-                self._keep(group, _KeptSet(version, resources))
+                self._resources[group] = _KeptSet(version, resources)
 
     def keep_resources(self, group: str, version: int, load: Callable[[], list[Resource]]) -> None:
         """The group's non-empty resource set at ``version`` was read but not built: ``load``
         builds it (from bytes already read: it reads nothing), if :meth:`resources` is ever
         asked."""
         with self._lock:
-            self._keep(group, _KeptSet(version, load))
-
-    def _keep(self, group: str, kept: _KeptSet) -> None:
-        """Keep ``kept`` unless a later version of the set is kept already (a read answered
-        after another's that began later, or this handle's own write): the set declared into
-        a store that lost the group must be the last one this handle knew. Under the lock."""
-        current = self._resources.get(group)
-        if current is None or kept.version >= current.version:
-            self._resources[group] = kept
+            self._resources[group] = _KeptSet(version, load)
 
     def wrote_resources(
         self,

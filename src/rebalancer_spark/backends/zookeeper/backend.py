@@ -39,6 +39,7 @@ from rebalancer_spark.backends.zookeeper.store.client import (
     Settings,
     open_client,
     stop_client,
+    wait,
 )
 from rebalancer_spark.backends.zookeeper.store.connection import (
     SessionState,
@@ -290,7 +291,13 @@ class ZookeeperBackend(Backend):
     def _progress(self, group: str, resources: list[str]) -> dict[str, Progress]:
         paths = self._paths(group, create=False)
         if paths is None:
-            return {}
+            # The server may be behind the group's creation: ask again once it caught up.
+            what = f"reading the progress of group {group!r}"
+            synced = self._client.sync_async(self._root or "/")
+            wait(synced, self.settings, what, self.settings.unavailable(what, "session expired"))
+            paths = self._paths(group, create=False)
+            if paths is None:
+                return {}
         return progress.read_progresses(self._client, self.settings, paths, resources, sync=True)
 
     def _watch(self, group: str) -> ZookeeperWatch:

@@ -50,7 +50,9 @@ def read_progresses(
     ``sync``: send a ``sync`` ahead of the reads, in the same pipeline. The server the client
     is on may be a follower that has not yet applied commits the ensemble acknowledged (reads
     in ZooKeeper are sequentially consistent per client, not linearizable); after the sync
-    it has, so the answer holds every commit acknowledged before this call began. The
+    it has, so the answer holds every commit acknowledged before this call began (as far as
+    a ``sync`` goes: it is not a quorum operation, and a leader just cut off from the others
+    can still answer it). The
     public read (:meth:`.Backend.progress`, another process checking what a member
     committed) needs it; a grant's read behind its own claim does not (see
     :class:`Prefetch`)."""
