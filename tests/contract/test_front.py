@@ -361,3 +361,13 @@ def test_a_target_published_as_a_change_reads_back_whole(
     read = other.target(group)
     assert read == fourth
     assert s2.member_id == "m2"
+
+
+def test_a_resource_set_given_as_generators_is_written_whole(store: Backend, group: str) -> None:
+    """``replace`` and ``add`` are read twice (the store's write, the handle's memory of the
+    set): given as generators, they must still reach the store whole."""
+    store.update_resources(
+        group, replace=(Resource(f"r{i}") for i in range(3)), add=(Resource(x) for x in "xy")
+    )
+    store.update_resources(group, add=(Resource(z) for z in ["z"]))
+    assert set(store.state(group).resources) == {"r0", "r1", "r2", "x", "y", "z"}

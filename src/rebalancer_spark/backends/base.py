@@ -51,7 +51,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
@@ -521,8 +521,8 @@ class Backend(abc.ABC):
         self,
         group: str,
         *,
-        replace: Collection[Resource] | None = None,
-        add: Collection[Resource] = (),
+        replace: Iterable[Resource] | None = None,
+        add: Iterable[Resource] = (),
         remove: Collection[str] = (),
         known: tuple[int, Mapping[str, Resource]] | None = None,
     ) -> int:
@@ -531,7 +531,10 @@ class Backend(abc.ABC):
         change it further); given ``known``, the set at some version as this handle read it
         (what a coordinator keeps, :class:`GroupReader`), a store still at that version is
         sent only the difference (a listing that found one new prefix among 100,000 writes one
-        id, not the set), and one that moved on gets ``replace`` whole, as without it."""
+        id, not the set), and one that moved on gets ``replace`` whole, as without it.
+        ``replace`` and ``add`` may be any iterables (read once). The handle remembers the
+        set it wrote (:class:`~.epochs.EpochMemory`), to declare it again into a store that
+        lost the group."""
         validate_group(group)
         removed = _ids(remove)
         add = list(add)  # read twice below (the store's write, this handle's memory)
