@@ -17,6 +17,7 @@ claim and per release of all the resources, each round and the median.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         client.stop()
         client.close()
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"{args.resources:,} resources, {args.batch} per multi-op, {IN_FLIGHT} in flight, ms:")
     for name, values in figures.items():
         rounds = ", ".join(f"{v:.0f}" for v in values)
