@@ -1258,6 +1258,54 @@ def test_a_watch_asks_again_only_for_what_fired_and_follows_a_znode_once(
             watch.close()
 
 
+def test_a_followed_holder_not_known_to_be_where_it_was_read_counts_as_moved(
+    zookeeper_server: ZkServer, group: str, raw: Any
+) -> None:
+    # A claim that granted something is followed at once by the next one, whose holders'
+    # watches were asked for a moment before: a holder whose registration is not answered
+    # yet, or was answered at another version, has its records read in the claim's first
+    # read. One answered at the version the claim read released nothing since.
+    proxy = TcpProxy(zookeeper_server.port)
+    url = f"zookeeper://127.0.0.1:{proxy.port}/rb-{uuid.uuid4().hex[:12]}?connect_timeout=5"
+    try:
+        with open_backend(url) as store:
+            s1 = store.join(group, "m1", info={}, ttl=10, static=False)
+            s3 = store.join(group, "m3", info={}, ttl=10, static=False)
+            paths = _zk(store)._group(group)
+            watch = store.watch(group)
+            assert isinstance(watch, ZookeeperWatch)
+            try:
+                watch.focus(Interest.MEMBER, "m2")
+                quiet(watch)
+                still = paths.session(s1.session_id)
+                version = raw.exists(still).version
+                proxy.hold()
+                watch.follow({still: version})
+                assert watch.take_moved() == {still}, "its registration is not answered"
+                assert watch.take_moved() == {still}, "taken, and still not answered"
+                proxy.flow()
+                wait_for(
+                    lambda: watch.take_moved() == set(),
+                    timeout=10,
+                    what="the registration answered at the version read",
+                )
+                assert watch.wait(0.3) is False, "the holder did not move"
+                moved = paths.session(s3.session_id)
+                before = raw.exists(moved).version
+                raw.set(moved, b"")  # a release between the claim's read and the follow
+                watch.follow({moved: before})
+                assert watch.wait(5), "registered at another version: wakes at once"
+                assert watch.take_moved() == {moved}
+                assert watch.take_moved() == set()
+                raw.set(still, b"")  # a release after the registration: the watch fires
+                assert watch.wait(5)
+                assert watch.take_moved() == {still}
+            finally:
+                watch.close()
+    finally:
+        proxy.close()
+
+
 def test_a_follower_that_gives_no_grace_watches_the_coordinator_alone(
     zookeeper_backend_url: str, group: str
 ) -> None:

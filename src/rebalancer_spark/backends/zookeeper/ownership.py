@@ -166,8 +166,9 @@ def claim(
 
     The first read (one multiRead) holds this session's znode, the target pointer, the
     znodes of the holders the last claim found, and then the records of the holders among
-    ``moved``, the followed znodes whose watch fired since the last claim
-    (:meth:`.ZookeeperWatch.take_moved`): after the holders' znodes, the order the cut needs
+    ``moved``, the followed znodes that may have moved since the last claim read them (their
+    watch fired, or its registration found them moved or is not answered yet:
+    :meth:`.ZookeeperWatch.take_moved`): after the holders' znodes, the order the cut needs
     (:func:`_read_for_claims`). When it has as many resources whose holder it does not know
     as the group has members (:attr:`.ZkSession.group_size`), it also lists the group's
     sessions: the second read, which reads this member's part of the target, reads those
