@@ -28,7 +28,7 @@ from kazoo.security import make_digest_acl_credential
 from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.base import Interest
-from rebalancer_spark.backends.zookeeper import ZookeeperBackend
+from rebalancer_spark.backends.zookeeper import ZookeeperBackend, ownership
 from rebalancer_spark.backends.zookeeper.coordination import DELTA_CHAIN
 from rebalancer_spark.backends.zookeeper.store.layout import (
     CHUNK_BYTES,
@@ -902,11 +902,15 @@ def test_a_target_that_moves_few_ids_goes_out_as_a_delta_from_its_base(
         assert pointer["base"] == base and "dir" not in pointer and len(pointer["deltas"]) == 1
         paths = _zk(store)._group(group)
         delta = paths.target_dir(pointer["deltas"][0])
-        assert sorted(raw.get_children(delta)) == sorted(f"{m}#0" for m in five)
-        written = [json.loads(raw.get(f"{delta}/{c}")[0]) for c in raw.get_children(delta)]
+        assert sorted(raw.get_children(delta)) == sorted([*(f"{m}#0" for m in five), "m5#h"])
+        written = [json.loads(raw.get(f"{delta}/{m}#0")[0]) for m in five]
         changes = [item for chunk in written for item in chunk]
         assert len(changes) == 2 * 2_000
         assert sorted(c[1:] for c in changes if c[0] == "+") == sorted(five["m5"])
+        # The hints for m5: the session of the member that had each id it gains, for the
+        # members that have one (m1 alone joined here).
+        hints = json.loads(raw.get(f"{delta}/m5#h")[0])
+        assert hints == {session.session_id: sorted(four["m1"][len(four["m1"]) * 4 // 5 :])}
         # Every reader: a fresh backend's snapshot, and a member's own view.
         with open_backend(zookeeper_backend_url) as reader:
             target = reader.state(group).target
@@ -1026,8 +1030,10 @@ def test_a_member_reads_only_the_changes_of_a_target_from_a_base_it_read(
         assert store.member_view(session).target == frozenset(ids[:2900])
         assert store.member_view(session).target == frozenset(ids[:2900])
         chunks = [p for p in read if p.startswith(paths.targets + "/") and "#" in p]
-        # The base's one chunk, then the delta's: the base is not read again, nor the delta.
-        assert len(chunks) == 2 and chunks[0].split("/")[-2] != chunks[1].split("/")[-2], read
+        # The base's one chunk, then the delta's with its hints (none for m1: it gains
+        # nothing): the base is not read again, nor the delta.
+        assert [c.rsplit("#")[-1] for c in chunks] == ["0", "0", "h"], chunks
+        assert chunks[0].split("/")[-2] != chunks[1].split("/")[-2] == chunks[2].split("/")[-2]
 
 
 def test_a_claim_removed_behind_the_sessions_back_is_noticed_at_its_next_write(
@@ -1056,7 +1062,6 @@ def test_the_cut_follows_a_live_holder_frees_a_gone_one_and_leaves_a_new_one_und
     # it has ended; and a record that now names yet another session, not read before it, is
     # decided by no one: the claim leaves it for the next one (granting it could take a
     # resource from a live holder; following the old holder would wait for nothing).
-    from rebalancer_spark.backends.zookeeper import ownership
 
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         s1, _, generation = _lead_and_publish(store, group, {"m1": ["x"], "m3": ["y"]})
@@ -1258,52 +1263,38 @@ def test_a_watch_asks_again_only_for_what_fired_and_follows_a_znode_once(
             watch.close()
 
 
-def test_a_followed_holder_not_known_to_be_where_it_was_read_counts_as_moved(
-    zookeeper_server: ZkServer, group: str, raw: Any
+def test_a_followed_holder_found_moved_when_its_watch_is_registered_counts_as_moved(
+    zookeeper_backend_url: str, group: str, raw: Any
 ) -> None:
-    # A claim that granted something is followed at once by the next one, whose holders'
-    # watches were asked for a moment before: a holder whose registration is not answered
-    # yet, or was answered at another version, has its records read in the claim's first
-    # read. One answered at the version the claim read released nothing since.
-    proxy = TcpProxy(zookeeper_server.port)
-    url = f"zookeeper://127.0.0.1:{proxy.port}/rb-{uuid.uuid4().hex[:12]}?connect_timeout=5"
-    try:
-        with open_backend(url) as store:
-            s1 = store.join(group, "m1", info={}, ttl=10, static=False)
-            s3 = store.join(group, "m3", info={}, ttl=10, static=False)
-            paths = _zk(store)._group(group)
-            watch = store.watch(group)
-            assert isinstance(watch, ZookeeperWatch)
-            try:
-                watch.focus(Interest.MEMBER, "m2")
-                quiet(watch)
-                still = paths.session(s1.session_id)
-                version = raw.exists(still).version
-                proxy.hold()
-                watch.follow({still: version})
-                assert watch.take_moved() == {still}, "its registration is not answered"
-                assert watch.take_moved() == {still}, "taken, and still not answered"
-                proxy.flow()
-                wait_for(
-                    lambda: watch.take_moved() == set(),
-                    timeout=10,
-                    what="the registration answered at the version read",
-                )
-                assert watch.wait(0.3) is False, "the holder did not move"
-                moved = paths.session(s3.session_id)
-                before = raw.exists(moved).version
-                raw.set(moved, b"")  # a release between the claim's read and the follow
-                watch.follow({moved: before})
-                assert watch.wait(5), "registered at another version: wakes at once"
-                assert watch.take_moved() == {moved}
-                assert watch.take_moved() == set()
-                raw.set(still, b"")  # a release after the registration: the watch fires
-                assert watch.wait(5)
-                assert watch.take_moved() == {still}
-            finally:
-                watch.close()
-    finally:
-        proxy.close()
+    # A holder that released between the claim's read and the registration of its watch
+    # wakes the member at once, and its records are read in the next claim's first read
+    # (right behind its znode), as for one whose watch fired. One registered at the version
+    # the claim read released nothing since.
+    with open_backend(zookeeper_backend_url) as store:
+        s1 = store.join(group, "m1", info={}, ttl=10, static=False)
+        s3 = store.join(group, "m3", info={}, ttl=10, static=False)
+        paths = _zk(store)._group(group)
+        watch = store.watch(group)
+        assert isinstance(watch, ZookeeperWatch)
+        try:
+            watch.focus(Interest.MEMBER, "m2")
+            quiet(watch)
+            still = paths.session(s1.session_id)
+            watch.follow({still: raw.exists(still).version})
+            assert watch.wait(0.5) is False, "registered at the version read"
+            assert watch.take_moved() == set()
+            moved = paths.session(s3.session_id)
+            before = raw.exists(moved).version
+            raw.set(moved, b"")  # a release between the claim's read and the follow
+            watch.follow({moved: before})
+            assert watch.wait(5), "registered at another version: wakes at once"
+            assert watch.take_moved() == {moved}
+            assert watch.take_moved() == set()
+            raw.set(still, b"")  # a release after the registration: the watch fires
+            assert watch.wait(5)
+            assert watch.take_moved() == {still}
+        finally:
+            watch.close()
 
 
 def test_a_follower_that_gives_no_grace_watches_the_coordinator_alone(
@@ -1422,12 +1413,14 @@ def _held_by_m1_and_m3(
 
 
 def _all_moved_to_m2(
-    store: Backend, other: Backend, group: str, count: int
+    store: Backend, other: Backend, group: str, count: int, *, hints: bool = True
 ) -> tuple[list[str], list[str], tuple[Session, Session, Session], Target]:
-    """:func:`_held_by_m1_and_m3`, then a target that gives m2 everything m1 and m3 hold."""
+    """:func:`_held_by_m1_and_m3`, then a target that gives m2 everything m1 and m3 hold: as
+    a delta, which names m1 and m3 as the holders (``hints``), or else written whole."""
     a_ids, c_ids, sessions, epoch, target = _held_by_m1_and_m3(store, other, group, count)
     moved = {"m1": [], "m2": a_ids + c_ids, "m3": []}
-    return a_ids, c_ids, sessions, _republish(store, sessions[0], epoch, moved, target)
+    previous = target if hints else None
+    return a_ids, c_ids, sessions, _republish(store, sessions[0], epoch, moved, previous)
 
 
 def test_a_claim_lists_the_sessions_only_for_as_many_unknown_holders_as_members(
@@ -1436,9 +1429,10 @@ def test_a_claim_lists_the_sessions_only_for_as_many_unknown_holders_as_members(
     # Listing the group's sessions and reading each one's znode ahead of the records spares
     # a second read of the records, but costs a read per member: for the 2 resources of a
     # group of 3 (as for the 10 each member takes over from one that leaves a group of 100)
-    # the claim reads the records, then their holders' znodes with the records again.
+    # the claim reads the records, then their holders' znodes with the records again. (A
+    # target written whole: a delta's hints would name the holders.)
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        a_ids, c_ids, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 1)
+        a_ids, c_ids, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 1, hints=False)
         assert other.member_view(s2).target == frozenset(a_ids + c_ids)  # 3 members
         paths = _zk(other)._group(group)
         read: list[str] = []
@@ -1450,6 +1444,59 @@ def test_a_claim_lists_the_sessions_only_for_as_many_unknown_holders_as_members(
         first = read.index(records[0])
         assert first < read.index(paths.session(s1.session_id))
         assert first < read.index(paths.session(s3.session_id))
+
+
+def test_a_first_claim_takes_the_deltas_hints_and_reads_only_the_records_of_holders_that_wrote(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # The delta that gives m2 what m1 and m3 hold names their sessions. m3 releases 50 of
+    # its 200 after the publication, m1 nothing: m2's first claim reads the two sessions'
+    # znodes with the pointer (no list of the group's sessions), m3's 200 records behind
+    # them, and none of m1's, taken as held by m1 (its znode has not been written since the
+    # publication). m1's release then wakes the claim that reads and grants its records.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        a_ids, c_ids, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 200)
+        assert _pointer(raw, store, group).get("deltas"), "a delta (400 ids moved)"
+        assert other.member_view(s2).target == frozenset(a_ids + c_ids)  # reads the hints
+        store.release(s3, dict.fromkeys(c_ids[:50], 1))
+        paths = _zk(other)._group(group)
+        requests: list[list[str]] = []
+        _count_reads(other, s2, requests=requests)
+        assert sorted(other.claim(s2, a_ids + c_ids, target.generation)) == c_ids[:50]
+        read = [path for request in requests for path in request]
+        assert paths.sessions not in read
+        assert paths.session(s1.session_id) in requests[0]
+        assert paths.session(s3.session_id) in requests[0]
+        records = [p for p in read if p.startswith(paths.epochs + "/")]
+        assert sorted(records) == [paths.resource_epoch(r) for r in c_ids]
+        store.release(s1, dict.fromkeys(a_ids, 1))
+        requests.clear()
+        assert sorted(other.claim(s2, a_ids + c_ids[50:], target.generation)) == a_ids
+        records = [p for request in requests for p in request if p.startswith(paths.epochs)]
+        assert sorted(records) == [paths.resource_epoch(r) for r in a_ids]
+
+
+def test_a_hint_naming_a_holder_that_never_held_the_resource_is_trusted_for_a_while_only(
+    zookeeper_backend_url: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # m1 had x and y in the target but never claimed them; the next target gives them to m2,
+    # and its delta names m1 as their holder. m2's claims take that for HINT_TRUST seconds
+    # (m1's znode does not move: it has nothing to release), then read the records: free.
+    monkeypatch.setattr(ownership, "HINT_TRUST", 0.5)
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        s1, epoch, target = _lead(store, group, {"m1": ["w", "x", "y"]})
+        assert set(store.claim(s1, ["w"], target.generation)) == {"w"}
+        s2 = other.join(group, "m2", info={}, ttl=10, static=False)
+        target = _republish(store, s1, epoch, {"m1": ["w"], "m2": ["x", "y"]}, target)
+        assert other.member_view(s2).target == frozenset({"x", "y"})
+        started = time.monotonic()
+        assert other.claim(s2, ["x", "y"], target.generation) == {}, "taken as held by m1"
+        wait_for(
+            lambda: set(other.claim(s2, ["x", "y"], target.generation)) == {"x", "y"},
+            timeout=5,  # m1's session (10 s) would end later and free them anyway
+            what="the claim that no longer trusts the hint",
+        )
+        assert time.monotonic() - started >= 0.5
 
 
 def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed(
@@ -1532,7 +1579,6 @@ def test_a_grant_refused_by_its_record_wakes_the_member_to_try_again(
     # A member's watch follows no record: a grant refused because the record moved on
     # between the read and the request (another write to it) must wake it at once, or the
     # resource waits for an unrelated change.
-    from rebalancer_spark.backends.zookeeper import ownership
 
     with open_backend(zookeeper_backend_url) as store:
         s1, _, target = _lead(store, group, {"m1": ["x"]})
@@ -1629,7 +1675,6 @@ def test_a_claim_of_resources_a_live_member_holds_reads_its_session_once(
 def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_the_rest(
     zookeeper_backend_url: str, group: str, raw: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rebalancer_spark.backends.zookeeper import ownership
     from rebalancer_spark.backends.zookeeper.store import fence
     from rebalancer_spark.backends.zookeeper.store.ops import Op
 

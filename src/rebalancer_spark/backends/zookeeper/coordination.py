@@ -7,20 +7,22 @@ anyone else did either first; the loser reads the winner. The epoch is a persist
 it only grows, across expiries and restarts of the ensemble.
 
 **Publication** writes the new generation under a fresh directory (each request fenced): a
-delta of the moved ids (one chunk per changed member) added to the chain behind the last base
-this session wrote, or, when that cannot be (:data:`DELTA_SHARE`), a new base of every
-member's part in chunks; then it switches the small ``target`` pointer (fenced, and checking
-that every chunk, the base and the chain are still there), then removes the directories that
-neither the new nor the previous pointer names (fenced). No znode and no request comes near
-ZooKeeper's 1 MB limit however large the assignment: chunks are at most :data:`CHUNK_BYTES`,
-requests at most :data:`REQUEST_BYTES`.
+delta of the moved ids (one chunk per changed member, and for each member that gains ids a
+hints chunk naming the session of the member that had each: :func:`.ownership.claim`, "Hints")
+added to the chain behind the last base this session wrote, or, when that cannot be
+(:data:`DELTA_SHARE`), a new base of every member's part in chunks; then it switches the small
+``target`` pointer (fenced, and checking that every chunk, the base and the chain are still
+there), then removes the directories that neither the new nor the previous pointer names
+(fenced). No znode and no request comes near ZooKeeper's 1 MB limit however large the
+assignment: chunks are at most :data:`CHUNK_BYTES`, requests at most :data:`REQUEST_BYTES`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
+from typing import Any
 
 from rebalancer_spark.backends.base import TargetChange
 from rebalancer_spark.backends.zookeeper.store.client import Settings
@@ -37,15 +39,22 @@ from rebalancer_spark.backends.zookeeper.store.fence import (
     session_reader,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.store.layout import REQUEST_BYTES, chunk_json
+from rebalancer_spark.backends.zookeeper.store.layout import (
+    CHUNK_BYTES,
+    REQUEST_BYTES,
+    GroupPaths,
+    chunk_json,
+)
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches
 from rebalancer_spark.backends.zookeeper.store.records import (
     TargetPointer,
     change_items,
     coordinator_data,
     encode,
+    hints_data,
     read_coordinator,
     read_epoch,
+    read_member,
     read_target_pointer,
 )
 from rebalancer_spark.backends.zookeeper.store.tree import delete_dir
@@ -135,7 +144,15 @@ def publish(
     p = zs.paths
     what = f"publishing a target of group {p.group!r}"
     fence = coordinator_fence(zs, settings, epoch, what)
-    found = session_reader(zs, settings, what).get(p.target)()
+    reader = session_reader(zs, settings, what)
+    pointer_read = reader.get(p.target)
+    # The members that lose ids, read with the pointer: whose session had them (the hints).
+    losing = (
+        {m: reader.get(p.member(m)) for m in sorted(change.removed)}
+        if change is not None and zs.base is not None
+        else {}
+    )
+    found = pointer_read()
     old = None if found is None else read_target_pointer(found[0], p.target, group=p.group)
     generation = (old.generation if old else 0) + 1
     name = f"g{generation}-e{epoch}-{uuid.uuid4().hex[:8]}"
@@ -151,6 +168,8 @@ def publish(
             deltas += (name,)
             writes.append(Op("create", p.target_dir(name)))
             writes += [Op("create", p.target_chunk(name, m, 0), c) for m, c in delta.items()]
+            hints = _hint_chunks(change, _sessions(losing, p))
+            writes += [Op("create", p.target_hints(name, m), c) for m, c in hints.items()]
         counts = {m: base.counts.get(m, 0) for m in parts}
         pointer = TargetPointer(
             generation, epoch, phase, resources_version, base.name, counts, deltas
@@ -222,6 +241,36 @@ def _delta_chunks(change: TargetChange) -> dict[str, bytes] | None:
             return None
         if chunks:
             out[member] = chunks[0]
+    return out
+
+
+def _sessions(
+    reads: Mapping[str, Callable[[], tuple[bytes, Any] | None]], paths: GroupPaths
+) -> dict[str, str]:
+    """Member id -> its session, for the members whose znode the reads found."""
+    out: dict[str, str] = {}
+    for member, read in reads.items():
+        found = read()
+        if found is not None:
+            out[member] = read_member(member, found[0], paths.member(member)).session_id
+    return out
+
+
+def _hint_chunks(change: TargetChange, sessions: Mapping[str, str]) -> dict[str, bytes]:
+    """Each gaining member's hints chunk: for the ids it gains, the session of the member that
+    had each in the target before (if that member is still there), when they fit one chunk.
+    A hint is only a guess of the holder (see ``ownership``, "Hints"): a member whose hints do
+    not fit claims as without them."""
+    before = {r: m for m, ids in change.removed.items() for r in ids}
+    out: dict[str, bytes] = {}
+    for member, gained in sorted(change.added.items()):
+        held: dict[str, list[str]] = {}
+        for r in gained:
+            session = sessions.get(before.get(r, ""))
+            if session is not None:
+                held.setdefault(session, []).append(r)
+        if held and len(data := hints_data(held)) <= CHUNK_BYTES:
+            out[member] = data
     return out
 
 

@@ -32,6 +32,7 @@ from rebalancer_spark.backends.zookeeper.store.records import (
     TargetPointer,
     apply_changes,
     read_coordinator,
+    read_hints,
     read_member,
     read_resource_chunk,
     read_resource_log_chunk,
@@ -128,11 +129,14 @@ def _read_part(
     pointer: TargetPointer,
     member: str,
     start: tuple[int, frozenset[str]] | None = None,
+    hints: dict[str, str] | None = None,
 ) -> Callable[[], frozenset[str]]:
     """Issue the reads of ``member``'s part of ``pointer``'s target: its chunks in the base,
     then, for each delta, the member's chunk there (one chunk or none: no change) and the
     delta's directory, all in one round. ``start`` = (k, part) resumes from the member's part
-    after the first k deltas, read before: only the later deltas are read."""
+    after the first k deltas, read before: only the later deltas are read. With ``hints``,
+    each delta's hints for the member are read too, into it (resource -> the session of the
+    member that had it before; a later delta's over an earlier one's)."""
     if start is None:
         count = pointer.members.get(member, 0)
         base = [
@@ -151,6 +155,15 @@ def _read_part(
         for d in pointer.deltas[skip:]
         if (path := paths.target_chunk(d, member, 0))
     ]
+    hinted = (
+        []
+        if hints is None
+        else [
+            (path, reader.get(path, CHUNK_BYTES))
+            for d in pointer.deltas[skip:]
+            if (path := paths.target_hints(d, member))
+        ]
+    )
 
     def collect() -> frozenset[str]:
         part = set(known or ())
@@ -163,6 +176,11 @@ def _read_part(
             found = chunk()
             if found is not None:
                 apply_changes(part, found[0], path)
+        if hints is not None:
+            for path, read in hinted:
+                found = read()
+                if found is not None:
+                    hints.update(read_hints(found[0], path))
         return frozenset(part)
 
     return collect
@@ -197,11 +215,13 @@ def read_own_part(
                 part = cached[2]
                 return lambda: part
             start = (len(done), cached[2])
-    pending = _read_part(reader, zs.paths, pointer, member, start)
+    hints: dict[str, str] = {}
+    pending = _read_part(reader, zs.paths, pointer, member, start, hints)
 
     def collect() -> frozenset[str]:
         part = pending()
         zs.parts = (pointer.name, pointer.deltas, part)
+        zs.note_hints({r: s for r, s in hints.items() if r in part})
         return part
 
     return collect

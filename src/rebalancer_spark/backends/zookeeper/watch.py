@@ -66,9 +66,6 @@ class ZookeeperWatch(Watch):
         self._moved: set[str] = set()
         """Followed znodes that fired since :meth:`take_moved` last took them, or that were
         at another version (or gone) when their watch was registered."""
-        self._unanswered: set[str] = set()
-        """Followed znodes whose watch's registration the server has not answered yet: not
-        known to be where the claim that follows them read them."""
         self._followed_lock = threading.Lock()
         self._timeout = timeout
         client.add_listener(self._on_state)
@@ -113,7 +110,6 @@ class ZookeeperWatch(Watch):
         with self._followed_lock:
             new = {path: v for path, v in znodes.items() if path not in self._followed}
             self._followed.update(new)
-            self._unanswered.update(new)
         for path, version in new.items():
             pending = self._client.exists_async(path, watch=self._fired)
 
@@ -124,7 +120,6 @@ class ZookeeperWatch(Watch):
                     stat = None  # no watch registered: the next follow asks again
                 moved = stat is None or stat.version != version
                 with self._followed_lock:
-                    self._unanswered.discard(path)
                     if stat is None:
                         self._followed.discard(path)
                     if moved:
@@ -135,23 +130,18 @@ class ZookeeperWatch(Watch):
             pending.rawlink(on_answer)
 
     def take_moved(self) -> set[str]:
-        """The followed znodes that may have moved since the claim that followed them read
-        them (a holder's release or end): those that fired since the last call, those found
-        at another version (or gone) when their watch was registered, and those whose
-        registration is not answered yet. The claim that follows reads their records right
-        behind the holders' znodes, in its first read (:func:`.ownership.claim`): one round
-        trip instead of two.
+        """The followed znodes that moved since the claim that followed them read them (a
+        holder's release or end): those that fired since the last call, and those found at
+        another version (or gone) when their watch was registered. The claim that follows
+        reads their records right behind the holders' znodes, in its first read
+        (:func:`.ownership.claim`): one round trip instead of two.
 
-        The unanswered ones matter when a claim that granted something is followed at once
-        by the next (the reconciler's chain, :meth:`.Reconciler._acquire`): its registrations
-        were sent a moment before, and most of the holders it found holding have released
-        since while 99 of them release. Reading all their records in the first read cost a
-        second read of three quarters of them after their holders' znodes showed the
-        releases (754 of 911 in a traced join at 100,000 x 100, 27 ms of a 79 ms round).
-        A holder whose registration was answered at the version read is not read: it
-        released nothing since."""
+        (A followed znode whose registration is not answered yet is not taken as moved: in
+        session 32 it was, for the claim the reconciler chains right behind one that granted
+        something, and with the hints of a delta that claim then read the records of all 99
+        holders in a join at 100,000 x 100 while few had released: 74 ms at the peak.)"""
         with self._followed_lock:
-            moved, self._moved = self._moved | self._unanswered, set()
+            moved, self._moved = self._moved, set()
         return moved
 
     def _interest(self) -> tuple[list[str], str | None]:

@@ -21,7 +21,7 @@ checks the session's own ``sessions/<id>`` znode, which no other session can hav
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -107,6 +107,14 @@ class ZkSession:
         id and its session znode's version then. While that znode is still at that version
         the holder has released nothing, so a claim need not read those records again
         (:func:`..ownership._read_for_claims`). Used by the claiming thread only."""
+        self.hints: dict[str, tuple[str, float]] = {}
+        """Resources of this member's part that a delta it read named the previous holder of:
+        resource -> that holder's session and when the delta was read (monotonic). A claim
+        trusts a hint for :data:`..ownership.HINT_TRUST` seconds (:func:`..ownership.claim`,
+        "Hints"). Used by the claiming thread only."""
+        self.assumed: set[str] = set()
+        """The entries of :attr:`held_by_others` that come from a hint, not from a record read:
+        dropped with the hint once it is no longer trusted, so that the next claim reads them."""
         self.group_size = 0
         """The number of members of the last target this session read (0: none yet), about
         the number of the group's live sessions: a claim lists and reads those only when it
@@ -116,6 +124,24 @@ class ZkSession:
         """The base and delta chain of the last target this session published as coordinator,
         from which the next one may go out as a delta (:func:`..coordination.publish`)."""
         client.add_listener(self._on_state)
+
+    def note_hints(self, hints: Mapping[str, str]) -> None:
+        """A delta read named these resources' previous holders (resource -> session)."""
+        if hints:
+            now = self._clock.monotonic()
+            self.hints.update({r: (session, now) for r, session in hints.items()})
+
+    def trusted_hints(self, resources: Iterable[str], trust: float) -> dict[str, str]:
+        """The hints of ``resources`` noted at most ``trust`` seconds ago (resource -> session).
+        Older hints are forgotten, and so are the entries of :attr:`held_by_others` assumed
+        from them: the next claim reads those records."""
+        now = self._clock.monotonic()
+        for r in [r for r, (_, at) in self.hints.items() if now - at > trust]:
+            del self.hints[r]
+            if r in self.assumed:
+                self.assumed.discard(r)
+                self.held_by_others.pop(r, None)
+        return {r: hint[0] for r in resources if (hint := self.hints.get(r)) is not None}
 
     # -- state ------------------------------------------------------------------------------
 

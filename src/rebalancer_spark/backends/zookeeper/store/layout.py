@@ -14,6 +14,7 @@ One tree per chroot, one sub-tree per group::
         resource-sets/<set>/<k>             chunks of [[id, weight], ...]
         target                              pointer to the current target generation
         targets/<dir>/<member>#<k>          chunks of [id, ...] for one member
+        targets/<dir>/<member>#h            in a delta: who held what the member gains
         claims/                             empty: the claims of earlier releases' members
         epochs/<escaped id>                 resource epoch and holder; raised by every grant
         progress/<escaped id>               last accepted progress commit
@@ -207,6 +208,11 @@ class GroupPaths:
 
     def target_chunk(self, name: str, member_id: str, k: int) -> str:
         return f"{self.targets}/{name}/{member_id}#{k}"
+
+    def target_hints(self, name: str, member_id: str) -> str:
+        """A delta's hints for ``member_id``: the session of the member that had each id it
+        gains (``..ownership``, "Hints")."""
+        return f"{self.targets}/{name}/{member_id}#h"
 
     def skeleton(self) -> list[str]:
         """The persistent znodes every group has, parents first."""

@@ -35,9 +35,11 @@ __all__ = [
     "change_items",
     "decode",
     "encode",
+    "hints_data",
     "json_scalar",
     "read_coordinator",
     "read_epoch",
+    "read_hints",
     "read_layout",
     "read_member",
     "read_progress",
@@ -412,6 +414,22 @@ def read_target_chunk(data: bytes, path: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
         raise _corrupt(path, "a target chunk that is not a list of resource ids")
     return value
+
+
+def hints_data(held: Mapping[str, Iterable[str]]) -> bytes:
+    """A delta's hints chunk for one member: session id -> the ids it gains that the member
+    of that session had in the target before."""
+    return encode({session: sorted(ids) for session, ids in sorted(held.items())})
+
+
+def read_hints(data: bytes, path: str) -> dict[str, str]:
+    """A hints chunk (:func:`hints_data`) as resource id -> session id."""
+    value = decode(data, path)
+    if not isinstance(value, dict) or not all(
+        isinstance(ids, list) and all(isinstance(r, str) for r in ids) for ids in value.values()
+    ):
+        raise _corrupt(path, "delta hints that are not a map of session ids to resource ids")
+    return {r: session for session, ids in value.items() for r in ids}
 
 
 def change_items(gained: Iterable[str], lost: Iterable[str]) -> Iterator[bytes]:
