@@ -164,15 +164,25 @@ def publish(
     writes: list[Op] = []
     if base is not None and change is not None and delta is not None:
         deltas = base.deltas
+        # No hints behind a stopping phase: every member released everything then (the
+        # global barrier), and a hinted holder would look as if it still held them.
+        running = old is not None and old.phase is Phase.RUNNING and phase is Phase.RUNNING
+        hints = _hint_chunks(change, _sessions(losing, p)) if delta and running else {}
         if delta:  # no change at all (a new phase, say): the same chain
             deltas += (name,)
             writes.append(Op("create", p.target_dir(name)))
             writes += [Op("create", p.target_chunk(name, m, 0), c) for m, c in delta.items()]
-            hints = _hint_chunks(change, _sessions(losing, p))
             writes += [Op("create", p.target_hints(name, m), c) for m, c in hints.items()]
         counts = {m: base.counts.get(m, 0) for m in parts}
         pointer = TargetPointer(
-            generation, epoch, phase, resources_version, base.name, counts, deltas
+            generation,
+            epoch,
+            phase,
+            resources_version,
+            base.name,
+            counts,
+            deltas,
+            hinted=tuple(sorted(hints)),
         )
         published = replace(
             base, generation=generation, deltas=deltas, changed=base.changed + change.size

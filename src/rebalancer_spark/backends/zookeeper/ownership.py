@@ -192,24 +192,29 @@ def claim(
     release that landed meanwhile waited for the next round.)
 
     **Hints.** A delta names, for each id a member gains, the session of the member that had
-    it in the target before (:func:`.coordination.publish`; the member's view reads them with
-    its part: :attr:`.ZkSession.hints`). The first read also reads the znodes of the hinted
-    holders of resources whose holder the session does not know. A hinted holder whose znode
-    was last written before the target pointer was (its ``mzxid`` is lower than the
-    pointer's) has released nothing since the publication: its resources are taken as held
-    by it, at the version read, and followed like those a record named, without reading
-    their records; the records of the others are read behind their znodes, as for known
-    holders that moved. A newcomer's first claim in a join thus reads the 99 holders' znodes
+    it in the target before (:func:`.coordination.publish`: not behind a stopping phase,
+    where every member released everything); the member's view reads the hints of the last
+    delta with its part (:attr:`.ZkSession.hints`). The first read also reads the znodes of
+    the hinted holders of resources whose holder the session does not know. A hinted holder
+    whose znode was last written before the hints were (its ``mzxid`` is lower than the hints
+    chunk's ``czxid``, which precedes the pointer's switch to that delta) has released
+    nothing since: a member releases what a target moves away only once it read that
+    target, and every release writes its znode. Its resources are taken as held by it, at
+    the version read, and followed like those a record named, without reading their
+    records; the records of the others are read behind their znodes, as for known holders
+    that moved. A newcomer's first claim in a join thus reads the 99 holders' znodes
     and the records of those that released already, not the 990 records of which, at the
     peak of the releases, about 40 were free (a trace at 100,000 x 100: that read took
     120 ms, and every release after it waited for the round behind it).
 
     A hint is a guess, never a grant: a grant is made only from a record read, fenced on its
-    version. A wrong hint (the member that had the resource never claimed it, or it is held
-    by another) can only delay: a hint is trusted for :data:`HINT_TRUST` seconds from the
-    view that read it; then the resources taken from it count as unknown again and the next
-    claim reads their records (the reconciler claims again within a second while anything is
-    missing). A record read replaces the hint."""
+    version. A wrong hint (the member that had the resource never claimed it, it is held by
+    another, or its holder's new session has not claimed it yet) can only delay: a hint is
+    trusted for :data:`HINT_TRUST` seconds from the view that read it; then the resources
+    taken from it count as unknown again and the next claim reads their records (the
+    reconciler claims again within :data:`~rebalancer_spark.member.reconciler.MAX_WAIT`, a
+    second, while anything is missing): about two seconds at most. A record read replaces
+    the hint."""
     what = "claiming resources"
     require_live(zs, settings, what)
     p, s = zs.paths, zs.session
@@ -222,10 +227,10 @@ def claim(
     asked = list(dict.fromkeys(resources))
     hints = zs.trusted_hints(asked, HINT_TRUST)  # first: forgets what it no longer trusts
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
-    hinted = {r: h for r, h in hints.items() if r not in known and h != s.session_id}
+    hinted = {r: hint for r, hint in hints.items() if r not in known and hint[0] != s.session_id}
     holders = {
         h: reader.stat(p.session(h))
-        for h in sorted({h for h, _ in known.values()} | set(hinted.values()))
+        for h in sorted({h for h, _ in known.values()} | {h for h, _ in hinted.values()})
     }
     # As many resources whose holder this session does not know as the group has members?
     unknown = len(asked) - len(known) - len(hinted)
@@ -247,12 +252,12 @@ def claim(
         return {}, Waiting({})
     stats = {h: read() for h, read in holders.items()}
     versions = {h: None if st is None else st.version for h, st in stats.items()}
-    # A hinted holder that has not written its znode since the publication released nothing
-    # since: what the hint names is taken as held by it, at the version read, unread.
+    # A hinted holder that has not written its znode since its hints were written released
+    # nothing since: what the hint names is taken as held by it, at the version read, unread.
     assumed = {
         r: (h, st.version)
-        for r, h in hinted.items()
-        if (st := stats[h]) is not None and st.mzxid < found[1].mzxid
+        for r, (h, written) in hinted.items()
+        if (st := stats[h]) is not None and st.mzxid < written
     }
     sessions = () if listed is None else listed() or ()
     read = _read_for_claims(
@@ -260,7 +265,9 @@ def claim(
     )
     if read is None:
         return {}, Waiting({})
-    zs.assumed = (zs.assumed | set(assumed)) & read.unread
+    zs.assumed = {
+        r: zs.assumed.get(r, zs.hinted_at) for r in read.unread if r in zs.assumed or r in assumed
+    }
     for r in asked:
         if r not in read.unread:
             zs.hints.pop(r, None)  # its record was read: what it says counts now

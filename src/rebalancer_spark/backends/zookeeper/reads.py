@@ -129,14 +129,15 @@ def _read_part(
     pointer: TargetPointer,
     member: str,
     start: tuple[int, frozenset[str]] | None = None,
-    hints: dict[str, str] | None = None,
+    hints: dict[str, tuple[str, int]] | None = None,
 ) -> Callable[[], frozenset[str]]:
     """Issue the reads of ``member``'s part of ``pointer``'s target: its chunks in the base,
     then, for each delta, the member's chunk there (one chunk or none: no change) and the
     delta's directory, all in one round. ``start`` = (k, part) resumes from the member's part
-    after the first k deltas, read before: only the later deltas are read. With ``hints``,
-    each delta's hints for the member are read too, into it (resource -> the session of the
-    member that had it before; a later delta's over an earlier one's)."""
+    after the first k deltas, read before: only the later deltas are read. With ``hints``, the
+    member's hints in the last delta (if the pointer says it has some and that delta is read
+    here) go into it: resource -> the session of the member that had it, and the ``czxid`` of
+    the hints chunk (written before the pointer switched to that delta)."""
     if start is None:
         count = pointer.members.get(member, 0)
         base = [
@@ -155,15 +156,10 @@ def _read_part(
         for d in pointer.deltas[skip:]
         if (path := paths.target_chunk(d, member, 0))
     ]
-    hinted = (
-        []
-        if hints is None
-        else [
-            (path, reader.get(path, CHUNK_BYTES))
-            for d in pointer.deltas[skip:]
-            if (path := paths.target_hints(d, member))
-        ]
-    )
+    hinted = None
+    if hints is not None and member in pointer.hinted and len(pointer.deltas) > skip:
+        hinted_path = paths.target_hints(pointer.deltas[-1], member)
+        hinted = (hinted_path, reader.get(hinted_path, CHUNK_BYTES))
 
     def collect() -> frozenset[str]:
         part = set(known or ())
@@ -176,11 +172,9 @@ def _read_part(
             found = chunk()
             if found is not None:
                 apply_changes(part, found[0], path)
-        if hints is not None:
-            for path, read in hinted:
-                found = read()
-                if found is not None:
-                    hints.update(read_hints(found[0], path))
+        if hints is not None and hinted is not None and (found := hinted[1]()) is not None:
+            created = found[1].czxid
+            hints.update({r: (s, created) for r, s in read_hints(found[0], hinted[0]).items()})
         return frozenset(part)
 
     return collect
@@ -215,13 +209,13 @@ def read_own_part(
                 part = cached[2]
                 return lambda: part
             start = (len(done), cached[2])
-    hints: dict[str, str] = {}
+    hints: dict[str, tuple[str, int]] = {}
     pending = _read_part(reader, zs.paths, pointer, member, start, hints)
 
     def collect() -> frozenset[str]:
         part = pending()
         zs.parts = (pointer.name, pointer.deltas, part)
-        zs.note_hints({r: s for r, s in hints.items() if r in part})
+        zs.note_hints({r: hint for r, hint in hints.items() if r in part})
         return part
 
     return collect

@@ -17,7 +17,8 @@ each read the store for nothing:
   member's own ``members/<id>`` (an ephemeral of its session, which the session's end
   deletes; other members' joins and leaves wake none of the 100, since nothing a member acts
   on changes until a target says so), and the znodes :meth:`ZookeeperWatch.follow` names:
-  after a claim found resources held by another live session, that session's znode
+  after a claim found resources held by another live session (or a delta's hint named
+  one: :func:`.ownership.claim`, "Hints"), that session's znode
   (``sessions/<id>``), which every release sets in its multi-op and which goes with the
   session. So a member wakes for the releases of resources its target gives it once it asked
   for them, which is what the reconciler does on every new target.
@@ -132,7 +133,8 @@ class ZookeeperWatch(Watch):
     def take_moved(self) -> set[str]:
         """The followed znodes that moved since the claim that followed them read them (a
         holder's release or end): those that fired since the last call, and those found at
-        another version (or gone) when their watch was registered. The claim that follows
+        another version (or gone, or whose registration failed) when their watch was
+        registered. The claim that follows
         reads their records right behind the holders' znodes, in its first read
         (:func:`.ownership.claim`): one round trip instead of two.
 

@@ -103,18 +103,24 @@ class ZkSession:
         changed, so only deltas added to the chain since are read (:func:`..reads
         .read_own_part`)."""
         self.held_by_others: dict[str, tuple[str, int]] = {}
-        """Resources the last claim found held by another live session: the holder's session
-        id and its session znode's version then. While that znode is still at that version
+        """Resources the last claim found held by another live session (by their records, or
+        by a delta's hint: :attr:`assumed`): the holder's session id and its session znode's
+        version then. While that znode is still at that version
         the holder has released nothing, so a claim need not read those records again
         (:func:`..ownership._read_for_claims`). Used by the claiming thread only."""
-        self.hints: dict[str, tuple[str, float]] = {}
-        """Resources of this member's part that a delta it read named the previous holder of:
-        resource -> that holder's session and when the delta was read (monotonic). A claim
-        trusts a hint for :data:`..ownership.HINT_TRUST` seconds (:func:`..ownership.claim`,
-        "Hints"). Used by the claiming thread only."""
-        self.assumed: set[str] = set()
-        """The entries of :attr:`held_by_others` that come from a hint, not from a record read:
-        dropped with the hint once it is no longer trusted, so that the next claim reads them."""
+        self.hints: dict[str, tuple[str, int]] = {}
+        """Resources of this member's part that the last delta it read named the previous
+        holder of: resource -> that holder's session and the ``czxid`` of the hints chunk.
+        Replaced whenever the member reads new deltas; trusted for
+        :data:`..ownership.HINT_TRUST` seconds from :attr:`hinted_at` (:func:`..ownership
+        .claim`, "Hints"). Read and written on the member's reconciler thread only (its views
+        and claims)."""
+        self.hinted_at = 0.0
+        """When :attr:`hints` were read (monotonic)."""
+        self.assumed: dict[str, float] = {}
+        """The entries of :attr:`held_by_others` taken from a hint, not from a record read,
+        each with the time its hint was read: dropped once no longer trusted, so that the next
+        claim reads their records."""
         self.group_size = 0
         """The number of members of the last target this session read (0: none yet), about
         the number of the group's live sessions: a claim lists and reads those only when it
@@ -125,23 +131,23 @@ class ZkSession:
         from which the next one may go out as a delta (:func:`..coordination.publish`)."""
         client.add_listener(self._on_state)
 
-    def note_hints(self, hints: Mapping[str, str]) -> None:
-        """A delta read named these resources' previous holders (resource -> session)."""
-        if hints:
-            now = self._clock.monotonic()
-            self.hints.update({r: (session, now) for r, session in hints.items()})
+    def note_hints(self, hints: Mapping[str, tuple[str, int]]) -> None:
+        """The member read new deltas, the last of which named these resources' previous
+        holders (resource -> session, hints chunk ``czxid``): they replace the hints kept."""
+        self.hints = dict(hints)
+        self.hinted_at = self._clock.monotonic()
 
-    def trusted_hints(self, resources: Iterable[str], trust: float) -> dict[str, str]:
-        """The hints of ``resources`` noted at most ``trust`` seconds ago (resource -> session).
-        Older hints are forgotten, and so are the entries of :attr:`held_by_others` assumed
-        from them: the next claim reads those records."""
+    def trusted_hints(self, resources: Iterable[str], trust: float) -> dict[str, tuple[str, int]]:
+        """The hints of ``resources`` read at most ``trust`` seconds ago. Older hints are
+        forgotten, and so are the entries of :attr:`held_by_others` taken from hints read
+        longer ago than that: the next claim reads those records."""
         now = self._clock.monotonic()
-        for r in [r for r, (_, at) in self.hints.items() if now - at > trust]:
-            del self.hints[r]
-            if r in self.assumed:
-                self.assumed.discard(r)
-                self.held_by_others.pop(r, None)
-        return {r: hint[0] for r in resources if (hint := self.hints.get(r)) is not None}
+        if self.hints and now - self.hinted_at > trust:
+            self.hints = {}
+        for r in [r for r, at in self.assumed.items() if now - at > trust]:
+            del self.assumed[r]
+            self.held_by_others.pop(r, None)
+        return {r: hint for r in resources if (hint := self.hints.get(r)) is not None}
 
     # -- state ------------------------------------------------------------------------------
 

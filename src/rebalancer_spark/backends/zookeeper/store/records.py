@@ -369,6 +369,9 @@ class TargetPointer:
     there); exactly the members of this generation."""
     deltas: tuple[str, ...] = ()
     """The delta directories to apply to the base, oldest first."""
+    hinted: tuple[str, ...] = ()
+    """The members that have a hints chunk in the last delta (``<member>#h``: who had each id
+    they gain; see :func:`read_hints`). Readers of earlier releases ignore it."""
 
     def encode(self) -> bytes:
         obj: dict[str, object] = {
@@ -380,6 +383,8 @@ class TargetPointer:
         }
         if self.deltas:
             obj |= {"base": self.name, "deltas": list(self.deltas)}
+            if self.hinted:
+                obj["hinted"] = list(self.hinted)
         else:
             obj["dir"] = self.name
         return encode(obj)
@@ -398,6 +403,9 @@ def read_target_pointer(data: bytes, path: str, *, group: str) -> TargetPointer:
         isinstance(deltas, list) and deltas and all(isinstance(d, str) for d in deltas)
     ):
         raise _corrupt(path, "a delta chain that is not a list of directory names")
+    hinted = obj.get("hinted", [])
+    if not isinstance(hinted, list) or not all(isinstance(m, str) for m in hinted):
+        raise _corrupt(path, "hinted members that are not a list of member ids")
     return TargetPointer(
         generation=_get(obj, "generation", int, path),
         epoch=_get(obj, "epoch", int, path),
@@ -406,6 +414,7 @@ def read_target_pointer(data: bytes, path: str, *, group: str) -> TargetPointer:
         name=_get(obj, "dir" if deltas is None else "base", str, path),
         members=members,
         deltas=() if deltas is None else tuple(deltas),
+        hinted=tuple(hinted),
     )
 
 
