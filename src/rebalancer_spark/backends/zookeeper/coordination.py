@@ -7,14 +7,15 @@ anyone else did either first; the loser reads the winner. The epoch is a persist
 it only grows, across expiries and restarts of the ensemble.
 
 **Publication** writes the new generation under a fresh directory (each request fenced): a
-delta of the moved ids (one chunk per changed member, and for each member that gains ids a
-hints chunk naming the session of the member that had each: :func:`.ownership.claim`, "Hints")
-added to the chain behind the last base this session wrote, or, when that cannot be
-(:data:`DELTA_SHARE`), a new base of every member's part in chunks; then it switches the small
-``target`` pointer (fenced, and checking that every chunk, the base and the chain are still
-there), then removes the directories that neither the new nor the previous pointer names
-(fenced). No znode and no request comes near ZooKeeper's 1 MB limit however large the
-assignment: chunks are at most :data:`CHUNK_BYTES`, requests at most :data:`REQUEST_BYTES`.
+delta of the moved ids (one chunk per changed member, and for each member that gains ids, once
+the target before it has settled, a hints chunk naming the session of the member that had each:
+:func:`.ownership.claim`, "Hints") added to the chain behind the last base this session wrote,
+or, when that cannot be (:data:`DELTA_SHARE`), a new base of every member's part in chunks;
+then it switches the small ``target`` pointer (fenced, and checking that every chunk, the base
+and the chain are still there), then removes the directories that neither the new nor the
+previous pointer names (fenced). No znode and no request comes near ZooKeeper's 1 MB limit
+however large the assignment: chunks are at most :data:`CHUNK_BYTES`, requests at most
+:data:`REQUEST_BYTES`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from rebalancer_spark.backends.zookeeper.store.layout import (
     GroupPaths,
     chunk_json,
 )
+from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, batches
 from rebalancer_spark.backends.zookeeper.store.records import (
     TargetPointer,
@@ -128,6 +130,14 @@ DELTA_MIN_IDS = 1000
 DELTA_CHAIN = 16
 """The most deltas a pointer names."""
 
+HINT_SETTLE = 2.0
+"""Seconds a running target must have been out before the delta after it names who had each
+moved id (the hints: :func:`.ownership.claim`): members claim what a target gives them in
+about a second, so a member that was given an id by a younger target may not hold it yet (a
+rolling start-up publishes a target every stability window), and a hint naming it would keep
+the id from its new owner for a second or two. This session's previous publication is the
+one timed."""
+
 
 def publish(
     zs: ZkSession,
@@ -146,12 +156,7 @@ def publish(
     fence = coordinator_fence(zs, settings, epoch, what)
     reader = session_reader(zs, settings, what)
     pointer_read = reader.get(p.target)
-    # The members that lose ids, read with the pointer: whose session had them (the hints).
-    losing = (
-        {m: reader.get(p.member(m)) for m in sorted(change.removed)}
-        if change is not None and zs.base is not None
-        else {}
-    )
+    losing = _read_losing(zs, reader, change, phase)
     found = pointer_read()
     old = None if found is None else read_target_pointer(found[0], p.target, group=p.group)
     generation = (old.generation if old else 0) + 1
@@ -166,8 +171,12 @@ def publish(
         deltas = base.deltas
         # No hints behind a stopping phase: every member released everything then (the
         # global barrier), and a hinted holder would look as if it still held them.
-        running = old is not None and old.phase is Phase.RUNNING and phase is Phase.RUNNING
-        hints = _hint_chunks(change, _sessions(losing, p)) if delta and running else {}
+        running = found is not None and old is not None and old.phase is Phase.RUNNING
+        hints = (
+            _hint_chunks(change, _sessions(losing, p, found[1].mzxid))
+            if delta and running and found is not None
+            else {}
+        )
         if delta:  # no change at all (a new phase, say): the same chain
             deltas += (name,)
             writes.append(Op("create", p.target_dir(name)))
@@ -213,7 +222,7 @@ def publish(
     )
     zs.base = None  # unknown until the switch is answered
     fenced_transact(zs, settings, epoch, [*fence, *checks, switch, Op("set", p.changes)], what)
-    zs.base = published
+    zs.base = replace(published, published_at=zs.monotonic())
     keep = {pointer.name, *pointer.deltas}
     if old is not None:
         keep |= {old.name, *old.deltas}
@@ -254,14 +263,33 @@ def _delta_chunks(change: TargetChange) -> dict[str, bytes] | None:
     return out
 
 
+def _read_losing(
+    zs: ZkSession, reader: Reader, change: TargetChange | None, phase: Phase
+) -> dict[str, Callable[[], tuple[bytes, Any] | None]]:
+    """Issue the reads of the znodes of the members that ``change`` takes ids from, to name
+    their sessions in the hints: only for a running target after one that had time to settle
+    (:data:`HINT_SETTLE`), and sent with the pointer's read."""
+    base = zs.base
+    if (
+        change is None
+        or base is None
+        or phase is not Phase.RUNNING
+        or zs.monotonic() - base.published_at < HINT_SETTLE
+    ):
+        return {}
+    return {m: reader.get(zs.paths.member(m)) for m in sorted(change.removed)}
+
+
 def _sessions(
-    reads: Mapping[str, Callable[[], tuple[bytes, Any] | None]], paths: GroupPaths
+    reads: Mapping[str, Callable[[], tuple[bytes, Any] | None]], paths: GroupPaths, before: int
 ) -> dict[str, str]:
-    """Member id -> its session, for the members whose znode the reads found."""
+    """Member id -> its session, for the members whose znode the reads found created before
+    the zxid ``before`` (the target before this one): a member that joined again since then
+    holds nothing of that target under its new session."""
     out: dict[str, str] = {}
     for member, read in reads.items():
         found = read()
-        if found is not None:
+        if found is not None and found[1].czxid < before:
             out[member] = read_member(member, found[0], paths.member(member)).session_id
     return out
 

@@ -196,16 +196,18 @@ def claim(
     where every member released everything); the member's view reads the hints of the last
     delta with its part (:attr:`.ZkSession.hints`). The first read also reads the znodes of
     the hinted holders of resources whose holder the session does not know. A hinted holder
-    whose znode was last written before the hints were (its ``mzxid`` is lower than the hints
-    chunk's ``czxid``, which precedes the pointer's switch to that delta) has released
-    nothing since: a member releases what a target moves away only once it read that
-    target, and every release writes its znode. Its resources are taken as held by it, at
-    the version read, and followed like those a record named, without reading their
-    records; the records of the others are read behind their znodes, as for known holders
-    that moved. A newcomer's first claim in a join thus reads the 99 holders' znodes
-    and the records of those that released already, not the 990 records of which, at the
-    peak of the releases, about 40 were free (a trace at 100,000 x 100: that read took
-    120 ms, and every release after it waited for the round behind it).
+    whose znode was last written before the hints were (its ``mzxid`` is lower than the
+    hints chunk's ``czxid``, which precedes the pointer's switch to that delta) has released
+    nothing since: every release writes the releasing session's znode. Its resources are
+    taken as held by it, at the version read, and followed like those a record named,
+    without reading their records; the records of the others are read behind their znodes,
+    as for known holders that moved. That it held them when the hints were written is the
+    guess: the coordinator names only members of a target out for
+    :data:`.coordination.HINT_SETTLE` seconds, whose znode predates it. A newcomer's first
+    claim in a join thus reads the 99 holders' znodes and the records of those that released
+    already, not the 990 records of which, at the peak of the releases, about 40 were free
+    (a trace at 100,000 x 100: that read took 120 ms, and every release after it waited for
+    the round behind it).
 
     A hint is a guess, never a grant: a grant is made only from a record read, fenced on its
     version. A wrong hint (the member that had the resource never claimed it, it is held by
@@ -226,6 +228,7 @@ def claim(
     alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
     asked = list(dict.fromkeys(resources))
     hints = zs.trusted_hints(asked, HINT_TRUST)  # first: forgets what it no longer trusts
+    hinted_at = zs.hinted_at  # (the part read below may note newer hints)
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
     hinted = {r: hint for r, hint in hints.items() if r not in known and hint[0] != s.session_id}
     holders = {
@@ -266,7 +269,7 @@ def claim(
     if read is None:
         return {}, Waiting({})
     zs.assumed = {
-        r: zs.assumed.get(r, zs.hinted_at) for r in read.unread if r in zs.assumed or r in assumed
+        r: zs.assumed.get(r, hinted_at) for r in read.unread if r in zs.assumed or r in assumed
     }
     for r in asked:
         if r not in read.unread:

@@ -58,6 +58,8 @@ class PublishedBase:
     size: int
     deltas: tuple[str, ...] = ()
     changed: int = 0
+    published_at: float = 0.0
+    """When its pointer switch was answered (monotonic, this process's clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,10 @@ class ZkSession:
         """The base and delta chain of the last target this session published as coordinator,
         from which the next one may go out as a delta (:func:`..coordination.publish`)."""
         client.add_listener(self._on_state)
+
+    def monotonic(self) -> float:
+        """Now, on the clock of this session's backend."""
+        return self._clock.monotonic()
 
     def note_hints(self, hints: Mapping[str, tuple[str, int]]) -> None:
         """The member read new deltas, the last of which named these resources' previous

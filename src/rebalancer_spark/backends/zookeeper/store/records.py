@@ -370,8 +370,9 @@ class TargetPointer:
     deltas: tuple[str, ...] = ()
     """The delta directories to apply to the base, oldest first."""
     hinted: tuple[str, ...] = ()
-    """The members that have a hints chunk in the last delta (``<member>#h``: who had each id
-    they gain; see :func:`read_hints`). Readers of earlier releases ignore it."""
+    """The members whose hints (``<member>#h`` in the last delta: who had each id they gain;
+    see :func:`read_hints`) are to be read with this pointer. Readers of earlier releases
+    ignore it."""
 
     def encode(self) -> bytes:
         obj: dict[str, object] = {
