@@ -170,11 +170,11 @@ def publish(
     if base is not None and change is not None and delta is not None:
         deltas = base.deltas
         # No hints behind a stopping phase: every member released everything then (the
-        # global barrier), and a hinted holder would look as if it still held them.
-        running = found is not None and old is not None and old.phase is Phase.RUNNING
+        # global barrier), and a hinted holder would look as if it still held them. (None
+        # either when the losing members were not read: see _read_losing.)
         hints = (
             _hint_chunks(change, _sessions(losing, p, found[1].mzxid))
-            if delta and running and found is not None
+            if delta and losing and found and old and old.phase is Phase.RUNNING
             else {}
         )
         if delta:  # no change at all (a new phase, say): the same chain
