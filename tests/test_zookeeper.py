@@ -30,6 +30,7 @@ from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.base import Interest
 from rebalancer_spark.backends.zookeeper import ZookeeperBackend, coordination, ownership
 from rebalancer_spark.backends.zookeeper.coordination import DELTA_CHAIN
+from rebalancer_spark.backends.zookeeper.store import chain
 from rebalancer_spark.backends.zookeeper.store.layout import (
     CHUNK_BYTES,
     REQUEST_BYTES,
@@ -1457,9 +1458,10 @@ def test_a_first_claim_takes_the_deltas_hints_and_reads_only_the_records_of_hold
 ) -> None:
     # The delta that gives m2 what m1 and m3 hold names their sessions. m3 releases 50 of
     # its 200 after the publication, m1 nothing: m2's first claim reads the two sessions'
-    # znodes with the pointer (no list of the group's sessions), m3's 200 records behind
-    # them, and none of m1's, taken as held by m1 (its znode has not been written since the
-    # publication). m1's release then wakes the claim that reads and grants its records.
+    # znodes with the pointer (no list of the group's sessions), the records of m3's other
+    # 150 behind them (the 50 come from the notes of m3's release, in its znode), and none
+    # of m1's, taken as held by m1 (its znode has not been written since the publication).
+    # m1's release then wakes the claim that grants its 200 from its notes, unread.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         a_ids, c_ids, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 200)
         assert _pointer(raw, store, group).get("deltas"), "a delta (400 ids moved)"
@@ -1474,7 +1476,7 @@ def test_a_first_claim_takes_the_deltas_hints_and_reads_only_the_records_of_hold
         assert paths.session(s1.session_id) in requests[0]
         assert paths.session(s3.session_id) in requests[0]
         records = [p for p in read if p.startswith(paths.epochs + "/")]
-        assert sorted(records) == [paths.resource_epoch(r) for r in c_ids]
+        assert sorted(records) == [paths.resource_epoch(r) for r in c_ids[50:]]
         # m1's are followed (its znode at the version read), as if their records said so.
         hosted = _zk(other)._sessions.get(s2.session_id)
         assert hosted is not None
@@ -1483,8 +1485,7 @@ def test_a_first_claim_takes_the_deltas_hints_and_reads_only_the_records_of_hold
         store.release(s1, dict.fromkeys(a_ids, 1))
         requests.clear()
         assert sorted(other.claim(s2, a_ids + c_ids[50:], target.generation)) == a_ids
-        records = [p for request in requests for p in request if p.startswith(paths.epochs)]
-        assert sorted(records) == [paths.resource_epoch(r) for r in a_ids]
+        assert not [p for request in requests for p in request if p.startswith(paths.epochs)]
 
 
 def test_a_hint_is_judged_by_when_its_delta_was_written_not_by_the_current_pointer(
@@ -1593,10 +1594,11 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
     zookeeper_backend_url: str, group: str
 ) -> None:
     # A joining member asks for 600 resources held by m1 and m3. m1 releases 200 of its 300:
-    # the next attempt reads m1's session znode once, ahead of the rest, then m1's 300 records
-    # once each (no second read with the session: the znode was read before them), and
-    # grants the 200; m3's session znode has not moved, so m3's 300 records are not read at
-    # all. m1's last 100 follow once it releases them.
+    # the next attempt reads m1's session znode once, ahead of the rest, and with it the
+    # notes of that release, which give the 200 records as released; then the records of
+    # m1's other 100 once each (no second read with the session: the znode was read before
+    # them), and grants the 200; m3's session znode has not moved, so m3's 300 records are
+    # not read at all. m1's last 100 follow once it releases them.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
         a_ids, c_ids, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 300)
         assert other.claim(s2, a_ids + c_ids, target.generation) == {}
@@ -1607,13 +1609,97 @@ def test_a_claim_asked_again_reads_only_what_the_holders_releases_may_have_freed
         assert sorted(grants) == a_ids[:200]
         paths = _zk(other)._group(group)
         records = [p for p in read if p.startswith(paths.epochs + "/")]
-        assert sorted(records) == [paths.resource_epoch(r) for r in a_ids], len(records)
+        assert sorted(records) == [paths.resource_epoch(r) for r in a_ids[200:]], len(records)
         assert read.count(paths.session(s1.session_id)) == 1
         assert read.count(paths.session(s3.session_id)) == 1
         store.release(s1, dict.fromkeys(a_ids[200:], 1))
         assert sorted(other.claim(s2, a_ids[200:] + c_ids, target.generation)) == a_ids[200:]
         store.release(s3, dict.fromkeys(c_ids, 1))
         assert sorted(other.claim(s2, c_ids, target.generation)) == c_ids
+
+
+def test_a_release_notes_what_it_released_in_its_sessions_znode_unless_that_is_too_much(
+    zookeeper_backend_url: str, group: str, raw: Any
+) -> None:
+    # The release's multi-op sets the session's znode to the ids it released, each with its
+    # epoch and the version its released record has: what a read of those records would
+    # say. A release of more than NOTES_BYTES of them notes none (every member following the
+    # holder reads its znode).
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        a_ids, _, (s1, _, _), _, _ = _held_by_m1_and_m3(store, other, group, 400)
+        paths = _zk(store)._group(group)
+        store.release(s1, dict.fromkeys(a_ids[:3], 1))
+        notes = json.loads(raw.get(paths.session(s1.session_id))[0])
+        assert notes["member"] == "m1" and sorted(notes["released"]) == a_ids[:3]
+        for r in a_ids[:3]:
+            data, stat = raw.get(paths.resource_epoch(r))
+            assert json.loads(data) == {"epoch": 1, "member": "m1", "released": True,
+                                        "session": s1.session_id}  # fmt: skip
+            assert notes["released"][r] == [1, stat.version]
+        store.release(s1, dict.fromkeys(a_ids[3:], 1))
+        assert len(chain.notes_data("m1", {r: (1, 1) for r in a_ids[3:]})) == 0
+        assert raw.get(paths.session(s1.session_id))[0] == b""
+
+
+def test_a_claim_grants_from_release_notes_as_from_the_records_and_reads_a_stale_note_again(
+    zookeeper_backend_url: str, group: str, raw: Any, settled: None
+) -> None:
+    # m2 follows m1 for 10 resources; m1 releases 5 of them. Meanwhile one of the 5, a000,
+    # was claimed by m3 (its record names m3's live session, at a later version than m1's
+    # notes say). m2's claim grants the other 4 from the notes, as a read of their records
+    # would (the predecessor released at the release's store time); a000's grant is refused
+    # by its record's version, and the claim that follows reads that record, finds it m3's
+    # and leaves it to m3.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        a_ids, _, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 10)
+        assert other.claim(s2, a_ids, target.generation) == {}
+        paths = _zk(other)._group(group)
+        store.release(s1, dict.fromkeys(a_ids[:5], 1))
+        released_at = {r: raw.get(paths.resource_epoch(r))[1].mtime / 1000 for r in a_ids[:5]}
+        taken = {"epoch": 2, "member": "m3", "prev": None, "session": s3.session_id}
+        raw.set(paths.resource_epoch("a000"), json.dumps(taken).encode())
+        read: list[str] = []
+        _count_reads(other, s2, paths=read)
+        grants = other.claim(s2, a_ids, target.generation)
+        assert sorted(grants) == a_ids[1:5]
+        # The 5 from the notes; m1's other 5 (its znode moved: released before, or not).
+        records = [p for p in read if p.startswith(paths.epochs + "/")]
+        assert sorted(records) == [paths.resource_epoch(r) for r in a_ids[5:]]
+        for r in a_ids[1:5]:
+            g = grants[r]
+            assert (g.epoch, g.freed, g.prev_member_id) == (2, Freed.RELEASED, "m1")
+            assert g.prev_session_id == s1.session_id and g.freed_at == released_at[r]
+            record = json.loads(raw.get(paths.resource_epoch(r))[0])
+            assert record["prev"] == {"at": released_at[r], "freed": "released",
+                                      "member": "m1", "session": s1.session_id}  # fmt: skip
+        hosted = _zk(other)._sessions.get(s2.session_id)
+        assert hosted is not None and hosted.unnoted == {"a000"}
+        read.clear()
+        assert other.claim(s2, ["a000"], target.generation) == {}
+        assert paths.resource_epoch("a000") in read and not hosted.unnoted
+        assert json.loads(raw.get(paths.resource_epoch("a000"))[0]) == taken
+        assert hosted.held_by_others["a000"][0] == s3.session_id
+
+
+def test_notes_that_are_not_this_librarys_are_read_as_none(
+    zookeeper_backend_url: str, group: str, raw: Any, settled: None
+) -> None:
+    # A session znode whose data is not release notes (another version's, or written by
+    # hand): the claim reads the records, as without notes, and grants what they free.
+    with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
+        a_ids, _, (s1, s2, _), target = _all_moved_to_m2(store, other, group, 4)
+        assert other.claim(s2, a_ids, target.generation) == {}
+        paths = _zk(other)._group(group)
+        store.release(s1, dict.fromkeys(a_ids, 1))
+        for data in (b"not json", b'{"member": "m1", "released": ["a000"]}', b"[]"):
+            raw.set(paths.session(s1.session_id), data)
+            assert chain.read_notes(data, s1.session_id, raw.get(paths.epochs)[1]) == {}
+        read: list[str] = []
+        _count_reads(other, s2, paths=read)
+        assert sorted(other.claim(s2, a_ids, target.generation)) == a_ids
+        assert sorted(p for p in read if p.startswith(paths.epochs + "/")) == [
+            paths.resource_epoch(r) for r in a_ids
+        ]
 
 
 def test_a_claim_woken_by_a_holders_release_reads_its_records_with_its_znode(
@@ -1793,7 +1879,7 @@ def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_th
         zs.client._call = spy_call
         monkeypatch.setattr(ownership, "session_answer", spy_answer)
         applied, refused, stopped = ownership._apply(
-            zs, _zk(store).settings, units, [], [Op("check", f"{base}/changes")], "test"
+            zs, _zk(store).settings, units, [], lambda _: [Op("check", f"{base}/changes")], "test"
         )
         assert stopped is None and refused == {"n007", "n093"}
         assert set(applied) == set(names) - refused
@@ -1812,7 +1898,12 @@ def test_a_claim_keeps_two_requests_in_flight_and_one_refused_resource_spares_th
         # A refused frame operation stops it: nothing more is written.
         more = [(n, [Op("create", f"{base}/progress/x{n}", b"1", tag=n)]) for n in names]
         applied, refused, stopped = ownership._apply(
-            zs, _zk(store).settings, more, [Op("check", f"{base}/no-such-znode")], [], "test"
+            zs,
+            _zk(store).settings,
+            more,
+            [Op("check", f"{base}/no-such-znode")],
+            lambda _: [],
+            "test",
         )
         assert applied == {} and stopped is not None and stopped.path.endswith("no-such-znode")
         assert not any(n.startswith("x") for n in raw.get_children(f"{base}/progress"))

@@ -43,6 +43,7 @@ from rebalancer_spark.backends.zookeeper.store.fence import (
 from rebalancer_spark.backends.zookeeper.store.layout import (
     CHUNK_BYTES,
     REQUEST_BYTES,
+    SESSION_HINT,
     GroupPaths,
     chunk_json,
 )
@@ -78,7 +79,7 @@ def elect(zs: ZkSession, settings: Settings) -> CoordinatorRecord | None:
         for _ in range(_ATTEMPTS):
             reader = session_reader(zs, settings, what)
             alive, holder, epoch = (
-                reader.stat(p.session(s.session_id)),
+                reader.stat(p.session(s.session_id), SESSION_HINT),
                 reader.get(p.coordinator),
                 reader.get(p.epoch),
             )

@@ -32,6 +32,8 @@ from rebalancer_spark.backends.zookeeper.store.chain import (
     grant_data,
     held_grant,
     next_grant,
+    notes_data,
+    read_notes,
     read_record,
     released_data,
 )
@@ -45,7 +47,12 @@ from rebalancer_spark.backends.zookeeper.store.fence import (
     session_reader,
     session_sync,
 )
-from rebalancer_spark.backends.zookeeper.store.layout import RECORD_HINT, REQUEST_BYTES
+from rebalancer_spark.backends.zookeeper.store.layout import (
+    NOTES_BYTES,
+    RECORD_HINT,
+    REQUEST_BYTES,
+    SESSION_HINT,
+)
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, send
 from rebalancer_spark.backends.zookeeper.store.records import TargetPointer, read_target_pointer
 from rebalancer_spark.core.model import Freed, Grant, Phase, Progress
@@ -106,7 +113,7 @@ def member_head(zs: ZkSession, settings: Settings) -> MemberHead:
     p, s = zs.paths, zs.session
     synced = session_sync(zs, p.changes)
     reader = session_reader(zs, settings, what)
-    alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+    alive, pointer = reader.stat(p.session(s.session_id), SESSION_HINT), reader.get(p.target)
     reader.send()
     wait(synced, settings, what, zs.expired(), p.changes)
     if alive() is None:
@@ -133,7 +140,7 @@ def member_view(zs: ZkSession, settings: Settings, *, claims: bool = True) -> Me
     for attempt in range(_ATTEMPTS):
         synced = session_sync(zs, p.changes) if attempt == 0 else None
         reader = session_reader(zs, settings, what)
-        alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+        alive, pointer = reader.stat(p.session(s.session_id), SESSION_HINT), reader.get(p.target)
         owned, uncertain = zs.held() if claims else ({}, set())
         pending = [(r, reader.get(p.resource_epoch(r), RECORD_HINT)) for r in sorted(uncertain)]
         if synced is not None:
@@ -209,9 +216,19 @@ def claim(
     (a trace at 100,000 x 100: that read took 120 ms, and every release after it waited for
     the round behind it).
 
-    A hint is a guess, never a grant: a grant is made only from a record read, fenced on its
-    version. A wrong hint (the member that had the resource never claimed it, it is held by
-    another, or its holder's new session has not claimed it yet) can only delay: a hint is
+    **Release notes.** Every release writes what it released into the releaser's own
+    session znode, in the same multi-op (:func:`release`, :func:`.chain.notes_data`): the
+    holders' znodes this first read reads carry them. A resource its holder's notes name is
+    taken as released at the version the notes give, as a read of its record would say, and
+    its record is not read (:func:`_noted`); a newcomer that finds a holder's znode moved
+    grants what it released without a second read. A grant from a note is fenced on that
+    version like any other: one refused (the record moved on since) is remembered in
+    :attr:`.ZkSession.unnoted`, and the claim that follows reads its record.
+
+    A hint is a guess, never a grant: a grant is made only from a record read (or the notes
+    of the release that wrote it), fenced on its version. A wrong hint (the member that had
+    the resource never claimed it, it is held by another, or its holder's new session has not
+    claimed it yet) can only delay: a hint is
     trusted for :data:`HINT_TRUST` seconds from the view that read it; then the resources
     taken from it count as unknown again and the next claim reads their records (the
     reconciler claims again within :data:`~rebalancer_spark.member.reconciler.MAX_WAIT`, a
@@ -225,14 +242,14 @@ def claim(
     # so that the claim sees what the watch that woke the member saw (see member_view).
     synced = session_sync(zs, p.changes)
     reader = session_reader(zs, settings, what)
-    alive, pointer = reader.stat(p.session(s.session_id)), reader.get(p.target)
+    alive, pointer = reader.stat(p.session(s.session_id), SESSION_HINT), reader.get(p.target)
     asked = list(dict.fromkeys(resources))
     hints = zs.trusted_hints(asked, HINT_TRUST)  # first: forgets what it no longer trusts
     hinted_at = zs.hinted_at  # (the part read below may note newer hints)
     known = {r: zs.held_by_others[r] for r in asked if r in zs.held_by_others}
     hinted = {r: hint for r, hint in hints.items() if r not in known and hint[0] != s.session_id}
     holders = {
-        h: reader.stat(p.session(h))
+        h: reader.get(p.session(h), SESSION_HINT)
         for h in sorted({h for h, _ in known.values()} | {h for h, _ in hinted.values()})
     }
     # As many resources whose holder this session does not know as the group has members?
@@ -253,8 +270,10 @@ def claim(
     ptr = read_target_pointer(found[0], p.target, group=p.group)
     if ptr.generation != generation or ptr.phase is not Phase.RUNNING:
         return {}, Waiting({})
-    stats = {h: read() for h, read in holders.items()}
+    znodes = {h: read() for h, read in holders.items()}
+    stats = {h: None if z is None else z[1] for h, z in znodes.items()}
     versions = {h: None if st is None else st.version for h, st in stats.items()}
+    noted = _noted(zs, asked, {**known, **hinted}, znodes)
     # A hinted holder that has not written its znode since its hints were written released
     # nothing since: what the hint names is taken as held by it, at the version read, unread.
     assumed = {
@@ -264,7 +283,7 @@ def claim(
     }
     sessions = () if listed is None else listed() or ()
     read = _read_for_claims(
-        zs, settings, ptr, asked, {**known, **assumed}, versions, early, sessions
+        zs, settings, ptr, asked, {**known, **assumed}, versions, early, noted, sessions
     )
     if read is None:
         return {}, Waiting({})
@@ -281,6 +300,7 @@ def claim(
     refused, stopped, handed = _write_grants(
         zs, settings, units, grants, granted, read.epochs, found[1].version
     )
+    zs.unnoted.update(refused & read.noted)  # their next claim reads their records
     # A grant refused by its own record (another claim, a lift, a release since the read),
     # or a record that named a holder not read with it: the member tries again at once. (A
     # refused frame means a new target, which wakes it anyway, or the end of its session.)
@@ -315,7 +335,7 @@ def _write_grants(
             return Prefetch(zs, settings, tags)
 
         applied, refused, stopped = _apply(
-            zs, settings, units, fixed, [marker], what, follow, handed
+            zs, settings, units, fixed, lambda _: [marker], what, follow, handed
         )
         for r, at in applied.items():
             grant = grants[r]
@@ -355,6 +375,28 @@ Record = tuple[bytes, Any] | None
 """A znode's data and stat as read, or None: no such znode."""
 
 
+def _noted(
+    zs: ZkSession,
+    asked: list[str],
+    holders: Mapping[str, tuple[str, int]],
+    znodes: Mapping[str, Record],
+) -> dict[str, EpochRecord]:
+    """The epoch records of ``asked`` that the release notes in the znodes of their
+    ``holders`` (resource -> session, as known or hinted) give, as read with those znodes;
+    not those whose grant from a note was refused since (:attr:`.ZkSession.unnoted`)."""
+    notes = {h: read_notes(z[0], h, z[1]) for h, z in znodes.items() if z is not None and z[0]}
+    if not notes:
+        return {}
+    out: dict[str, EpochRecord] = {}
+    for r in asked:
+        holder = holders.get(r)
+        if holder is not None and holder[0] in notes and r not in zs.unnoted:
+            record = notes[holder[0]].get(r)
+            if record is not None:
+                out[r] = record
+    return out
+
+
 def _epoch_record(found: Record, path: str) -> EpochRecord | None:
     return None if found is None else read_record(found[0], found[1], path)
 
@@ -370,6 +412,8 @@ class _ForClaims:
     epochs: dict[str, EpochRecord | None]
     waiting: dict[str, int]
     unread: frozenset[str]
+    noted: frozenset[str]
+    """Resources whose epoch record came from their holder's release notes, not a read."""
     again: bool = False
 
 
@@ -381,6 +425,7 @@ def _read_for_claims(
     known: Mapping[str, tuple[str, int]],
     versions: Mapping[str, int | None],
     early: Mapping[str, Callable[[], Record]],
+    noted: Mapping[str, EpochRecord],
     sessions: Collection[str],
 ) -> _ForClaims | None:
     """What :class:`_ForClaims` says, for the resources ``asked`` for (None: the target moved
@@ -416,11 +461,15 @@ def _read_for_claims(
     reader = session_reader(zs, settings, what)
     part = read_own_part(zs, reader, ptr)
     still = {r: hv for r, hv in known.items() if versions.get(hv[0]) == hv[1]}
-    listed = {h: reader.stat(p.session(h)) for h in sessions if h != own and h not in versions}
+    listed = {
+        h: reader.stat(p.session(h), SESSION_HINT)
+        for h in sessions
+        if h != own and h not in versions
+    }
     reads = {
         r: early[r] if r in early else reader.get(p.resource_epoch(r), RECORD_HINT)
         for r in asked
-        if r not in still
+        if r not in still and (r in early or r not in noted)
     }
     try:
         mine = part()
@@ -436,6 +485,9 @@ def _read_for_claims(
     wanted = [r for r in asked if r in mine]
     still = {r: hv for r, hv in still.items() if r in mine}
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
+    zs.unnoted.difference_update(found)
+    from_notes = frozenset(r for r in wanted if r not in found and r not in still and r in noted)
+    epochs.update((r, noted[r]) for r in from_notes)
     unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
     follow: dict[str, tuple[str, int]] = {}  # held by a live session: follow that session
     others: dict[str, str] = {}
@@ -457,7 +509,7 @@ def _read_for_claims(
     taken = set(held_by_others) | undecided
     zs.held_by_others = held_by_others
     wanted = [r for r in wanted if r not in taken]
-    return _ForClaims(wanted, epochs, waiting, frozenset(still), again=bool(undecided))
+    return _ForClaims(wanted, epochs, waiting, frozenset(still), from_notes, again=bool(undecided))
 
 
 def _cut(
@@ -474,7 +526,7 @@ def _cut(
     holder is gone."""
     p, own = zs.paths, zs.session.session_id
     cut = session_reader(zs, settings, "claiming resources")
-    alive = {h: cut.stat(p.session(h)) for h in sorted(set(others.values()))}
+    alive = {h: cut.stat(p.session(h), SESSION_HINT) for h in sorted(set(others.values()))}
     again = {r: cut.get(p.resource_epoch(r), RECORD_HINT) for r in others}
     stats = {h: read() for h, read in alive.items()}
     held: dict[str, tuple[str, int]] = {}
@@ -544,12 +596,16 @@ def _apply(
     settings: Settings,
     units: list[tuple[str, list[Op]]],
     fixed: list[Op],
-    tail: list[Op],
+    tail: Callable[[list[str]], list[Op]],
     what: str,
     follow: Callable[[list[str]], Prefetch] | None = None,
     followed: dict[str, Progress | None] | None = None,
+    *,
+    room: int = 0,
 ) -> tuple[dict[str, float | None], set[str], Op | None]:
-    """Apply per-resource units of operations, each request framed by ``fixed`` and ``tail``.
+    """Apply per-resource units of operations, each request framed by ``fixed`` and
+    ``tail(tags)``, the operations that end a request of the units tagged ``tags`` (at most
+    ``room`` bytes more than ``tail([])``).
 
     Requests go out :data:`IN_FLIGHT` at a time, the next as soon as the oldest is answered
     (the server serves them in order and writes them to its log together): each is atomic on
@@ -563,14 +619,16 @@ def _apply(
     applied: dict[str, float | None] = {}
     refused: set[str] = set()
     stopped: Op | None = None
-    todo = collections.deque(_units(units, sum(op.cost for op in [*fixed, *tail])))
+    frame = sum(op.cost for op in [*fixed, *tail([])]) + room
+    todo = collections.deque(_units(units, frame))
     sent: collections.deque[tuple[list[tuple[str, list[Op]]], list[Op], Prefetch | None, Any]]
     sent = collections.deque()
     while sent or (todo and stopped is None):
         while todo and stopped is None and len(sent) < IN_FLIGHT:
             batch = todo.popleft()
-            ops = [*fixed, *(op for _, unit in batch for op in unit), *tail]
-            reads = None if follow is None else follow([r for r, _ in batch])
+            tags = [r for r, _ in batch]
+            ops = [*fixed, *(op for _, unit in batch for op in unit), *tail(tags)]
+            reads = None if follow is None else follow(tags)
             sent.append((batch, ops, reads, send(zs.client, ops, settings)))
             if reads is not None:
                 reads.send()  # served right behind its request, before the next one
@@ -609,7 +667,12 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
     version (what its claim wrote), the release is written without any read first, fenced on
     that version; a release refused there is read and tried again (someone rewrote the
     record: a lift of the epochs after the store lost its state, or a release whose answer
-    was lost)."""
+    was lost).
+
+    The multi-op also sets this session's own znode, which wakes the members following it,
+    to the notes of what that request released (:func:`.chain.notes_data`; none beyond
+    :data:`.layout.NOTES_BYTES`): their claims take those resources as released from the
+    znode they read anyway (see :func:`claim`, "Release notes")."""
     if not claims or zs.state is SessionState.ENDED:
         return
     what = "releasing resources"
@@ -617,6 +680,7 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
     p, s = zs.paths, zs.session
     known = zs.record_versions(claims)
     units = [(r, _release_ops(zs, r, claims[r], version)) for r, version in known.items()]
+    notes = {r: (claims[r], version + 1) for r, version in known.items()}
     reader = session_reader(zs, settings, what)
     reads = {r: reader.get(p.resource_epoch(r), RECORD_HINT) for r in claims if r not in known}
     gone: set[str] = set()
@@ -626,11 +690,17 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
             gone.add(r)  # released already (a release whose answer was lost), or not ours
         elif record.epoch == claims[r]:
             units.append((r, _release_ops(zs, r, record.epoch, record.version)))
-    # Setting this session's own znode wakes the members whose claims found these resources
-    # held by it (they follow it: see the watch's module).
-    tail = [Op("set", p.changes), Op("set", p.session(s.session_id))]
+            notes[r] = (record.epoch, record.version + 1)
+
+    def tail(tags: list[str]) -> list[Op]:
+        # Setting this session's own znode wakes the members whose claims found these
+        # resources held by it (they follow it: see the watch's module); its data, the
+        # release notes, tells them what this request released (see claim, "Notes").
+        data = notes_data(s.member_id, {r: notes[r] for r in tags})
+        return [Op("set", p.changes), Op("set", p.session(s.session_id), data)]
+
     try:
-        released, refused, _ = _apply(zs, settings, units, [], tail, what)
+        released, refused, _ = _apply(zs, settings, units, [], tail, what, room=NOTES_BYTES)
     except BaseException:
         for r in known:  # a request without an answer may have applied: read them next time
             zs.doubt(r)

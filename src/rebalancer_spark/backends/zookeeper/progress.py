@@ -25,7 +25,12 @@ from rebalancer_spark.backends.zookeeper.store.fence import (
     session_reader,
     session_transact,
 )
-from rebalancer_spark.backends.zookeeper.store.layout import PROGRESS_HINT, RECORD_HINT, GroupPaths
+from rebalancer_spark.backends.zookeeper.store.layout import (
+    PROGRESS_HINT,
+    RECORD_HINT,
+    SESSION_HINT,
+    GroupPaths,
+)
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, transact
 from rebalancer_spark.backends.zookeeper.store.records import progress_data, read_progress
@@ -184,5 +189,5 @@ def _holder(
     if record is None or record.holder is None or record.member is None:
         return None
     what = "reading who holds a resource"
-    alive = Reader(client, settings, what, ended).stat(paths.session(record.holder))()
+    alive = Reader(client, settings, what, ended).stat(paths.session(record.holder), SESSION_HINT)()
     return None if alive is None else record.member

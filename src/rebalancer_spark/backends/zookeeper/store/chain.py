@@ -20,13 +20,24 @@ round trip:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
+from rebalancer_spark.backends.zookeeper.store.layout import NOTES_BYTES
 from rebalancer_spark.backends.zookeeper.store.records import decode, json_scalar
 from rebalancer_spark.core.errors import CorruptStateError
 from rebalancer_spark.core.model import Freed, Grant
 
-__all__ = ["EpochRecord", "grant_data", "held_grant", "next_grant", "read_record", "released_data"]
+__all__ = [
+    "EpochRecord",
+    "grant_data",
+    "held_grant",
+    "next_grant",
+    "notes_data",
+    "read_notes",
+    "read_record",
+    "released_data",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +116,46 @@ def released_data(member_id: str, session_id: str, epoch: int) -> bytes:
         f'{{"epoch":{json_scalar(epoch)},"member":{json_scalar(member_id)},'
         f'"released":true,"session":{json_scalar(session_id)}}}'
     ).encode()
+
+
+def notes_data(member_id: str, released: Mapping[str, tuple[int, int]]) -> bytes:
+    """The data of a releasing session's own ``sessions/<id>`` znode, set in the release's
+    multi-op: ``{"member": m, "released": {id: [epoch, version], ...}}``, each id with the
+    epoch it released and the version its epoch record has once released (that request's
+    ``set`` of it); empty when they would take more than :data:`NOTES_BYTES`."""
+    body = ",".join(
+        f"{json_scalar(r)}:[{json_scalar(epoch)},{json_scalar(version)}]"
+        for r, (epoch, version) in released.items()
+    )
+    data = f'{{"member":{json_scalar(member_id)},"released":{{{body}}}}}'.encode()
+    return data if len(data) <= NOTES_BYTES else b""
+
+
+def read_notes(data: bytes, session_id: str, stat: Any) -> dict[str, EpochRecord]:
+    """The epoch records a session's last release wrote, from the notes in its znode's
+    ``data`` (read with its ``stat``): each as :func:`read_record` would read it, released
+    at the znode's ``mtime`` (the same multi-op's). Notes are a shortcut, never trusted for
+    more than the version a grant is fenced on: what is not notes as written here (an empty
+    znode, a release of too many ids, another version's data) reads as none."""
+    if not data:
+        return {}
+    try:
+        value = decode(data, "")
+    except CorruptStateError:
+        return {}
+    member = value.get("member") if isinstance(value, dict) else None
+    released = value.get("released") if isinstance(value, dict) else None
+    if not isinstance(member, str) or not isinstance(released, dict):
+        return {}
+    out: dict[str, EpochRecord] = {}
+    for r, pair in released.items():
+        if (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(type(n) is int and n >= 0 for n in pair)
+        ):
+            out[r] = EpochRecord(pair[0], member, session_id, True, NO_PREV, pair[1], stat.mtime)
+    return out
 
 
 def _text(value: object) -> str | None:

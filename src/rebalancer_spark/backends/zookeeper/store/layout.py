@@ -63,6 +63,14 @@ RECORD_HINT = 1024
 """Largest claim or ``epochs/<id>`` record when batching reads: ids of at most 128 characters
 and a few numbers (about 300 bytes)."""
 
+NOTES_BYTES = 4096
+"""Largest release notes a session znode holds (:func:`.chain.notes_data`): some 200 short
+ids. A release of more writes none: every member following the holder reads its znode, notes
+and all, so notes pay only where few members wait for what one releases (a join's newcomer)."""
+
+SESSION_HINT = NOTES_BYTES + 256
+"""Largest ``sessions/<id>`` znode when batching reads: release notes at most."""
+
 PROGRESS_HINT = 16 * 1024
 """Expected size of one progress record when batching reads (most are a few bytes)."""
 
