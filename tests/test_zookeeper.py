@@ -34,6 +34,7 @@ from rebalancer_spark.backends.zookeeper.store import chain
 from rebalancer_spark.backends.zookeeper.store.layout import (
     CHUNK_BYTES,
     REQUEST_BYTES,
+    GroupPaths,
     escape,
     unescape,
 )
@@ -1641,6 +1642,18 @@ def test_a_release_notes_what_it_released_in_its_sessions_znode_unless_that_is_t
         assert raw.get(paths.session(s1.session_id))[0] == b""
 
 
+def _m2_follows_m1(
+    store: Backend, other: Backend, group: str, count: int, released: int
+) -> tuple[list[str], tuple[Session, Session, Session], Target, GroupPaths]:
+    """:func:`_all_moved_to_m2`; m2 claims m1's ``count``, finds them held and follows m1,
+    which then releases the first ``released``: m1's ids, the sessions, the target, and the
+    group's paths."""
+    a_ids, _, sessions, target = _all_moved_to_m2(store, other, group, count)
+    assert other.claim(sessions[1], a_ids, target.generation) == {}
+    store.release(sessions[0], dict.fromkeys(a_ids[:released], 1))
+    return a_ids, sessions, target, _zk(other)._group(group)
+
+
 def test_a_claim_grants_from_release_notes_as_from_the_records_and_reads_a_stale_note_again(
     zookeeper_backend_url: str, group: str, raw: Any, settled: None
 ) -> None:
@@ -1651,10 +1664,7 @@ def test_a_claim_grants_from_release_notes_as_from_the_records_and_reads_a_stale
     # by its record's version, and the claim that follows reads that record, finds it m3's
     # and leaves it to m3.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        a_ids, _, (s1, s2, s3), target = _all_moved_to_m2(store, other, group, 10)
-        assert other.claim(s2, a_ids, target.generation) == {}
-        paths = _zk(other)._group(group)
-        store.release(s1, dict.fromkeys(a_ids[:5], 1))
+        a_ids, (s1, s2, s3), target, paths = _m2_follows_m1(store, other, group, 10, 5)
         released_at = {r: raw.get(paths.resource_epoch(r))[1].mtime / 1000 for r in a_ids[:5]}
         taken = {"epoch": 2, "member": "m3", "prev": None, "session": s3.session_id}
         raw.set(paths.resource_epoch("a000"), json.dumps(taken).encode())
@@ -1687,10 +1697,7 @@ def test_notes_that_are_not_this_librarys_are_read_as_none(
     # A session znode whose data is not release notes (another version's, or written by
     # hand): the claim reads the records, as without notes, and grants what they free.
     with open_backend(zookeeper_backend_url) as store, open_backend(zookeeper_backend_url) as other:
-        a_ids, _, (s1, s2, _), target = _all_moved_to_m2(store, other, group, 4)
-        assert other.claim(s2, a_ids, target.generation) == {}
-        paths = _zk(other)._group(group)
-        store.release(s1, dict.fromkeys(a_ids, 1))
+        a_ids, (s1, s2, _), target, paths = _m2_follows_m1(store, other, group, 4, 4)
         for data in (b"not json", b'{"member": "m1", "released": ["a000"]}', b"[]"):
             raw.set(paths.session(s1.session_id), data)
             assert chain.read_notes(data, s1.session_id, raw.get(paths.epochs)[1]) == {}
