@@ -222,8 +222,9 @@ def claim(
     taken as released at the version the notes give, as a read of its record would say, and
     its record is not read (:func:`_noted`); a newcomer that finds a holder's znode moved
     grants what it released without a second read. A grant from a note is fenced on that
-    version like any other: one refused (the record moved on since) is remembered in
-    :attr:`.ZkSession.unnoted`, and the claim that follows reads its record.
+    version like any other. One refused (the record moved on since: the holder, or another
+    member, claimed it again) leaves the resource with no known holder and no hint (a
+    resource decided here drops both), so the claim that follows reads its record.
 
     A hint is a guess, never a grant: a grant is made only from a record read (or the notes
     of the release that wrote it), fenced on its version. A wrong hint (the member that had
@@ -300,7 +301,6 @@ def claim(
     refused, stopped, handed = _write_grants(
         zs, settings, units, grants, granted, read.epochs, found[1].version
     )
-    zs.unnoted.update(refused & read.noted)  # their next claim reads their records
     # A grant refused by its own record (another claim, a lift, a release since the read),
     # or a record that named a holder not read with it: the member tries again at once. (A
     # refused frame means a new target, which wakes it anyway, or the end of its session.)
@@ -382,15 +382,14 @@ def _noted(
     znodes: Mapping[str, Record],
 ) -> dict[str, EpochRecord]:
     """The epoch records of ``asked`` that the release notes in the znodes of their
-    ``holders`` (resource -> session, as known or hinted) give, as read with those znodes;
-    not those whose grant from a note was refused since (:attr:`.ZkSession.unnoted`)."""
+    ``holders`` (resource -> session, as known or hinted) give, as read with those znodes."""
     notes = {h: read_notes(z[0], h, z[1]) for h, z in znodes.items() if z is not None and z[0]}
     if not notes:
         return {}
     out: dict[str, EpochRecord] = {}
     for r in asked:
         holder = holders.get(r)
-        if holder is not None and holder[0] in notes and r not in zs.unnoted:
+        if holder is not None and holder[0] in notes:
             record = notes[holder[0]].get(r)
             if record is not None:
                 out[r] = record
@@ -412,8 +411,6 @@ class _ForClaims:
     epochs: dict[str, EpochRecord | None]
     waiting: dict[str, int]
     unread: frozenset[str]
-    noted: frozenset[str]
-    """Resources whose epoch record came from their holder's release notes, not a read."""
     again: bool = False
 
 
@@ -485,9 +482,7 @@ def _read_for_claims(
     wanted = [r for r in asked if r in mine]
     still = {r: hv for r, hv in still.items() if r in mine}
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
-    zs.unnoted.difference_update(found)
-    from_notes = frozenset(r for r in wanted if r not in found and r not in still and r in noted)
-    epochs.update((r, noted[r]) for r in from_notes)
+    epochs.update((r, noted[r]) for r in wanted if r not in found and r not in still and r in noted)
     unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
     follow: dict[str, tuple[str, int]] = {}  # held by a live session: follow that session
     others: dict[str, str] = {}
@@ -509,7 +504,7 @@ def _read_for_claims(
     taken = set(held_by_others) | undecided
     zs.held_by_others = held_by_others
     wanted = [r for r in wanted if r not in taken]
-    return _ForClaims(wanted, epochs, waiting, frozenset(still), from_notes, again=bool(undecided))
+    return _ForClaims(wanted, epochs, waiting, frozenset(still), again=bool(undecided))
 
 
 def _cut(
@@ -695,7 +690,7 @@ def release(zs: ZkSession, settings: Settings, claims: Mapping[str, int]) -> Non
     def tail(tags: list[str]) -> list[Op]:
         # Setting this session's own znode wakes the members whose claims found these
         # resources held by it (they follow it: see the watch's module); its data, the
-        # release notes, tells them what this request released (see claim, "Notes").
+        # release notes, tells them what this request released (see claim, "Release notes").
         data = notes_data(s.member_id, {r: notes[r] for r in tags})
         return [Op("set", p.changes), Op("set", p.session(s.session_id), data)]
 

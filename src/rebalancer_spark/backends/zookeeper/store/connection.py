@@ -123,9 +123,6 @@ class ZkSession:
         """The entries of :attr:`held_by_others` taken from a hint, not from a record read,
         each with the time its hint was read: dropped once no longer trusted, so that the next
         claim reads their records."""
-        self.unnoted: set[str] = set()
-        """Resources whose grant, planned from their holder's release notes, was refused
-        (the record moved on since those notes): their next claim reads the record."""
         self.group_size = 0
         """The number of members of the last target this session read (0: none yet), about
         the number of the group's live sessions: a claim lists and reads those only when it

@@ -18,6 +18,7 @@ from typing import Any
 from rebalancer_spark.backends.base import fenced_coordinator as fence_error
 from rebalancer_spark.backends.zookeeper.store.client import Settings
 from rebalancer_spark.backends.zookeeper.store.connection import SessionState, ZkSession
+from rebalancer_spark.backends.zookeeper.store.layout import SESSION_HINT
 from rebalancer_spark.backends.zookeeper.store.multiread import Reader
 from rebalancer_spark.backends.zookeeper.store.ops import Op, Refused, answer, transact
 from rebalancer_spark.backends.zookeeper.store.records import read_epoch
@@ -117,7 +118,7 @@ def coordinator_fence(zs: ZkSession, settings: Settings, epoch: int, what: str) 
     epoch_node, holder, alive = (
         reader.get(p.epoch),
         reader.stat(p.coordinator),
-        reader.stat(p.session(zs.session.session_id)),
+        reader.stat(p.session(zs.session.session_id), SESSION_HINT),
     )
     found = epoch_node()
     if alive() is None:
