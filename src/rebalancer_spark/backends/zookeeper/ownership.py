@@ -274,7 +274,6 @@ def claim(
     znodes = {h: read() for h, read in holders.items()}
     stats = {h: None if z is None else z[1] for h, z in znodes.items()}
     versions = {h: None if st is None else st.version for h, st in stats.items()}
-    noted = _noted(zs, asked, {**known, **hinted}, znodes)
     # A hinted holder that has not written its znode since its hints were written released
     # nothing since: what the hint names is taken as held by it, at the version read, unread.
     assumed = {
@@ -282,6 +281,10 @@ def claim(
         for r, (h, written) in hinted.items()
         if (st := stats[h]) is not None and st.mzxid < written
     }
+    # The others' holders wrote since: what their last release noted is released.
+    moved_from = {r: h for r, (h, v) in known.items() if versions.get(h) != v}
+    moved_from.update((r, h) for r, (h, _) in hinted.items() if r not in assumed)
+    noted = _noted(moved_from, znodes)
     sessions = () if listed is None else listed() or ()
     read = _read_for_claims(
         zs, settings, ptr, asked, {**known, **assumed}, versions, early, noted, sessions
@@ -375,24 +378,20 @@ Record = tuple[bytes, Any] | None
 """A znode's data and stat as read, or None: no such znode."""
 
 
-def _noted(
-    zs: ZkSession,
-    asked: list[str],
-    holders: Mapping[str, tuple[str, int]],
-    znodes: Mapping[str, Record],
-) -> dict[str, EpochRecord]:
-    """The epoch records of ``asked`` that the release notes in the znodes of their
-    ``holders`` (resource -> session, as known or hinted) give, as read with those znodes."""
-    notes = {h: read_notes(z[0], h, z[1]) for h, z in znodes.items() if z is not None and z[0]}
-    if not notes:
-        return {}
+def _noted(holders: Mapping[str, str], znodes: Mapping[str, Record]) -> dict[str, EpochRecord]:
+    """The epoch records that the release notes in the ``znodes`` of the resources' holders
+    (resource -> session whose znode moved since the claim last knew it) give: only those
+    holders' notes are parsed."""
+    notes = {
+        h: read_notes(z[0], h, z[1])
+        for h in set(holders.values())
+        if (z := znodes.get(h)) is not None and z[0]
+    }
     out: dict[str, EpochRecord] = {}
-    for r in asked:
-        holder = holders.get(r)
-        if holder is not None and holder[0] in notes:
-            record = notes[holder[0]].get(r)
-            if record is not None:
-                out[r] = record
+    for r, h in holders.items():
+        record = notes.get(h, {}).get(r)
+        if record is not None:
+            out[r] = record
     return out
 
 
@@ -444,7 +443,9 @@ def _read_for_claims(
     each with its holder and the version of the holder's znode then; ``versions``: those
     holders' znodes, as the claim's first read found them (None: gone), which came before
     this function's reads; ``early``: records that read already read after those znodes
-    (those of holders whose znode fired), used instead of reading them again. A known
+    (those of holders whose znode fired), used instead of reading them again; ``noted``:
+    records that the release notes of holders that moved give (:func:`_noted`), used instead
+    of reading them unless read early. A known
     resource whose holder's znode did not move is held still and not read at all: that
     holder released nothing since. The records of the rest are read together with this
     member's part of the target (unless read early); one that names a holder read in
@@ -482,7 +483,7 @@ def _read_for_claims(
     wanted = [r for r in asked if r in mine]
     still = {r: hv for r, hv in still.items() if r in mine}
     epochs = {r: _epoch_record(found[r], p.resource_epoch(r)) for r in wanted if r in found}
-    epochs.update((r, noted[r]) for r in wanted if r not in found and r not in still and r in noted)
+    epochs.update((r, noted[r]) for r in wanted if r not in found and r in noted)
     unsure = {r: e for r, e in epochs.items() if e is not None and not e.released}
     follow: dict[str, tuple[str, int]] = {}  # held by a live session: follow that session
     others: dict[str, str] = {}
