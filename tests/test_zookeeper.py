@@ -28,9 +28,10 @@ from kazoo.security import make_digest_acl_credential
 from rebalancer_spark import EventKind, Member, MemberConfig, OwnershipEvent
 from rebalancer_spark.backends import Backend, Capability, Session, open_backend
 from rebalancer_spark.backends.base import Interest
-from rebalancer_spark.backends.zookeeper import ZookeeperBackend, coordination, ownership
+from rebalancer_spark.backends.zookeeper import ZookeeperBackend, coordination, ownership, sessions
 from rebalancer_spark.backends.zookeeper.coordination import DELTA_CHAIN
 from rebalancer_spark.backends.zookeeper.store import chain
+from rebalancer_spark.backends.zookeeper.store.client import Opened, Settings, open_client
 from rebalancer_spark.backends.zookeeper.store.layout import (
     CHUNK_BYTES,
     REQUEST_BYTES,
@@ -280,6 +281,41 @@ def test_a_dropped_connection_is_unavailable_not_expired_then_resumes(
 
             wait_for(renewed, timeout=4, what="the same session to be renewed again")
             assert store.state(group).members["m1"].session_id == session.session_id
+    finally:
+        proxy.close()
+
+
+def test_a_join_whose_connection_drops_as_its_session_opens_joins_in_that_session(
+    zookeeper_server: ZkServer, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server restarting right after the connect answered: kazoo's client_id is None until
+    # it reconnects. The join named its session from it and died of a TypeError, which ended
+    # a member's thread for good (a chaos run's member that never came back).
+    proxy = TcpProxy(zookeeper_server.port)
+    url = f"zookeeper://127.0.0.1:{proxy.port}/rb-{uuid.uuid4().hex[:12]}?connect_timeout=2"
+    real = open_client
+    dropped: list[tuple[int, bytes]] = []
+
+    def drops_once_open(settings: Settings, timeout: float) -> Opened:
+        opened = real(settings, timeout)
+        proxy.cut()
+        wait_for(
+            lambda: opened.client.client_id is None,
+            timeout=5,
+            what="the new session's connection to drop",
+        )
+        dropped.append(opened.client_id)
+        proxy.restore()
+        return opened
+
+    try:
+        with open_backend(url) as store:
+            monkeypatch.setattr(sessions, "open_client", drops_once_open)
+            session = store.join(group, "m1", info={}, ttl=4.0, static=False)
+            monkeypatch.undo()
+            assert [f"{i:016x}" for i, _ in dropped] == [session.session_id]
+            assert store.state(group).members["m1"].session_id == session.session_id
+            store.renew(session)
     finally:
         proxy.close()
 

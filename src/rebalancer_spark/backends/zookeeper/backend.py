@@ -103,7 +103,7 @@ class ZookeeperBackend(Backend):
         self._watches: list[ZookeeperWatch] = []
         self._leftovers = sessions.Leftovers(self.settings)
         self._closed = False
-        self._client, _ = open_client(self.settings, SHARED_TIMEOUT)
+        self._client = open_client(self.settings, SHARED_TIMEOUT).client
         try:
             prepare_root(self._client, self.settings, self._root)
         except BaseException:

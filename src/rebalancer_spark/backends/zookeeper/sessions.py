@@ -93,10 +93,20 @@ def join(
     :class:`Session` carries the timeout the server granted. ``client`` is the shared client
     (to name the holder of a member id in use)."""
     started = clock.monotonic()
-    own, negotiated = open_client(settings, ttl)
+    own = open_client(settings, ttl)
     leftovers.close_all()  # the ensemble answers: a good moment
-    session = Session(paths.group, member_id, f"{own.client_id[0]:016x}", negotiated)
-    zs = ZkSession(session, own, paths, started + negotiated, clock, leftovers.note)
+    session = Session(paths.group, member_id, f"{own.client_id[0]:016x}", own.negotiated)
+    zs = ZkSession(
+        session, own.client, own.client_id, paths, started + own.negotiated, clock, leftovers.note
+    )
+    now = own.client.client_id
+    if now is not None and now[0] != own.client_id[0]:
+        # The session expired and kazoo opened another before ``zs`` listened: the join's
+        # znodes would be that other session's. Give it up; the join is tried again.
+        zs.close("it expired as it was opened")
+        raise settings.unavailable(
+            f"joining group {paths.group!r}", "the new session expired as it was opened"
+        )
     record = member_data(session.session_id, info, static=static)
     ops = [
         Op("create", paths.member(member_id), record, ephemeral=True),

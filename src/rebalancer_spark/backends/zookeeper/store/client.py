@@ -15,7 +15,7 @@ import select
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -199,10 +199,15 @@ class _Handler(SequentialThreadingHandler):  # type: ignore[misc]
 
 class _Connection(ConnectionHandler):  # type: ignore[misc]
     """kazoo's connection handler, remembering the session timeout the server negotiated
-    (kazoo reads it from the connect answer and keeps it nowhere). It is noted before kazoo
-    reports the connection established, so it is known when ``start()`` returns."""
+    (kazoo reads it from the connect answer and keeps it nowhere) and the session the first
+    connect opened or resumed. Both are noted before kazoo reports the connection
+    established, so they are known when ``start()`` returns."""
 
     negotiated: float | None = None
+    opened: tuple[int, bytes] | None = None
+    """The session id and password of the first connect's answer. kazoo's own
+    ``client_id`` is None whenever the connection is down, which a server restart can make
+    it right after ``start()`` returned; and after an expiry it names kazoo's next session."""
 
     def _invoke(self, timeout: float, request: Any, xid: int | None = None) -> Any:
         result = super()._invoke(timeout, request, xid)
@@ -210,15 +215,28 @@ class _Connection(ConnectionHandler):  # type: ignore[misc]
             answer = result[0]
             if isinstance(answer, Connect) and answer.time_out > 0:
                 self.negotiated = answer.time_out / 1000.0
+                if self.opened is None:
+                    self.opened = (answer.session_id, answer.passwd)
         return result
+
+
+class Opened(NamedTuple):
+    """A client :func:`open_client` started: the session the server granted it (id and
+    password, as kazoo's ``client_id``) and that session's timeout in seconds."""
+
+    client: Any
+    negotiated: float
+    client_id: tuple[int, bytes]
 
 
 def open_client(
     settings: Settings, timeout: float, client_id: tuple[int, bytes] | None = None
-) -> tuple[Any, float]:
+) -> Opened:
     """A started kazoo client asking for a session of ``timeout`` seconds (or resuming the
-    session ``client_id``), and the session timeout the server actually granted (it clamps
-    requests to its minSessionTimeout .. maxSessionTimeout)."""
+    session ``client_id``), with the session it opened and the timeout the server actually
+    granted (it clamps requests to its minSessionTimeout .. maxSessionTimeout). The session
+    is the connect answer's: the connection may already have dropped again when this
+    returns (a server restarting), and kazoo then resumes that session by itself."""
     client = KazooClient(
         hosts=settings.hosts,
         handler=_Handler(),
@@ -241,14 +259,15 @@ def open_client(
         raise settings.unavailable(
             "connecting", f"no server answered within {settings.connect_timeout:g} s"
         ) from None
-    negotiated = connection.negotiated
-    if negotiated is None or negotiated <= 0:
+    negotiated, opened = connection.negotiated, connection.opened
+    if negotiated is None or negotiated <= 0 or opened is None:
         stop_client(client)
         raise BackendUnavailable(
-            f"ZooKeeper {settings.shown}: could not learn the negotiated session timeout from "
-            "this kazoo version; install the kazoo version rebalancer-spark was tested with"
+            f"ZooKeeper {settings.shown}: could not learn the session and its negotiated "
+            "timeout from this kazoo version's connect answer; install the kazoo version "
+            "rebalancer-spark was tested with"
         )
-    return client, negotiated
+    return Opened(client, negotiated, opened)
 
 
 def stop_client(client: Any) -> None:
@@ -264,7 +283,7 @@ def close_session(settings: Settings, client_id: tuple[int, bytes]) -> bool:
     and close it, so its ephemeral znodes go now rather than at its timeout. True once the
     server was reached (the session is then closed, or had already expired)."""
     try:
-        client, _ = open_client(settings, 10.0, client_id)
+        client = open_client(settings, 10.0, client_id).client
     except BackendUnavailable:
         return False
     stop_client(client)

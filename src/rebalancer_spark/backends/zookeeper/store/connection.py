@@ -78,6 +78,7 @@ class ZkSession:
         self,
         session: Session,
         client: Any,
+        client_id: tuple[int, bytes],
         paths: GroupPaths,
         deadline: float,
         clock: Clock,
@@ -86,7 +87,10 @@ class ZkSession:
         self.session = session
         self.client = client
         self.paths = paths
-        self.client_id: tuple[int, bytes] = (client.client_id[0], client.client_id[1])
+        self.client_id = client_id
+        """The ZooKeeper session ``client`` opened (id and password): kazoo's own
+        ``client_id`` is None while the connection is down, and names another session once
+        kazoo replaced an expired one."""
         self.zk_id = self.client_id[0]
         self._on_unclosed = on_unclosed
         self._clock = clock
