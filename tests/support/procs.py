@@ -234,6 +234,7 @@ class MemberProcesses:
         """What the group and its member processes looked like: the store's view, and each
         member's exit code, last trail records and stderr, for a failure message."""
         lines: list[str] = []
+        in_store: set[str] | None = None
         try:
             with contextlib.closing(open_backend(self.observer_url)) as store:
                 state = store.state(self.group)
@@ -243,9 +244,22 @@ class MemberProcesses:
                 f"members {sorted((m, info.leaving) for m, info in state.members.items())}, "
                 f"claims by member {dict(claimed)}"
             )
+            in_store = set(state.members)
         except BackendError as exc:
             lines.append(f"store: unreadable ({exc})")
-        for member_id in sorted({p.stem for p in self.workdir.glob("*.jsonl")} | set(self.procs)):
+        members = sorted({p.stem for p in self.workdir.glob("*.jsonl")} | set(self.procs))
+        # A failure report is cut short: first one line per member, then the members missing
+        # from the store or whose thread died in full, then the others.
+        died = {m for m in members if "Traceback" in self.stderr(m)}
+        missing = set() if in_store is None else set(self.procs) - in_store
+        lines += [
+            f"{m}: exit {'gone' if m not in self.procs else self.procs[m].poll()}"
+            + (" not in the store" if m in missing else "")
+            + (" (a traceback in its stderr)" if m in died else "")
+            for m in members
+        ]
+        members.sort(key=lambda m: m not in missing | died)
+        for member_id in members:
             proc = self.procs.get(member_id)
             code = "gone" if proc is None else proc.poll()
             records = self.records(member_id)
@@ -254,7 +268,11 @@ class MemberProcesses:
             last = json.dumps(commits[-1])[:200] if commits else "none"
             lines.append(f"--- {member_id} (exit {code}): {len(commits)} commits, last {last}")
             lines += [json.dumps(r)[:300] for r in others[-tail:]]
-            lines.append(f"--- {member_id} stderr: {self.stderr(member_id)[-3000:]}")
+            stderr = self.stderr(member_id)
+            if member_id in died:  # kazoo's warnings after it would push it out of the tail
+                at = stderr.rfind("Traceback")
+                lines.append(f"--- {member_id} last traceback: {stderr[at : at + 3000]}")
+            lines.append(f"--- {member_id} stderr: {stderr[-3000:]}")
         return "\n".join(lines)
 
     def close(self) -> None:
