@@ -320,6 +320,52 @@ def test_a_join_whose_connection_drops_as_its_session_opens_joins_in_that_sessio
         proxy.close()
 
 
+def test_a_join_whose_session_ends_as_it_opens_is_unavailable_not_joined_in_the_next(
+    zookeeper_server: ZkServer, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The connection drops right after the connect answered and the session ends meanwhile
+    # (closed here by another client, as an expiry would): kazoo opens another session when
+    # it reconnects. The join's znodes must not go into that one under the first one's name.
+    proxy = TcpProxy(zookeeper_server.port)
+    url = f"zookeeper://127.0.0.1:{proxy.port}/rb-{uuid.uuid4().hex[:12]}?connect_timeout=2"
+    real = open_client
+    replaced: list[Any] = []
+
+    def ends_once_open(settings: Settings, timeout: float) -> Opened:
+        opened = real(settings, timeout)
+        proxy.cut()
+        wait_for(
+            lambda: opened.client.client_id is None,
+            timeout=5,
+            what="the new session's connection to drop",
+        )
+        thief = KazooClient(hosts=f"127.0.0.1:{zookeeper_server.port}", client_id=opened.client_id)
+        thief.start(timeout=15)
+        thief.stop()
+        thief.close()
+        proxy.restore()
+        wait_for(
+            lambda: opened.client.client_id not in (None, opened.client_id),
+            timeout=15,
+            what="kazoo to open another session",
+        )
+        replaced.append(opened.client)
+        return opened
+
+    try:
+        with open_backend(url) as store:
+            monkeypatch.setattr(sessions, "open_client", ends_once_open)
+            with pytest.raises(BackendUnavailable, match="expired as it was opened"):
+                store.join(group, "m1", info={}, ttl=4.0, static=False)
+            monkeypatch.undo()
+            assert not replaced[0].connected  # the other session was closed, not used
+            assert "m1" not in store.state(group).members
+            session = store.join(group, "m1", info={}, ttl=4.0, static=False)
+            assert store.state(group).members["m1"].session_id == session.session_id
+    finally:
+        proxy.close()
+
+
 def test_a_lease_not_renewed_ends_the_zookeeper_session(
     zookeeper_backend_url: str, group: str, raw: Any
 ) -> None:

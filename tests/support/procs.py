@@ -22,6 +22,9 @@ from rebalancer_spark.core.model import GroupState
 from rebalancer_spark.testing import member_process
 from tests.support.helpers import wait_for
 
+DIED = "died; it leaves the group"
+"""What a member process logs when its member thread died (member/reconciler.py)."""
+
 
 class MemberProcesses:
     """Starts ``rebalancer_spark.testing.member_process`` processes of one group and ends
@@ -250,12 +253,12 @@ class MemberProcesses:
         members = sorted({p.stem for p in self.workdir.glob("*.jsonl")} | set(self.procs))
         # A failure report is cut short: first one line per member, then the members missing
         # from the store or whose thread died in full, then the others.
-        died = {m for m in members if "Traceback" in self.stderr(m)}
+        died = {m for m in members if DIED in self.stderr(m)}
         missing = set() if in_store is None else set(self.procs) - in_store
         lines += [
             f"{m}: exit {'gone' if m not in self.procs else self.procs[m].poll()}"
             + (" not in the store" if m in missing else "")
-            + (" (a traceback in its stderr)" if m in died else "")
+            + (" (its member thread died)" if m in died else "")
             for m in members
         ]
         members.sort(key=lambda m: m not in missing | died)
@@ -270,8 +273,8 @@ class MemberProcesses:
             lines += [json.dumps(r)[:300] for r in others[-tail:]]
             stderr = self.stderr(member_id)
             if member_id in died:  # kazoo's warnings after it would push it out of the tail
-                at = stderr.rfind("Traceback")
-                lines.append(f"--- {member_id} last traceback: {stderr[at : at + 3000]}")
+                at = stderr.rfind(DIED)
+                lines.append(f"--- {member_id} thread death: {stderr[at : at + 3000]}")
             lines.append(f"--- {member_id} stderr: {stderr[-3000:]}")
         return "\n".join(lines)
 

@@ -99,10 +99,11 @@ def join(
     zs = ZkSession(
         session, own.client, own.client_id, paths, started + own.negotiated, clock, leftovers.note
     )
-    now = own.client.client_id
-    if now is not None and now[0] != own.client_id[0]:
-        # The session expired and kazoo opened another before ``zs`` listened: the join's
-        # znodes would be that other session's. Give it up; the join is tried again.
+    # kazoo's session id, kept while the connection is down (its ``client_id`` is None then)
+    # and reset when the session expires. Another one (or none) now means the session
+    # expired before ``zs`` listened to the client: the join's znodes would be those of
+    # kazoo's next session. Give it up; the join is tried again.
+    if own.client._session_id != own.client_id[0]:
         zs.close("it expired as it was opened")
         raise settings.unavailable(
             f"joining group {paths.group!r}", "the new session expired as it was opened"

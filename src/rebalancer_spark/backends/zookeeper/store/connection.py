@@ -191,7 +191,8 @@ class ZkSession:
         with self._lock:
             if self._state is SessionState.ENDED or self._clock.monotonic() >= self._deadline:
                 return False
-            if self.client.client_id is None or self.client.client_id[0] != self.zk_id:
+            client_id = self.client.client_id  # once: None as soon as the connection drops
+            if client_id is None or client_id[0] != self.zk_id:
                 return False
             self._deadline = max(self._deadline, started + self.session.ttl)
             return True
