@@ -7,7 +7,8 @@ backend. One of them loses its Spark JVM while its Python driver lives on: (a) t
 ``sc.stop()`` or on the JVM side). In each, the victim's Python process exits with
 ``DEAD_DRIVER_EXIT`` promptly, the other job owns its directories again within the session
 timeout + 1 s (the figure is printed: ``pytest -s``), and every input file, also those written
-after the kill, lands in the output exactly once. The Delta audit table verifies.
+after the kill, lands in the output exactly once. The Delta audit table verifies. A job whose
+member thread fails (a bug) exits with ``MEMBER_FAILED_EXIT`` the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pytest
 from rebalancer_spark.audit import load_events, verify_table
 from rebalancer_spark.backends import Backend, open_backend
 from rebalancer_spark.sources.files import FileShareSource
+from rebalancer_spark.spark.jobs import MEMBER_FAILED_EXIT
 from rebalancer_spark.spark.watchdog import DEAD_DRIVER_EXIT
 from rebalancer_spark.testing.spark_demo import SCHEMA, generate_landing
 from tests.support.helpers import wait_for
@@ -43,6 +45,32 @@ SESSION_TIMEOUT = 6.0
 PR_SET_CHILD_SUBREAPER = 36
 REAPED_BY_ITS_JVM = -1000
 """An exit code the test cannot know: the driver exited before its JVM, which reaped it."""
+
+# A job whose member thread meets a bug once its marker file appears (the member thread's step
+# replaced by one that raises, as a bug of this library would).
+BROKEN_MEMBER_JOB = """
+import os, sys, threading
+from pathlib import Path
+from rebalancer_spark.shutdown import exit_process
+from rebalancer_spark.spark.ingest import run_ingest
+from rebalancer_spark.spark.jobs import job_main
+
+MARKER = Path(os.environ["BREAK_MEMBER_MARKER"])
+
+def loop(ctx):
+    def break_when_told():
+        while not ctx.stop.wait(0.1):  # a job's own poll of a file, not a test's sleep
+            if MARKER.exists():
+                def bug(backend):
+                    raise RuntimeError("a bug in the member thread")
+                ctx.node.member._reconciler._step = bug
+                return
+    threading.Thread(target=break_when_told, daemon=True).start()
+    stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
+    return f"{stats.batches} batches"
+
+exit_process(job_main(sys.argv[1:], "broken_member_job.py", loop, schemes=("file",)))
+"""
 
 # A job whose user code stops the SparkContext once its marker file appears.
 STOP_CONTEXT_JOB = """
@@ -284,7 +312,9 @@ def assert_every_file_landed_once(output: Path, landing: Path) -> None:
     assert not several, f"files in several batches: {several}"
 
 
-def _check_audit(workdir: Path, since: float, *, drained: bool) -> None:
+def _check_audit(
+    workdir: Path, since: float, *, drained: bool, lost_as: str = "abandoned: "
+) -> None:
     """The audit verifies, and the victim's two resources ended after ``since`` (wall clock) in
     events saying why: ``lost`` as "abandoned: …" by the watchdog, or, when ``drained`` may
     be, ``released`` by a stop. (SIGTERM to spark-submit: the JVM's shutdown also ends the
@@ -301,12 +331,10 @@ def _check_audit(workdir: Path, since: float, *, drained: bool) -> None:
         and e["kind"] in ("lost", "released")
     ]
     assert len(ended) == 2 and len({e["resource"] for e in ended}) == 2, ended
-    abandoned = all(
-        e["kind"] == "lost" and str(e["reason"]).startswith("abandoned: ") for e in ended
-    )
+    abandoned = all(e["kind"] == "lost" and str(e["reason"]).startswith(lost_as) for e in ended)
     released = all(e["kind"] == "released" for e in ended)
     assert abandoned or (drained and released), ended
-    print(f"the victim's resources ended {'abandoned' if abandoned else 'released'}")
+    print(f"the victim's resources ended {'lost as ' + repr(lost_as) if abandoned else 'released'}")
 
 
 def _children() -> set[int]:
@@ -440,6 +468,39 @@ def test_a_driver_whose_user_code_stops_the_spark_context_stops_owning_and_exits
     _check_exactly_once(run, since)
 
 
+@pytest.mark.timeout(600)
+def test_a_job_whose_member_thread_fails_exits_with_its_code_and_its_work_moves(
+    run: _Run,
+) -> None:
+    # The member left its group for good: a job that ran on owning nothing would hide it. It
+    # exits with MEMBER_FAILED_EXIT instead, for its supervisor to start it again.
+    script = run.workdir / "broken_member_job.py"
+    script.write_text(BROKEN_MEMBER_JOB)
+    marker = run.workdir / "break-the-member"
+    victim = run.start("job-1", script=script, BREAK_MEMBER_MARKER=str(marker))
+    run.start("job-2")
+    run.wait_split()
+    del run.jobs["job-1"]
+    try:
+        since = time.time()
+        marker.touch()
+        told_at = time.monotonic()
+        code, exited, taken = run.watch_death("job-1", "job-2", told_at, victim.proc.poll)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait(60)
+    print(
+        f"\nmember thread failed: the job exited (code {code}) {exited:.2f} s after it; its "
+        f"directories were owned again after {taken:.2f} s"
+    )
+    assert code == MEMBER_FAILED_EXIT, f"exit code {code}:\n{victim.tail()}"
+    assert "a bug in the member thread" in victim.tail(200), victim.tail()
+    # The member leaves at once (no session timeout): its work moves within a rebalance.
+    assert taken <= SESSION_TIMEOUT, f"owned again only after {taken:.2f} s"
+    _check_exactly_once(run, since, lost_as="member thread failed")
+
+
 def _check_death(case: str, victim: _Job, code: int, exited: float, taken: float) -> None:
     print(
         f"\n{case}: the victim exited (code {code}) {exited:.2f} s after it; its directories "
@@ -452,9 +513,11 @@ def _check_death(case: str, victim: _Job, code: int, exited: float, taken: float
     assert exited <= SESSION_TIMEOUT + 1, f"exited only after {exited:.2f} s"
 
 
-def _check_exactly_once(run: _Run, since: float, *, drained: bool = False) -> None:
+def _check_exactly_once(
+    run: _Run, since: float, *, drained: bool = False, lost_as: str = "abandoned: "
+) -> None:
     """Files written after the death land too, every file once, and the audit verifies."""
     _write_new_files(run.landing)
     assert run.finish("job-2") == 0
     assert_every_file_landed_once(run.workdir / "output", run.landing)
-    _check_audit(run.workdir, since, drained=drained)
+    _check_audit(run.workdir, since, drained=drained, lost_as=lost_as)

@@ -6,6 +6,7 @@ Multi-process behaviour (kill -9, SIGSTOP) is in test_multiprocess.py.
 from __future__ import annotations
 
 import itertools
+import pickle
 import threading
 import time
 from collections import Counter
@@ -29,7 +30,12 @@ from rebalancer_spark.backends.base import GroupReader, Session, Watch
 from rebalancer_spark.core import audit
 from rebalancer_spark.core.clock import ManualClock, SystemClock
 from rebalancer_spark.core.coordinator import Role
-from rebalancer_spark.core.errors import BackendUnavailable, ConfigurationError, SourceError
+from rebalancer_spark.core.errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    MemberFailed,
+    SourceError,
+)
 from rebalancer_spark.core.model import Grant, GroupState, Resource, ResourceChange
 from rebalancer_spark.core.protocols import MemberHead, MemberView
 from rebalancer_spark.member.coordinator import CoordinatorLoop
@@ -697,7 +703,7 @@ class BrokenView(FlakyStore):
 def test_a_member_whose_thread_dies_gives_its_resources_up(grp: Group) -> None:
     store = BrokenView(open_backend(grp.url))
     a = grp.start("a", RESOURCES, backend=store)
-    grp.start("b")
+    b = grp.start("b")
     grp.wait_settled(2)
     store.broken.set()
     a.add_resources(["r99"])  # a change wakes a's member thread, which then dies
@@ -705,6 +711,13 @@ def test_a_member_whose_thread_dies_gives_its_resources_up(grp: Group) -> None:
     state = grp.wait_stable(1, timeout=15)
     assert set(state.claims) == {*RESOURCES, "r99"}
     assert {c.member_id for c in state.claims.values()} == {"b"}
+    # Its job's loop learns it on its next pass: a member that left for good, not one that
+    # merely owns nothing now.
+    with pytest.raises(MemberFailed, match="a bug in the member thread") as failed:
+        a.assigned()
+    copy = pickle.loads(pickle.dumps(failed.value))  # noqa: S301 (our own bytes)
+    assert (copy.group, copy.member, str(copy)) == (a.group, "a", str(failed.value))
+    assert b.assigned() != []
     a.stop()
     store.close()
 

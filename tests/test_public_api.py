@@ -19,6 +19,7 @@ PUBLIC = [
     "FencedError",
     "Member",
     "MemberConfig",
+    "MemberFailed",
     "MemberIdInUse",
     "MemberState",
     "OwnedResource",
@@ -84,7 +85,11 @@ def test_every_public_name_is_importable() -> None:
 
 def test_the_errors_form_one_tree() -> None:
     errors = [getattr(rebalancer_spark, n) for n in PUBLIC if n.endswith(("Error", "Unavailable"))]
-    extra = [rebalancer_spark.MemberIdInUse, rebalancer_spark.SessionExpired]
+    extra = [
+        rebalancer_spark.MemberIdInUse,
+        rebalancer_spark.SessionExpired,
+        rebalancer_spark.MemberFailed,
+    ]
     for error in [*errors, *extra]:
         assert issubclass(error, rebalancer_spark.RebalancerError), error
     assert issubclass(rebalancer_spark.ConfigurationError, ValueError)

@@ -29,6 +29,7 @@ __all__ = [
     "ControlConflict",
     "CorruptStateError",
     "FencedError",
+    "MemberFailed",
     "MemberIdInUse",
     "RebalancerError",
     "SessionExpired",
@@ -112,6 +113,30 @@ class SessionExpired(RebalancerError):
         super().__init__(
             f"{refused}session {session[:40]!r} of member {member!r} in group {group!r} is over "
             f"({why}): the member has stopped all work and must rejoin with a new session"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), str(self), dict(vars(self))))
+
+
+class MemberFailed(RebalancerError):
+    """The member's own thread failed on an error this library did not foresee (a bug): it
+    reported everything lost, left its group and does nothing more, so it must not look like a
+    member that merely owns nothing. Raised by :meth:`~rebalancer_spark.Member.assigned`, the
+    call a job's loop makes on every pass; the member logged the error with its traceback.
+
+    Built from facts, kept as attributes: ``group``, ``member``, and ``cause``, the error's
+    text (``repr`` of the exception, cut to 300 characters)."""
+
+    def __init__(self, group: str, member: str, cause: str) -> None:
+        self.group = group
+        self.member = member
+        self.cause = cause
+        super().__init__(
+            f"member {member!r} of group {group!r} stopped on its own: its member thread "
+            f"failed with {cause} and the member left the group; stop it and start a new one "
+            "(the jobs exit with code 4 so that their supervisor starts them again), and report "
+            "the traceback it logged"
         )
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -34,7 +34,9 @@ durably elsewhere, for a process that never saw the group before.
 
 A member whose work cannot go on (its Spark driver's JVM died) calls :meth:`Member.abandon`
 instead of :meth:`Member.stop`: everything is lost at once, without draining, and the session
-ends in the store.
+ends in the store. A member whose own thread fails (a bug) does the same by itself, and from
+then on :meth:`Member.assigned` raises :class:`MemberFailed` (:attr:`Member.error` holds the
+cause): a job's loop stops on it instead of running on with nothing owned.
 
 Lifecycle (enforced; see :data:`TRANSITIONS` in :mod:`.state`)::
 
@@ -61,7 +63,12 @@ from rebalancer_spark.backends import open_backend
 from rebalancer_spark.backends.base import Backend, Session
 from rebalancer_spark.core.clock import Clock, SystemClock
 from rebalancer_spark.core.config import MemberConfig
-from rebalancer_spark.core.errors import ConfigurationError, FencedError, RebalancerError
+from rebalancer_spark.core.errors import (
+    ConfigurationError,
+    FencedError,
+    MemberFailed,
+    RebalancerError,
+)
 from rebalancer_spark.core.events import EventKind, EventSink
 from rebalancer_spark.core.model import JsonValue, Resource, validate_member_id
 from rebalancer_spark.member.control import GroupControl
@@ -335,7 +342,15 @@ class Member:
     # -- queries (from memory) --------------------------------------------------------------
 
     def assigned(self) -> list[OwnedResource]:
-        """The resources this member owns now, sorted by id; empty once the lease lapsed."""
+        """The resources this member owns now, sorted by id; empty once the lease lapsed.
+        Raises :class:`MemberFailed` once the member thread failed (:attr:`error`): the member
+        left the group for good, which an empty list would hide from a job's loop."""
+        error = self._reconciler.error
+        if error is not None:
+            raise MemberFailed(self.group, self.member_id, f"{error!r:.300}")
+        return self._owned()
+
+    def _owned(self) -> list[OwnedResource]:
         if self._lease.valid_session() is None:
             return []
         return self._ownership.all()
@@ -497,7 +512,7 @@ class Member:
         return MemberMetrics(
             self.group,
             self.member_id,
-            owned=lambda: len(self.assigned()),
+            owned=lambda: len(self._owned()),
             is_coordinator=lambda: self.is_coordinator,
             epoch=self._seen_epoch,
             group_members=lambda: self._coordinator_count("present_members"),

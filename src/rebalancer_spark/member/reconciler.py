@@ -12,7 +12,8 @@ holder's release: one round trip less to the grant), until a claim grants nothin
 When the lease lapses the member *self-fences*: everything it held is lost as of the lease
 deadline (``on_lost``), the lapsed session is given up, and the member joins again with a new
 session (state ``REJOINING``, then ``RUNNING``). Store errors are retried; an unexpected error
-ends the thread, is kept in :attr:`Reconciler.error`, and everything held is reported lost.
+ends the thread, is kept in :attr:`Reconciler.error`, and everything held is reported lost; the
+session ends, and :meth:`~rebalancer_spark.member.Member.assigned` raises ``MemberFailed``.
 
 Leaving: :meth:`Reconciler.drain` marks the member as leaving, so the coordinator moves its
 resources away while it claims nothing more; :meth:`Reconciler.leave` then releases whatever

@@ -24,7 +24,9 @@ Exit codes: 0 after a clean stop, what the loop says for a loop that ends by its
 (``ingest_files.py --once``: 1 when a resource was stuck), 2 for bad options, overlapping
 paths or a source that cannot be opened (one line on stderr saying what to fix), 3 when the
 Spark JVM died or the SparkContext was stopped under the running node (its resources given up
-at once; see :mod:`.watchdog`).
+at once; see :mod:`.watchdog`), 4 when the node's member thread failed (:class:`MemberFailed`:
+the member left its group for good; the job stops so that its supervisor starts it again
+rather than run on owning nothing).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from rebalancer_spark.core.errors import RebalancerError
+from rebalancer_spark.core.errors import MemberFailed, RebalancerError
 from rebalancer_spark.member import default_backend_url
 from rebalancer_spark.member.logfields import configure_logging
 from rebalancer_spark.shutdown import stop_on_signals
@@ -56,7 +58,10 @@ from rebalancer_spark.spark.watchdog import DEAD_DRIVER_EXIT, Probe, jvm_probes
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["JobContext", "job_main", "stop_spark"]
+__all__ = ["MEMBER_FAILED_EXIT", "JobContext", "job_main", "stop_spark"]
+
+MEMBER_FAILED_EXIT = 4
+"""A job's exit code when its member thread failed and the member left the group for good."""
 
 _NOISY = ("py4j", "botocore", "urllib3", "pika")
 _JVM_EXIT_WAIT = 5.0
@@ -138,6 +143,11 @@ def job_main(
         why = "" if failed is None else f" (the job's loop failed with it: {failed!r:.200})"
         log.warning("member %s stopped: %s%s; exit code %d", name, gone, why, DEAD_DRIVER_EXIT)
         return DEAD_DRIVER_EXIT
+    if isinstance(failed, MemberFailed):
+        log.error("member %s stopped: %s; exit code %d", name, failed, MEMBER_FAILED_EXIT)
+        with contextlib.suppress(OSError):
+            print(f"error: {failed}", file=sys.stderr, flush=True)
+        return MEMBER_FAILED_EXIT
     if failed is not None:
         raise failed
     summary, code = ended if isinstance(ended, tuple) else (ended, 0)
