@@ -6,7 +6,9 @@
 Each sub-directory of --source is a resource; every file lands in --output exactly once, under
 resource=<dir>/batch=<n>/. SIGTERM (or Ctrl-C) drains this job's directories to the others
 and stops. With --once the job stops by itself once the group has nothing pending (for a
-scheduler: exit 0, or 1 when a resource is stuck; docs/spark.md). `--help` lists every
+scheduler: exit 0, or 1 when a resource is stuck; docs/spark.md). Exit 3 when the Spark JVM
+died under it, 4 when its member thread failed (the member left the group for good; restart
+the job). `--help` lists every
 option; they may also come from spark.rebalancer.* conf keys or a TOML file
 (conf/rebalancer.example.toml).
 """

@@ -23,7 +23,12 @@ import sys
 import threading
 from typing import NoReturn
 
-__all__ = ["exit_process", "stop_on_signals"]
+__all__ = ["MEMBER_FAILED_EXIT", "exit_process", "stop_on_signals"]
+
+MEMBER_FAILED_EXIT = 4
+"""The exit code of a job (``jobs/``) or member process whose member thread failed
+(:class:`~rebalancer_spark.core.errors.MemberFailed`): the member left its group for good, so
+the process ends for its supervisor to start it again."""
 
 
 def exit_process(code: int) -> NoReturn:

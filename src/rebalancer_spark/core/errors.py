@@ -120,7 +120,8 @@ class SessionExpired(RebalancerError):
 
 
 class MemberFailed(RebalancerError):
-    """The member's own thread failed on an error this library did not foresee (a bug): it
+    """The member's own thread failed on an error this library did not foresee (a bug, or a
+    store's error that no backend translated): it
     reported everything lost, left its group and does nothing more, so it must not look like a
     member that merely owns nothing. Raised by :meth:`~rebalancer_spark.Member.assigned`, the
     call a job's loop makes on every pass; the member logged the error with its traceback.
@@ -134,9 +135,9 @@ class MemberFailed(RebalancerError):
         self.cause = cause
         super().__init__(
             f"member {member!r} of group {group!r} stopped on its own: its member thread "
-            f"failed with {cause} and the member left the group; stop it and start a new one "
-            "(the jobs exit with code 4 so that their supervisor starts them again), and report "
-            "the traceback it logged"
+            f"failed with {cause} and the member left the group for good; stop it and start a "
+            "new one (the jobs in jobs/ exit with code 4 for their supervisor to do so), and "
+            "report the traceback it logged"
         )
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -281,8 +281,14 @@ class Reconciler:
             return self._config.effective_heartbeat_interval
 
     def _died(self, backend: Backend, exc: Exception) -> None:
-        """The thread met an unexpected error: report everything lost and leave."""
-        self.error = exc
+        """The thread met an unexpected error: report everything lost and leave; then keep
+        the error (:attr:`error`), once the session has ended."""
+        try:
+            self._leave_after(backend)
+        finally:
+            self.error = exc
+
+    def _leave_after(self, backend: Backend) -> None:
         session = self._lease.snapshot().session
         self._ownership.lost(
             session,

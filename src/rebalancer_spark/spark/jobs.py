@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 from rebalancer_spark.core.errors import MemberFailed, RebalancerError
 from rebalancer_spark.member import default_backend_url
 from rebalancer_spark.member.logfields import configure_logging
-from rebalancer_spark.shutdown import stop_on_signals
+from rebalancer_spark.shutdown import MEMBER_FAILED_EXIT, stop_on_signals
 from rebalancer_spark.sources import ResourceSource, open_source
 from rebalancer_spark.spark.job_config import JobConfig
 from rebalancer_spark.spark.layers import AddArguments, parse_job_command_line
@@ -59,9 +59,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["MEMBER_FAILED_EXIT", "JobContext", "job_main", "stop_spark"]
-
-MEMBER_FAILED_EXIT = 4
-"""A job's exit code when its member thread failed and the member left the group for good."""
 
 _NOISY = ("py4j", "botocore", "urllib3", "pika")
 _JVM_EXIT_WAIT = 5.0

@@ -11,8 +11,9 @@ line per ownership event (``acquired``, ``released``, ``lost``, ``fenced``) and 
 (``commit`` with ``ok`` true or false, ``started_at`` when the request began and ``at`` when
 its answer came: the store accepted it somewhere in between). Each line is flushed at once, so
 a process killed with -9 leaves everything it did up to that instant. SIGTERM makes it leave
-gracefully (drain). The multi-process tests and the benchmarks read these logs as independent
-witnesses.
+gracefully (drain). A member whose thread failed (``MemberFailed``) ends the process with
+``MEMBER_FAILED_EXIT`` after a ``failed`` line. The multi-process tests and the benchmarks
+read these logs as independent witnesses.
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ from json.encoder import encode_basestring_ascii
 from typing import IO, Any
 
 from rebalancer_spark.core.config import MemberConfig
-from rebalancer_spark.core.errors import BackendUnavailable, FencedError, RebalancerError
+from rebalancer_spark.core.errors import (
+    BackendUnavailable,
+    FencedError,
+    MemberFailed,
+    RebalancerError,
+)
 from rebalancer_spark.core.events import EventSink, OwnershipEvent
 from rebalancer_spark.core.model import JsonValue
 from rebalancer_spark.member import Member, OwnedResource, default_backend_url
-from rebalancer_spark.shutdown import exit_process, stop_on_signals
+from rebalancer_spark.shutdown import MEMBER_FAILED_EXIT, exit_process, stop_on_signals
 
 __all__ = ["command", "main"]
 
@@ -286,14 +292,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
         trail.write({"kind": "started", "member_id": member.member_id, "at": time.time()})
         print("ready", flush=True)
+        code = 0
         while not stop.wait(args.work_interval):
-            for owned in member.assigned():
-                work.commit(member, owned)
+            try:
+                owned = member.assigned()
+            except MemberFailed as exc:  # logged with its traceback by the member
+                trail.write({"kind": "failed", "error": str(exc)[:300], "at": time.time()})
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                code = MEMBER_FAILED_EXIT
+                break
+            for o in owned:
+                work.commit(member, o)
         member.stop()
         if audit is not None:
             audit.close()
         trail.write({"kind": "stopped", "member_id": member.member_id, "at": time.time()})
-    return 0
+    return code
 
 
 if __name__ == "__main__":
