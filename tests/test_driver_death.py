@@ -46,58 +46,47 @@ PR_SET_CHILD_SUBREAPER = 36
 REAPED_BY_ITS_JVM = -1000
 """An exit code the test cannot know: the driver exited before its JVM, which reaped it."""
 
-# A job whose member thread meets a bug once its marker file appears (the member thread's step
-# replaced by one that raises, as a bug of this library would).
-BROKEN_MEMBER_JOB = """
+# A job that does ``ACTION`` once its marker file (env ``JOB_MARKER``) appears.
+MARKED_JOB = """
 import os, sys, threading
 from pathlib import Path
 from rebalancer_spark.shutdown import exit_process
 from rebalancer_spark.spark.ingest import run_ingest
 from rebalancer_spark.spark.jobs import job_main
 
-MARKER = Path(os.environ["BREAK_MEMBER_MARKER"])
+MARKER = Path(os.environ["JOB_MARKER"])
+
+def when_told(ctx):
+ACTION
 
 def loop(ctx):
-    def break_when_told():
+    def wait_for_the_marker():
         while not ctx.stop.wait(0.1):  # a job's own poll of a file, not a test's sleep
             if MARKER.exists():
-                def bug(backend):
-                    raise RuntimeError("a bug in the member thread")
-                ctx.node.member._reconciler._step = bug
+                when_told(ctx)
                 return
-    threading.Thread(target=break_when_told, daemon=True).start()
+    threading.Thread(target=wait_for_the_marker, daemon=True).start()
     stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
     return f"{stats.batches} batches"
 
-exit_process(job_main(sys.argv[1:], "broken_member_job.py", loop, schemes=("file",)))
+exit_process(job_main(sys.argv[1:], "marked_job.py", loop, schemes=("file",)))
 """
 
-# A job whose user code stops the SparkContext once its marker file appears.
-STOP_CONTEXT_JOB = """
-import os, sys, threading
-from pathlib import Path
-from rebalancer_spark.shutdown import exit_process
-from rebalancer_spark.spark.ingest import run_ingest
-from rebalancer_spark.spark.jobs import job_main
-
-MARKER = Path(os.environ["STOP_CONTEXT_MARKER"])
-
-def loop(ctx):
-    def stop_when_told():
-        while not ctx.stop.wait(0.1):  # a job's own poll of a file, not a test's sleep
-            if MARKER.exists():
-                sc = ctx.spark.sparkContext
-                if os.environ["STOP_CONTEXT_HOW"] == "python":
-                    sc.stop()
-                else:
-                    sc._jsc.sc().stop()
-                return
-    threading.Thread(target=stop_when_told, daemon=True).start()
-    stats = run_ingest(ctx.spark, ctx.node, ctx.stop)
-    return f"{stats.batches} batches"
-
-exit_process(job_main(sys.argv[1:], "stop_context_job.py", loop, schemes=("file",)))
+STOP_CONTEXT = """
+    sc = ctx.spark.sparkContext
+    if os.environ["STOP_CONTEXT_HOW"] == "python":
+        sc.stop()
+    else:
+        sc._jsc.sc().stop()
 """
+"""User code stops the SparkContext."""
+
+BREAK_MEMBER = """
+    def bug(backend):
+        raise RuntimeError("a bug in the member thread")
+    ctx.node.member._reconciler._step = bug
+"""
+"""The member thread's step replaced by one that raises, as a bug of this library would."""
 
 
 @dataclass
@@ -445,12 +434,20 @@ def test_a_python_driver_whose_jvm_child_dies_stops_owning_and_exits(run: _Run) 
 def test_a_driver_whose_user_code_stops_the_spark_context_stops_owning_and_exits(
     run: _Run, how: str
 ) -> None:
-    script = run.workdir / "stop_context_job.py"
-    script.write_text(STOP_CONTEXT_JOB)
-    marker = run.workdir / "stop-the-context"
-    victim = run.start(
-        "job-1", script=script, STOP_CONTEXT_MARKER=str(marker), STOP_CONTEXT_HOW=how
-    )
+    # spark-submit's JVM outlives the SparkContext and ends with its driver's exit code.
+    victim, since, (code, exited, taken) = _told(run, STOP_CONTEXT, STOP_CONTEXT_HOW=how)
+    _check_death(f"SparkContext stopped by user code ({how})", victim, code, exited, taken)
+    _check_exactly_once(run, since)
+
+
+def _told(run: _Run, action: str, **env: str) -> tuple[_Job, float, tuple[int, float, float]]:
+    """Start job-1 as :data:`MARKED_JOB` doing ``action`` and job-2 as the reference job; once
+    they split the directories, tell job-1 and watch it die (:meth:`_Run.watch_death`). The
+    victim, the wall-clock time it was told, and what ``watch_death`` returned."""
+    script = run.workdir / "marked_job.py"
+    script.write_text(MARKED_JOB.replace("ACTION", action.strip("\n")))
+    marker = run.workdir / "the-marker"
+    victim = run.start("job-1", script=script, JOB_MARKER=str(marker), **env)
     run.start("job-2")
     run.wait_split()
     del run.jobs["job-1"]
@@ -458,14 +455,11 @@ def test_a_driver_whose_user_code_stops_the_spark_context_stops_owning_and_exits
         since = time.time()
         marker.touch()
         told_at = time.monotonic()
-        # spark-submit's JVM outlives the SparkContext and ends with its driver's exit code.
-        code, exited, taken = run.watch_death("job-1", "job-2", told_at, victim.proc.poll)
+        return victim, since, run.watch_death("job-1", "job-2", told_at, victim.proc.poll)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait(60)
-    _check_death(f"SparkContext stopped by user code ({how})", victim, code, exited, taken)
-    _check_exactly_once(run, since)
 
 
 @pytest.mark.timeout(600)
@@ -474,22 +468,7 @@ def test_a_job_whose_member_thread_fails_exits_with_its_code_and_its_work_moves(
 ) -> None:
     # The member left its group for good: a job that ran on owning nothing would hide it. It
     # exits with MEMBER_FAILED_EXIT instead, for its supervisor to start it again.
-    script = run.workdir / "broken_member_job.py"
-    script.write_text(BROKEN_MEMBER_JOB)
-    marker = run.workdir / "break-the-member"
-    victim = run.start("job-1", script=script, BREAK_MEMBER_MARKER=str(marker))
-    run.start("job-2")
-    run.wait_split()
-    del run.jobs["job-1"]
-    try:
-        since = time.time()
-        marker.touch()
-        told_at = time.monotonic()
-        code, exited, taken = run.watch_death("job-1", "job-2", told_at, victim.proc.poll)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(victim.proc.pid, signal.SIGKILL)
-        victim.proc.wait(60)
+    victim, since, (code, exited, taken) = _told(run, BREAK_MEMBER)
     print(
         f"\nmember thread failed: the job exited (code {code}) {exited:.2f} s after it; its "
         f"directories were owned again after {taken:.2f} s"

@@ -285,6 +285,30 @@ def test_a_dropped_connection_is_unavailable_not_expired_then_resumes(
         proxy.close()
 
 
+def _opens_then_drops(
+    proxy: TcpProxy,
+    meanwhile: Callable[[Opened], None],
+    then: Callable[[Opened], None] = lambda _: None,
+) -> Callable[[Settings, float], Opened]:
+    """``open_client`` whose new connection is cut right after the connect answered; then
+    ``meanwhile`` runs (the proxy still cut), the proxy is restored, and ``then`` runs."""
+
+    def opened(settings: Settings, timeout: float) -> Opened:
+        got = open_client(settings, timeout)
+        proxy.cut()
+        wait_for(
+            lambda: got.client.client_id is None,
+            timeout=5,
+            what="the new session's connection to drop",
+        )
+        meanwhile(got)
+        proxy.restore()
+        then(got)
+        return got
+
+    return opened
+
+
 def test_a_join_whose_connection_drops_as_its_session_opens_joins_in_that_session(
     zookeeper_server: ZkServer, group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -293,24 +317,11 @@ def test_a_join_whose_connection_drops_as_its_session_opens_joins_in_that_sessio
     # a member's thread for good (a chaos run's member that never came back).
     proxy = TcpProxy(zookeeper_server.port)
     url = f"zookeeper://127.0.0.1:{proxy.port}/rb-{uuid.uuid4().hex[:12]}?connect_timeout=2"
-    real = open_client
     dropped: list[tuple[int, bytes]] = []
-
-    def drops_once_open(settings: Settings, timeout: float) -> Opened:
-        opened = real(settings, timeout)
-        proxy.cut()
-        wait_for(
-            lambda: opened.client.client_id is None,
-            timeout=5,
-            what="the new session's connection to drop",
-        )
-        dropped.append(opened.client_id)
-        proxy.restore()
-        return opened
-
     try:
         with open_backend(url) as store:
-            monkeypatch.setattr(sessions, "open_client", drops_once_open)
+            opens = _opens_then_drops(proxy, lambda got: dropped.append(got.client_id))
+            monkeypatch.setattr(sessions, "open_client", opens)
             session = store.join(group, "m1", info={}, ttl=4.0, static=False)
             monkeypatch.undo()
             assert [f"{i:016x}" for i, _ in dropped] == [session.session_id]
@@ -328,37 +339,29 @@ def test_a_join_whose_session_ends_as_it_opens_is_unavailable_not_joined_in_the_
     # it reconnects. The join's znodes must not go into that one under the first one's name.
     proxy = TcpProxy(zookeeper_server.port)
     url = f"zookeeper://127.0.0.1:{proxy.port}/rb-{uuid.uuid4().hex[:12]}?connect_timeout=2"
-    real = open_client
-    replaced: list[Any] = []
+    ended: list[Opened] = []
 
-    def ends_once_open(settings: Settings, timeout: float) -> Opened:
-        opened = real(settings, timeout)
-        proxy.cut()
-        wait_for(
-            lambda: opened.client.client_id is None,
-            timeout=5,
-            what="the new session's connection to drop",
-        )
-        thief = KazooClient(hosts=f"127.0.0.1:{zookeeper_server.port}", client_id=opened.client_id)
+    def end(got: Opened) -> None:
+        thief = KazooClient(hosts=f"127.0.0.1:{zookeeper_server.port}", client_id=got.client_id)
         thief.start(timeout=15)
         thief.stop()
         thief.close()
-        proxy.restore()
+        ended.append(got)
+
+    def replaced(got: Opened) -> None:
         wait_for(
-            lambda: opened.client.client_id not in (None, opened.client_id),
+            lambda: got.client.client_id not in (None, got.client_id),
             timeout=15,
             what="kazoo to open another session",
         )
-        replaced.append(opened.client)
-        return opened
 
     try:
         with open_backend(url) as store:
-            monkeypatch.setattr(sessions, "open_client", ends_once_open)
+            monkeypatch.setattr(sessions, "open_client", _opens_then_drops(proxy, end, replaced))
             with pytest.raises(BackendUnavailable, match="expired as it was opened"):
                 store.join(group, "m1", info={}, ttl=4.0, static=False)
             monkeypatch.undo()
-            assert not replaced[0].connected  # the other session was closed, not used
+            assert not ended[0].client.connected  # that other session was closed, not used
             assert "m1" not in store.state(group).members
             session = store.join(group, "m1", info={}, ttl=4.0, static=False)
             assert store.state(group).members["m1"].session_id == session.session_id
