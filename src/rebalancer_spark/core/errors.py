@@ -121,10 +121,10 @@ class SessionExpired(RebalancerError):
 
 class MemberFailed(RebalancerError):
     """The member's own thread failed on an error this library did not foresee (a bug, or a
-    store's error that no backend translated): it
-    reported everything lost, left its group and does nothing more, so it must not look like a
-    member that merely owns nothing. Raised by :meth:`~rebalancer_spark.Member.assigned`, the
-    call a job's loop makes on every pass; the member logged the error with its traceback.
+    store's error that no backend translated): it reported everything lost, left its group and
+    does nothing more, so it must not look like a member that merely owns nothing. Raised by
+    :meth:`~rebalancer_spark.Member.assigned`, the call a job's loop makes on every pass; the
+    member logged the error with its traceback.
 
     Built from facts, kept as attributes: ``group``, ``member``, and ``cause``, the error's
     text (``repr`` of the exception, cut to 300 characters)."""

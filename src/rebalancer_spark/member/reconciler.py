@@ -284,11 +284,12 @@ class Reconciler:
         """The thread met an unexpected error: report everything lost and leave; then keep
         the error (:attr:`error`), once the session has ended."""
         try:
-            self._leave_after(backend)
+            self._give_up(backend)
         finally:
             self.error = exc
 
-    def _leave_after(self, backend: Backend) -> None:
+    def _give_up(self, backend: Backend) -> None:
+        """Report everything held lost and end the session (see :meth:`_died`)."""
         session = self._lease.snapshot().session
         self._ownership.lost(
             session,
