@@ -255,16 +255,16 @@ class MemberProcesses:
         # from the store or whose thread died in full, then the others.
         died = {m for m in members if DIED in self.stderr(m)}
         missing = set() if in_store is None else set(self.procs) - in_store
+        codes = {m: "gone" if m not in self.procs else self.procs[m].poll() for m in members}
         lines += [
-            f"{m}: exit {'gone' if m not in self.procs else self.procs[m].poll()}"
+            f"{m}: exit {codes[m]}"
             + (" not in the store" if m in missing else "")
             + (" (its member thread died)" if m in died else "")
             for m in members
         ]
         members.sort(key=lambda m: m not in missing | died)
         for member_id in members:
-            proc = self.procs.get(member_id)
-            code = "gone" if proc is None else proc.poll()
+            code = codes[member_id]
             records = self.records(member_id)
             others = [r for r in records if r["kind"] != "commit"]
             commits = [r for r in records if r["kind"] == "commit"]
